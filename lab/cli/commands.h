@@ -1,0 +1,21 @@
+// Registration of the CLI subcommands. Each lab/cli/<name>.cpp registers itself with a
+// static `Registrar` (these files are compiled into the executable itself, so the static
+// objects are always linked) and never touches the others; --help lists them by `order`.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace mxlab::cli {
+
+using RegisterFn = std::function<void(CLI::App& app)>;
+
+struct Registrar {
+  Registrar(int order, RegisterFn fn);
+};
+
+void register_all(CLI::App& app);
+// Subcommand callbacks set this to report failure without throwing (e.g. a failed run).
+void set_exit_code(int code);
+int exit_code();
+
+}  // namespace mxlab::cli

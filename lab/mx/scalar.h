@@ -1,0 +1,266 @@
+// The scalar MX numerics, shared verbatim by the CPU reference (lab/mx/quantize.cpp) and
+// the CUDA kernels (kernels/quantize.cu): shared-exponent rules, element rounding, bf16 and
+// fp16 rounding. Everything is computed on the float's bits with integer arithmetic, so it
+// is exact (no log2, no float division) and gives the same bits on every machine.
+//
+// Conventions:
+//   - A finite float v is m * 2^(x) with m a 24-bit integer significand (see decompose()).
+//   - A block's shared scale is X = 2^s, s in [-127, 127] (an E8M0 exponent).
+//   - An element is quantized as the value r = v / X rounded onto the element's grid,
+//     saturating at +-max_normal; subnormal elements are kept; the dequantized value
+//     Q(v) = round(r) * X is returned as a float (exact: see make_float()).
+#pragma once
+#include <cstdint>
+
+#include "lab/core/hd.h"
+#include "lab/mx/format.h"
+
+namespace mxlab {
+
+constexpr int kScaleExpMin = -127;  // E8M0 range used for shared exponents
+constexpr int kScaleExpMax = 127;
+
+MXLAB_HD int clz32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __clz(x);
+#else
+  return x == 0 ? 32 : __builtin_clz(x);
+#endif
+}
+
+// |v| = m * 2^x with m < 2^24 an integer (m == 0 for zero). Only for finite v.
+struct Decomposed {
+  uint32_t m;
+  int x;
+  bool neg;
+};
+
+MXLAB_HD Decomposed decompose(float v) {
+  const uint32_t b = f32_bits(v);
+  const uint32_t e = (b >> 23) & 0xFFu;
+  const uint32_t f = b & 0x7FFFFFu;
+  Decomposed d;
+  d.neg = (b >> 31) != 0;
+  if (e == 0) {  // zero or float32 subnormal: f * 2^-149
+    d.m = f;
+    d.x = -149;
+  } else {
+    d.m = f | 0x800000u;
+    d.x = static_cast<int>(e) - 150;
+  }
+  return d;
+}
+
+MXLAB_HD bool is_finite_bits(uint32_t b) { return ((b >> 23) & 0xFFu) != 0xFFu; }
+
+// floor(log2 m*2^x) for m > 0.
+MXLAB_HD int floor_log2(uint32_t m, int x) { return x + 31 - clz32(m); }
+
+// k * 2^e as a float, exactly, for 0 <= k < 2^31 whenever the result is representable;
+// results at or above 2^128 become +Inf (possible only for blocks within one rounding step
+// of FLT_MAX). Results below 2^-149 cannot occur for MX elements (finest grid is 2^-143).
+MXLAB_HD float make_float(uint32_t k, int e, bool neg) {
+  const uint32_t sign = neg ? 0x80000000u : 0u;
+  if (k == 0) return bits_f32(sign);
+  // Normalise k to a 24-bit significand (k < 2^31, so at most 7 right shifts; the shifted-out
+  // bits are zero for every caller because k has <= 10 significant bits).
+  const int msb = 31 - clz32(k);
+  int exp = e + msb;  // value is in [2^exp, 2^(exp+1))
+  if (exp >= 128) return bits_f32(sign | 0x7F800000u);
+  uint32_t sig = msb >= 23 ? (k >> (msb - 23)) : (k << (23 - msb));
+  if (exp >= -126) {
+    return bits_f32(sign | (static_cast<uint32_t>(exp + 127) << 23) | (sig & 0x7FFFFFu));
+  }
+  // Subnormal: shift further right; exact for the grids used here (2^-149 divides them).
+  const int sh = -126 - exp;
+  sig = sh >= 32 ? 0u : (sig >> sh);
+  return bits_f32(sign | sig);
+}
+
+// Should the magnitude m*2^x round up when the bits below 2^q are dropped (m*2^x >= 0)?
+// Returns the kept integer k such that the result is k * 2^q.
+MXLAB_HD uint32_t round_to_grid(uint32_t m, int x, int q, Rounding mode, uint32_t rnd) {
+  const int shift = q - x;  // number of low bits of m to drop
+  if (shift <= 0) return m << (-shift);  // already on the grid (callers keep this < 2^31)
+  uint32_t kept, rem;
+  bool half_exact = false, above_half = false;
+  if (shift >= 32) {
+    kept = 0;
+    rem = m;  // m < 2^24 <= 2^(shift-1): strictly below half
+  } else {
+    kept = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1);
+    half_exact = rem == half;
+    above_half = rem > half;
+  }
+  bool up = false;
+  switch (mode) {
+    case Rounding::nearest_even: up = above_half || (half_exact && (kept & 1u)); break;
+    case Rounding::nearest_away: up = above_half || half_exact; break;
+    case Rounding::toward_zero: up = false; break;
+    case Rounding::stochastic:
+      // Round up with probability rem / 2^shift, using the low `shift` random bits.
+      if (shift < 32) {
+        up = (rnd & ((1u << shift) - 1u)) < rem;
+      } else {
+        // rem < 2^24: compare the top 32 bits of the fraction with 32 random bits.
+        const int down = shift - 32;
+        const uint32_t frac32 = down >= 24 ? 0u : (rem >> down);
+        up = rnd < frac32;
+      }
+      break;
+    default: break;
+  }
+  return kept + (up ? 1u : 0u);
+}
+
+// Sign of (a * 2^ea) - (b * 2^eb) for a, b < 2^31.
+MXLAB_HD int cmp_scaled(uint32_t a, int ea, uint32_t b, int eb) {
+  if (a == 0 || b == 0) return (a > 0) - (b > 0);
+  const int la = floor_log2(a, ea), lb = floor_log2(b, eb);
+  if (la != lb) return la > lb ? 1 : -1;
+  // Same binade: align to the smaller exponent (difference < 32 bits here).
+  uint64_t A = a, B = b;
+  if (ea > eb) A <<= (ea - eb); else B <<= (eb - ea);
+  return (A > B) - (A < B);
+}
+
+// ---- shared exponent ---------------------------------------------------------------------
+
+MXLAB_HD int clamp_scale_exp(int s) {
+  return s < kScaleExpMin ? kScaleExpMin : (s > kScaleExpMax ? kScaleExpMax : s);
+}
+
+// Reciprocal of max_normal as float32, as Transformer Engine and torchao form it
+// (1.0f / max_normal rounded to float32 once).
+MXLAB_HD float max_normal_reciprocal_f32(const ElemSpec& es) {
+  return 1.0f / static_cast<float>(es.max_normal());
+}
+
+// Round a positive float's bits up to a power of two, returning the biased E8M0 exponent;
+// Transformer Engine's float_to_e8m0 (satfinite, round toward +inf).
+MXLAB_HD int e8m0_round_up_biased(float val) {
+  const uint32_t b = f32_bits(val);
+  uint32_t e = (b >> 23) & 0xFFu;
+  const uint32_t mant = b & 0x7FFFFFu;
+  if (e == 0xFFu) return mant ? 255 : 254;  // NaN -> NaN code, Inf -> largest finite
+  if (val == 0.0f) return 0;
+  if (mant > 0 && e != 0xFEu && !(e == 0 && mant <= 0x400000u)) ++e;
+  return static_cast<int>(e);
+}
+
+// The shared exponent s (X = 2^s) of a block with absolute maximum `amax` (finite, >= 0).
+// amax == 0 gives -127 (every element is then 0). See DESIGN.md section 2 and lab/mx/README.md.
+MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bump bump) {
+  if (amax == 0.0f) return kScaleExpMin;
+  const Decomposed d = decompose(amax);
+  const int emax = es.emax();
+  switch (rule) {
+    case ScaleRule::floor:
+      return clamp_scale_exp(floor_log2(d.m, d.x) - emax);
+    case ScaleRule::ceil: {
+      // torchao CEIL: add one to the float's exponent when any mantissa bit is set.
+      const int fl = floor_log2(d.m, d.x);
+      const bool pow2 = (d.m & (d.m - 1u)) == 0u;
+      return clamp_scale_exp(fl + (pow2 ? 0 : 1) - emax);
+    }
+    case ScaleRule::even: {
+      // torchao EVEN: round amax's float32 bits to the element's mantissa width (half up),
+      // then take the exponent field (floor). Subnormal amax keeps exponent field 0 (-127).
+      const uint32_t b = f32_bits(amax) & 0x7FFFFFFFu;
+      const uint32_t add = 1u << (23 - es.mbits - 1);
+      const uint32_t r = (b + add) & 0x7F800000u;
+      return clamp_scale_exp(static_cast<int>(r >> 23) - 127 - emax);
+    }
+    case ScaleRule::rceil: {
+      // Transformer Engine / torchao: descale = amax * (1/max_normal) in float32, rounded up
+      // to a power of two in bit space.
+      const float descale = amax * max_normal_reciprocal_f32(es);
+      return clamp_scale_exp(e8m0_round_up_biased(descale) - 127);
+    }
+    case ScaleRule::floor_bump: {
+      int s = clamp_scale_exp(floor_log2(d.m, d.x) - emax);
+      // Would the block maximum clamp, i.e. amax / 2^s > max_normal?
+      const bool clamps = cmp_scaled(d.m, d.x - s, es.max_sig(), es.max_lsb_exp()) > 0;
+      if (bump == Bump::always || clamps) s = clamp_scale_exp(s + 1);
+      return s;
+    }
+    default:
+      return clamp_scale_exp(floor_log2(d.m, d.x) - emax);
+  }
+}
+
+// ---- element quantization ------------------------------------------------------------------
+
+struct ElemResult {
+  float value;   // dequantized Q(v) = element * 2^s
+  bool clamped;  // |v / X| > max_normal before saturation
+  bool lastbin;  // |element| == max_normal after rounding and saturation
+};
+
+// Quantize one finite element v of a block with shared exponent s.
+MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
+  ElemResult out{0.0f, false, false};
+  const Decomposed d = decompose(v);
+  if (d.m == 0) {
+    out.value = bits_f32(d.neg ? 0x80000000u : 0u);
+    return out;
+  }
+  const int x = d.x - s;  // |r| = m * 2^x
+  const int er = floor_log2(d.m, x);
+  const int q = (er > es.emin() ? er : es.emin()) - es.mbits;  // grid spacing exponent
+  out.clamped = cmp_scaled(d.m, x, es.max_sig(), es.max_lsb_exp()) > 0;
+  uint32_t k;
+  int kq;
+  if (out.clamped) {
+    k = es.max_sig();
+    kq = es.max_lsb_exp();
+  } else {
+    k = round_to_grid(d.m, x, q, mode, rnd);
+    kq = q;
+    // Rounding up may cross max_normal (e.g. E4M3 464 -> 480): saturate.
+    if (cmp_scaled(k, kq, es.max_sig(), es.max_lsb_exp()) > 0) {
+      k = es.max_sig();
+      kq = es.max_lsb_exp();
+    }
+  }
+  out.lastbin = cmp_scaled(k, kq, es.max_sig(), es.max_lsb_exp()) == 0;
+  out.value = make_float(k, kq + s, d.neg);
+  return out;
+}
+
+// ---- scalar formats ---------------------------------------------------------------------------
+
+// Round to bfloat16 (returned as the float with the same value). nearest_even or
+// nearest_away; overflow goes to +-Inf, subnormals are kept, NaN stays (quiet) NaN.
+MXLAB_HD float round_bf16(float v, Rounding mode) {
+  const uint32_t b = f32_bits(v);
+  if (!is_finite_bits(b)) return (b & 0x7FFFFFu) ? bits_f32((b | 0x00400000u) & 0xFFFF0000u) : v;
+  uint32_t r;
+  if (mode == Rounding::nearest_away) {
+    r = b + 0x8000u;
+  } else {  // nearest_even (other modes are not offered for bf16 vector ops)
+    r = b + 0x7FFFu + ((b >> 16) & 1u);
+  }
+  return bits_f32(r & 0xFFFF0000u);
+}
+
+// Round to IEEE binary16 (returned as a float), round-to-nearest-even (or ties away),
+// overflow to +-Inf (|v| >= 65520), subnormals kept, NaN stays NaN.
+MXLAB_HD float round_fp16(float v, Rounding mode) {
+  const uint32_t b = f32_bits(v);
+  if (!is_finite_bits(b)) return (b & 0x7FFFFFu) ? bits_f32(b | 0x00400000u) : v;
+  const Decomposed d = decompose(v);
+  if (d.m == 0) return v;
+  const int er = floor_log2(d.m, d.x);
+  const int q = (er > -14 ? er : -14) - 10;
+  const uint32_t k = round_to_grid(d.m, d.x, q, mode == Rounding::nearest_away ? mode : Rounding::nearest_even, 0u);
+  if (cmp_scaled(k, q, 2047u, 5) > 0) return bits_f32((d.neg ? 0x80000000u : 0u) | 0x7F800000u);  // > 65504
+  return make_float(k, q, d.neg);
+}
+
+// Is the (finite) float exactly representable in bf16? Used to guard the bf16 tensor-core GEMM.
+MXLAB_HD bool bf16_exact(float v) { return (f32_bits(v) & 0xFFFFu) == 0u; }
+
+}  // namespace mxlab

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install mxlab's build and test dependencies on Debian 12 / Ubuntu (root or sudo).
+# Idempotent: packages already present are left alone. CUDA is optional and not installed
+# here (when nvcc is on PATH or in /usr/local/cuda, the kernels compile too).
+set -euo pipefail
+
+PKGS=(build-essential cmake git pkg-config
+      libeigen3-dev libhdf5-dev libyaml-cpp-dev libcli11-dev libgtest-dev googletest
+      python3 python3-numpy python3-h5py python3-matplotlib python3-pytest)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all Debian packages present"
+fi
+
+# The python3 on PATH may not be Debian's (e.g. a pyenv build): make sure it can import
+# what analysis/ needs, from PyPI if necessary.
+if ! python3 -c "import numpy, h5py, matplotlib, pytest" 2>/dev/null; then
+  echo "install-deps: $(command -v python3) lacks numpy/h5py/matplotlib/pytest - installing with pip"
+  python3 -m pip install --quiet numpy h5py matplotlib pytest
+fi
