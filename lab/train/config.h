@@ -1,0 +1,121 @@
+// The resolved configuration of one run: every field has a default here (the one place
+// defaults live; `mxlab dump-config` prints them). The YAML schema mirrors this struct
+// one-to-one (key names = field names); lab/train/config.cpp parses it strictly.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lab/model/backend.h"
+#include "lab/mx/format.h"
+
+namespace mxlab {
+
+enum class LossKind : uint8_t { mse = 0, kl };
+enum class InitKind : uint8_t { pytorch = 0, xavier_normal };
+enum class OptKind : uint8_t { adam = 0, adamw, sgd };
+enum class SchedKind : uint8_t { constant = 0, cosine };
+enum class OnNonfinite : uint8_t { stop = 0, cont };  // YAML: stop | continue
+
+struct ModelConfig {
+  int depth = 4;               // L residual blocks
+  int width = 512;             // d
+  int hidden_mult = 4;         // H = hidden_mult * d (swiglu: H' = round(hidden_mult*2/3 * d) = round(8d/3))
+  Act activation = Act::gelu;  // relu | gelu | gelu_tanh | swiglu | linear
+  bool layernorm = true;
+  bool ln_affine = true;       // learnable gamma, beta
+  float ln_eps = 1e-5f;
+  bool fc2_bias = true;        // b2
+  InitKind init = InitKind::pytorch;
+  float init_gain = 1.0f;      // xavier_normal gain
+};
+
+struct TeacherConfig {
+  int depth = 0;               // 0 = model.depth
+  int width = 0;               // 0 = model.width (hidden width w of each block)
+  std::optional<Act> activation;  // unset = model.activation
+  bool residual = false;       // false: plain MLP of the paper's code; true: student-shaped, no LN
+};
+
+struct DataConfig {
+  int batch = 2048;
+  float label_noise = 0.005f;
+};
+
+struct OptimizerConfig {
+  OptKind name = OptKind::adam;
+  float lr = 6e-4f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float momentum = 0.0f;       // sgd
+};
+
+struct ScheduleConfig {
+  SchedKind name = SchedKind::constant;
+  int warmup = 0;              // linear warmup steps (from 0 to lr)
+  float lr_min = 0.0f;         // cosine floor
+};
+
+// DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd.
+struct PrecisionConfig {
+  NumFmt weight = NumFmt::mxfp8_e4m3;
+  NumFmt activation = NumFmt::mxfp8_e4m3;
+  NumFmt grad = NumFmt::mxfp8_e4m3;
+  std::optional<NumFmt> weight_bwd;       // unset ("same") = weight
+  std::optional<NumFmt> activation_bwd;   // unset ("same") = activation
+  NumFmt ln_affine = NumFmt::mxfp8_e4m3;  // fp32 means "none" (YAML: none|bf16|<mx format>)
+  bool elementwise_bf16 = true;           // YAML: elementwise: fp32 | bf16
+  bool backward = true;                   // false: forward-only quantization
+  int block_size = 32;
+  ScaleRule scale_rule = ScaleRule::floor;
+  Bump bump = Bump::clamp;                // floor_bump: clamp (only blocks that would clamp) | always
+  Rounding rounding = Rounding::nearest_even;
+  Rounding elementwise_rounding = Rounding::nearest_even;  // nearest_even | nearest_away
+  NumFmt diagnostic_format = NumFmt::mxfp8_e4m3;  // last-bin statistics of tensors not quantized
+
+  NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
+  NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
+  // The all-FP32 policy of the reference trajectory and the shadow pass.
+  static PrecisionConfig fp32();
+};
+
+struct LogConfig {
+  int log_every = 10;
+  int bias_every = 0;          // 0 = log_every; shadow FP32 gradient every this many steps
+  float spike_factor = 100.0f; // spike: loss_t > spike_factor * loss_{t-1}
+  float divergence_factor = 10.0f;  // see lab/train/README.md: divergence step definition
+  float bias_avg_beta = 0.99f; // running average of bias_ratio: a = beta a + (1-beta) r (debiased)
+  OnNonfinite on_nonfinite = OnNonfinite::stop;
+  int flush_every = 100;       // HDF5 flush period in logged rows
+  bool progress = true;        // progress line on a terminal
+};
+
+// One intervention (issue 5): a named patch of the MX policy from step `at` on.
+struct InterventionConfig {
+  std::string name;
+  int at = 0;
+  std::string apply;                         // preset name or empty
+  std::map<std::string, std::string> set;    // policy field -> value (YAML scalars as text)
+};
+
+struct RunConfig {
+  std::string name = "run";
+  uint64_t seed = 0;
+  int steps = 1000;
+  std::string device = "auto";  // cpu | auto | cuda | cuda:N
+  ModelConfig model;
+  TeacherConfig teacher;
+  DataConfig data;
+  LossKind loss = LossKind::mse;
+  float kl_temperature = 1.0f;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  PrecisionConfig precision;
+  LogConfig log;
+  int checkpoint_every = 0;     // 0 = only at intervention steps
+  std::vector<InterventionConfig> interventions;
+};
+
+}  // namespace mxlab
