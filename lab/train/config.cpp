@@ -17,6 +17,7 @@
 
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
+#include "lab/train/sweep.h"
 #include "lab/train/yaml_tree.h"
 
 namespace mxlab {
@@ -470,7 +471,11 @@ struct Parser {
                          root.describe()));
     for (const YEntry& e : root.map) {
       const Item* item = find_item(e.key);
-      if (!item) fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, item_keys())));
+      if (!item) {
+        std::vector<std::string> valid = item_keys();
+        for (const char* k : {"extends", "base", "sweep"}) valid.emplace_back(k);  // read by lab/train/sweep.cpp
+        fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, valid)));
+      }
       if (item->key == "interventions") {
         parse_interventions(e.value);
       } else if (!item->section) {
@@ -765,17 +770,23 @@ RunConfig config_from_tree(const YNode& root, const std::string& origin) {
   return p.cfg;
 }
 
+namespace {
+RunConfig the_only_run(std::vector<ExpandedRun> runs, const std::string& origin) {
+  if (runs.size() != 1)
+    throw Error(msg(origin, ": this experiment is a sweep of ", runs.size(),
+                    " runs, not one configuration: list them with `mxlab plan ", origin, "` and run them with `mxlab run ",
+                    origin, "` (in code: expand_experiment)"));
+  return std::move(runs[0].cfg);
+}
+}  // namespace
+
 RunConfig config_from_yaml_string(const std::string& text, const std::string& origin_name,
                                   const std::vector<std::string>& overrides) {
-  YNode root = yaml_parse(text, origin_name);
-  apply_overrides(root, overrides);
-  return config_from_tree(root, origin_name);
+  return the_only_run(expand_experiment_string(text, origin_name, overrides), origin_name);
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  YNode root = yaml_load_file(path);
-  apply_overrides(root, overrides);
-  return config_from_tree(root, path);
+  return the_only_run(expand_experiment(path, overrides), path);
 }
 
 void validate_config(const RunConfig& cfg) {
