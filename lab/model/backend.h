@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lab/core/philox.h"
@@ -76,6 +77,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;           // "cpu" or "cuda:N (NVIDIA H100 ...)"
   virtual std::string math_mode() const = 0;      // recorded in the output, e.g. "IEEE FP32 SGEMM, TF32 off"
+  // Extra facts recorded as HDF5 root attributes (CUDA: cuda_runtime, cuda_driver, cublas, gpu).
+  virtual std::vector<std::pair<std::string, std::string>> describe() const { return {}; }
 
   // ---- memory ----
   // Buffers live until the backend is destroyed; contents are undefined until written.

@@ -36,6 +36,7 @@ struct Trajectory {
   double bias_avg = 0.0;        // EMA of bias_ratio (raw, before debiasing)
   double bias_avg_weight = 0.0; // 1 - beta^k for debiasing
   int64_t rows_logged = 0;
+  double last_loss = std::numeric_limits<double>::quiet_NaN();  // of the last logged step
 };
 
 }  // namespace mxlab
