@@ -69,12 +69,9 @@ int ref_scale(double amax, const RefFormat& f, ScaleRule rule, Bump bump) {
     case ScaleRule::ceil:
       return clamp127(ceil_log2_d(amax) - f.emax);
     case ScaleRule::even: {
-      // Round amax half-up to mbits fraction bits of its float32 encoding (a float32
-      // subnormal has the fixed spacing 2^-149: round it to a multiple of 2^(-126-mbits)).
-      const double ulp = amax >= std::ldexp(1.0, -126) ? std::ldexp(1.0, floor_log2_d(amax) - f.mbits)
-                                                        : std::ldexp(1.0, -126 - f.mbits);
+      // Round amax half-up to mbits fraction bits below its leading one, then floor.
+      const double ulp = std::ldexp(1.0, floor_log2_d(amax) - f.mbits);
       const double r = std::floor(amax / ulp + 0.5) * ulp;
-      if (r == 0.0) return -127;
       return clamp127(floor_log2_d(r) - f.emax);
     }
     case ScaleRule::rceil: {
