@@ -63,6 +63,7 @@ struct OperandRules {
   bool quantize;             // false: operands stay FP32 (backward with `backward: false`)
   uint64_t seed;
   bool collect;              // fill statistics slots
+  int stats_base;            // slot offset of this pass (PassPolicy::stats_base)
 
   GemmOperand make(const float* data, bool k_contiguous, NumFmt fmt, int layer, OpId op,
                    int slot = -1) const {
@@ -74,7 +75,7 @@ struct OperandRules {
     o.bf16_mode = p->elementwise_rounding;
     o.sr_op = op_id(layer, op);
     if (collect && slot >= 0) {
-      o.stats_slot = slot;
+      o.stats_slot = stats_base + slot;
       o.stats_q = stats_spec(*p, fmt, seed);
     }
     return o;
@@ -105,7 +106,7 @@ void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int
   for (const Item& it : items) {
     const float* src = params + group(s, k, it.kind).offset;
     const uint64_t seed = sr_seed(pol.seed, op_id(k, it.op));
-    int slot = collect ? stats_slot(k, it.tensor) : -1;
+    int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
     if (slot >= 0 && !is_mx(p.ln_affine)) {
       // Diagnostic only: `dst` serves as scratch and is overwritten just below.
       be.quantize(src, it.dst, 1, s.d, Axis::contiguous, stats_spec(p, p.ln_affine, seed), slot);
@@ -300,7 +301,7 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   MXLAB_ASSERT(x != nullptr, "forward without input");
   const PrecisionConfig& p = pol.p;
   const ElementwiseRound R = policy_round(p);
-  const OperandRules ops{&p, true, pol.seed, pol.collect_stats};
+  const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
   // A0 = R(x)
@@ -363,7 +364,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   // backward: false -> FP32 GEMM operands and no element-wise rounding (statistics are still
   // counted, under the configured specs: what would clamp if the backward were quantized).
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
-  const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats};
+  const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
   const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt();
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
