@@ -272,3 +272,19 @@ TEST(Sweep, PlanCommand) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out, dump_config(runs[5].cfg));
 }
+
+// Every experiment committed under experiments/ loads: a schema change that breaks one fails here.
+TEST(Sweep, CommittedExperimentsExpand) {
+  const std::filesystem::path root = std::filesystem::path(MXLAB_SOURCE_DIR) / "experiments";
+  int files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".yaml") continue;
+    ++files;
+    try {
+      EXPECT_FALSE(expand_experiment(entry.path().string()).empty()) << entry.path();
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  EXPECT_GE(files, 1);  // at least defaults.yaml
+}
