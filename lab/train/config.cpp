@@ -438,7 +438,7 @@ bool valid_branch_name(const std::string& s) {
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
 void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
   const Leaf* leaf = find_leaf(precision_item(), key);
-  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", did_you_mean(key, leaf_keys(precision_item()))));
+  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, leaf_keys(precision_item()))));
   RunConfig tmp;
   tmp.precision = p;
   leaf->set(tmp, value, label);
@@ -533,7 +533,7 @@ struct Parser {
           for (const YEntry& f : e.value.map) {
             if (!find_leaf(precision_item(), f.key))
               fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
-                                  did_you_mean(f.key, leaf_keys(precision_item()))));
+                                  hint_with_list(f.key, leaf_keys(precision_item()))));
             // Validate now, store the canonical text (so equal patches print and hash equally).
             PrecisionConfig scratch;
             set_precision_field(scratch, f.key, f.value, key + "." + f.key);

@@ -329,7 +329,7 @@ TEST(Config, BadInputsGiveOneLineMessagesWithFileLineAndHint) {
       {"unknown preset", "interventions:\n  - name: a\n    at: 10\n    apply: to_fp16\n",
        {"bad.yaml:4:", "unknown preset 'to_fp16'", "did you mean 'to_fp32'?", "bf16_fwd_activations"}},
       {"unknown set field", "interventions:\n  - name: a\n    at: 10\n    set: {activaton: bf16}\n",
-       {"bad.yaml:4:", "unknown precision field 'activaton'", "did you mean 'activation'?"}},
+       {"bad.yaml:4:", "unknown precision field 'activaton'", "did you mean 'activation'?", "diagnostic_format"}},
       {"bad set value", "interventions:\n  - name: a\n    at: 10\n    set:\n      weight: bf17\n",
        {"bad.yaml:5:", "unknown format 'bf17'", "did you mean 'bf16'?"}},
       {"at out of range", "steps: 100\ninterventions:\n  - name: late\n    at: 100\n    apply: to_fp32\n",
