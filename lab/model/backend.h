@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lab/core/philox.h"
@@ -76,6 +77,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;           // "cpu" or "cuda:N (NVIDIA H100 ...)"
   virtual std::string math_mode() const = 0;      // recorded in the output, e.g. "IEEE FP32 SGEMM, TF32 off"
+  // Extra facts recorded as HDF5 root attributes (CUDA: cuda_runtime, cuda_driver, cublas, gpu).
+  virtual std::vector<std::pair<std::string, std::string>> describe() const { return {}; }
 
   // ---- memory ----
   // Buffers live until the backend is destroyed; contents are undefined until written.
@@ -88,15 +91,20 @@ class Backend {
   // ---- step control ----
   virtual void set_step(const StepScalars& s) = 0;
   // Independent work of a step may run concurrently on `lane`s (CUDA streams); lane 0 is the
-  // default. join() waits for all lanes. The CPU backend runs everything in order.
+  // default. set_lane(i > 0) forks: lane i first waits for everything issued on lane 0 so
+  // far, then takes the following ops. set_lane(0) returns to lane 0 without waiting.
+  // join() makes lane 0 wait for all lanes. The CPU backend runs everything in order.
   virtual void set_lane(int lane) { (void)lane; }
   virtual void join() {}
-  // Optional whole-step capture (CUDA graphs). The trainer calls begin_capture(key) /
-  // end_capture(key) around a step's ops; the backend may record them the first time and
-  // replay the recording on later calls with the same key (then the ops in between are
-  // skipped by the trainer when replay() returns true). Default: no capture.
+  // Optional whole-step capture (CUDA graphs). The trainer runs a step's ops as
+  //   if (!be.replay(key)) { bool rec = be.begin_capture(key); <ops>; be.end_capture(key); if (rec) be.replay(key); }
+  // replay(key) launches a recording made earlier for `key` and returns true; otherwise false.
+  // begin_capture(key) returns true when it records (the ops then do not execute until
+  // replay) and false when the ops execute eagerly (a backend may execute a key eagerly the
+  // first time it sees it, to warm up, and record it the next time). The ops between must
+  // be identical (same buffers, same sequence) every time a key is used. Default: no capture.
   virtual bool replay(int key) { (void)key; return false; }
-  virtual void begin_capture(int key) { (void)key; }
+  virtual bool begin_capture(int key) { (void)key; return false; }
   virtual void end_capture(int key) { (void)key; }
   virtual void synchronize() {}
 

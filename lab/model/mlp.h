@@ -48,10 +48,12 @@ struct PassPolicy {
   PrecisionConfig p;  // as configured (for the MX trajectory) or PrecisionConfig::fp32()
   uint64_t seed = 0;  // stochastic rounding
   bool collect_stats = false;  // fill the last-bin statistics slots (log steps only)
+  int stats_base = 0;          // slot offset of this pass: slots stats_base + stats_slot(layer, t)
 };
 
 // Statistics slots filled by a pass with collect_stats (see Backend::read_stats); slot ids:
-//   stats_slot(layer, StatTensor) for per-layer tensors.
+//   pol.stats_base + stats_slot(layer, StatTensor) for per-layer tensors (the trainer gives
+//   each trajectory its own base, so passes on different lanes never share a slot).
 enum class StatTensor : uint8_t {
   ln_out = 0,   // LN output into W1 (forward activation operand)
   act_out,      // phi output into W2 (forward activation operand)

@@ -166,12 +166,15 @@ MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bum
       return clamp_scale_exp(fl + (pow2 ? 0 : 1) - emax);
     }
     case ScaleRule::even: {
-      // torchao EVEN: round amax's float32 bits to the element's mantissa width (half up),
-      // then take the exponent field (floor). Subnormal amax keeps exponent field 0 (-127).
-      const uint32_t b = f32_bits(amax) & 0x7FFFFFFFu;
-      const uint32_t add = 1u << (23 - es.mbits - 1);
-      const uint32_t r = (b + add) & 0x7F800000u;
-      return clamp_scale_exp(static_cast<int>(r >> 23) - 127 - emax);
+      // torchao EVEN: round amax half-up to the element's mantissa width (mbits bits below
+      // its leading one), then floor. torchao adds half an element ulp to the float's bits,
+      // which is the same for a normal amax; for a float32-subnormal amax the bit trick
+      // would round at the wrong place, which changes s only for int8 (emax 0), a format
+      // torchao does not have: mxlab rounds the value.
+      const int fl = floor_log2(d.m, d.x);
+      const int drop = (31 - clz32(d.m)) - es.mbits;  // bits below the kept mantissa
+      const bool carry = drop > 0 && ((d.m + (1u << (drop - 1))) >> (drop + es.mbits + 1)) != 0u;
+      return clamp_scale_exp(fl + (carry ? 1 : 0) - emax);
     }
     case ScaleRule::rceil: {
       // Transformer Engine / torchao: descale = amax * (1/max_normal) in float32, rounded up

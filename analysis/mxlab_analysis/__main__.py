@@ -1,0 +1,120 @@
+"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|summary> ...`
+(or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2."""
+
+import argparse
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window (CI and ssh sessions have no display)
+
+from . import AnalysisError  # noqa: E402
+from . import common as C  # noqa: E402
+from . import schema as S  # noqa: E402
+
+PROG = "mxlab-plot"
+
+
+def _default_out(path, kind):
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+    return f"{stem}-{kind}.png"
+
+
+def _cmd_panel(args):
+    from . import panel
+    run = S.load_run(args.run)
+    out = args.out or _default_out(args.run, "panel")
+    return C.save(panel.build(run), out, args.pdf)
+
+
+def _cmd_interventions(args):
+    from . import interventions
+    run = S.load_run(args.run)
+    out = args.out or _default_out(args.run, "interventions")
+    return C.save(interventions.build(run, xlim=args.xlim), out, args.pdf)
+
+
+def _cmd_grid(args):
+    from . import grid
+    out = args.out or _default_out(args.dir[0], f"grid-{args.metric}")
+    fig = grid.build(S.find_runs(args.dir), args.x, args.y, args.metric,
+                     where=args.where, agg=args.agg)
+    return C.save(fig, out, args.pdf)
+
+
+def _cmd_summary(args):
+    from . import summary
+    rows, columns = summary.collect(S.find_runs(args.dir))
+    text = summary.to_csv(rows, columns) if args.csv else summary.to_text(rows, columns)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        return [args.out]
+    sys.stdout.write(text)
+    return []
+
+
+def make_parser():
+    p = argparse.ArgumentParser(prog=PROG, description="Figures and tables from mxlab run files "
+                                "(HDF5, lab/train/SCHEMA.md).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def figure_opts(sp, what):
+        sp.add_argument("-o", "--out", help=f"output PNG (default: ./<name>-{what}.png)")
+        sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
+
+    sp = sub.add_parser("panel", help="loss, bias ratio, cosine, last-bin fractions of one run "
+                        "(paper figures 3 and 5)")
+    sp.add_argument("run", metavar="RUN.h5")
+    figure_opts(sp, "panel")
+    sp.set_defaults(func=_cmd_panel)
+
+    sp = sub.add_parser("interventions", help="baseline, FP32 and every branch's loss, one "
+                        "subplot per intervention step (paper figure 4)")
+    sp.add_argument("run", metavar="RUN.h5")
+    sp.add_argument("--xlim", default="auto", help="auto (from a little before each "
+                    "intervention), full, or A:B steps")
+    figure_opts(sp, "interventions")
+    sp.set_defaults(func=_cmd_interventions)
+
+    sp = sub.add_parser("grid", help="heatmap of a metric over two swept config keys, FP32 and "
+                        "MX side by side (paper figures 6 and 9)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
+    sp.add_argument("--x", default="model.width", help="config key on the x axis (dotted)")
+    sp.add_argument("--y", default="model.depth", help="config key on the y axis (dotted)")
+    sp.add_argument("--metric", default="final_loss",
+                    choices=("final_loss", "divergence_step", "spike_count", "spike_score",
+                             "min_loss", "diverged"))
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    sp.add_argument("--agg", default=None, choices=("mean", "median", "min", "max", "sum"),
+                    help="how runs sharing a cell (seeds, other swept keys) combine "
+                    "(default: mean; min for divergence_step)")
+    figure_opts(sp, "grid")
+    sp.set_defaults(func=_cmd_grid)
+
+    sp = sub.add_parser("summary", help="one row per trajectory and branch of every run: "
+                        "status, divergence, spikes, losses, bias, last-bin")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
+    sp.add_argument("--csv", action="store_true", help="CSV instead of an aligned table")
+    sp.add_argument("-o", "--out", help="write to this file instead of stdout")
+    sp.set_defaults(func=_cmd_summary)
+    return p
+
+
+def main(argv=None):
+    args = make_parser().parse_args(argv)
+    try:
+        written = args.func(args)
+    except AnalysisError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

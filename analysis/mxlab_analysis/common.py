@@ -1,0 +1,100 @@
+"""Shared pieces of the figures: colours, the run description in titles, saving."""
+
+import os
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from . import AnalysisError
+from . import metrics
+from . import schema as S
+from . import yamlcfg
+
+# The paper draws FP32 in blue and MX in yellow/orange; keep that so figures read alike.
+COLOR_FP32 = "tab:blue"
+COLOR_MX = "tab:orange"
+BRANCH_COLORS = ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                 "tab:cyan", "tab:gray")
+BIAS_RATIO_ALARM = 2.0  # the paper (appendix B.2): divergence follows once the average nears 2
+DPI = 130
+
+
+def cfg(run, key, default="?"):
+    return yamlcfg.format_value(run.config.get(key, default))
+
+
+def precision_text(run):
+    """`MX mxfp8_e4m3 (W/A/G), LN affine mxfp8_e4m3, scale floor` - the policy in a line."""
+    c = run.config
+    w, a, g = (c.get(f"precision.{k}", "?") for k in ("weight", "activation", "grad"))
+    fmts = f"{w} (W/A/G)" if w == a == g else f"W {w} / A {a} / G {g}"
+    bwd = [f"{k.split('_')[0][0].upper()}bwd {c[f'precision.{k}']}"
+           for k in ("weight_bwd", "activation_bwd")
+           if c.get(f"precision.{k}", "same") not in ("same", None)]
+    if bwd:
+        fmts += " [" + ", ".join(bwd) + "]"
+    parts = [fmts]
+    if c.get("precision.backward") is False:
+        parts.append("forward only")
+    if "precision.ln_affine" in c:
+        parts.append(f"LN affine {c['precision.ln_affine']}")
+    parts.append(f"scale rule {c.get('precision.scale_rule', '?')}")
+    return ", ".join(parts)
+
+
+def model_text(run):
+    return (f"L={cfg(run, 'model.depth')} d={cfg(run, 'model.width')} "
+            f"{cfg(run, 'model.activation')} B={cfg(run, 'data.batch')} "
+            f"lr={cfg(run, 'optimizer.lr')} {cfg(run, 'optimizer.name')}")
+
+
+def run_title(run):
+    status = f"status: {run.status}"
+    if run.truncated or run.status == S.STATUS_RUNNING:
+        last = max((int(g.step[-1]) for g in run.groups() if g.n), default=0)
+        status += f" - unfinished file, logged up to step {last}"
+    return (f"run {run.run_id}  [{status}]\n{model_text(run)}  |  {precision_text(run)}"
+            f"  |  {cfg(run, 'steps')} steps")
+
+
+def finite(x, y):
+    """Points where y is finite (bias rows are NaN where the shadow pass did not run)."""
+    x, y = np.asarray(x), np.asarray(y, dtype=np.float64)
+    keep = np.isfinite(y)
+    return x[keep], y[keep]
+
+
+def loss_curve(traj):
+    """(steps, loss) of every step when loss_all is there, else of the logged rows."""
+    if traj.loss_all.size:
+        return np.arange(traj.loss_all.size) + metrics.step_offset(traj), traj.loss_all
+    return traj.step, traj.loss
+
+
+def mark_nonfinite(ax, traj, color):
+    """An x at the top edge where the loss first became NaN/Inf (log axes cannot show it)."""
+    steps, loss = loss_curve(traj)
+    bad = np.nonzero(~np.isfinite(loss))[0]
+    if bad.size:
+        ax.plot([steps[bad[0]]], [1.0], marker="x", color=color, markersize=9, mew=2,
+                transform=ax.get_xaxis_transform(), clip_on=False, linestyle="none")
+        return int(steps[bad[0]])
+    return None
+
+
+def new_figure(width, height):
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def save(fig, out, pdf=False):
+    """Write `out` (PNG) and, with pdf, the same figure as a PDF beside it."""
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise AnalysisError(f"{out}: directory {directory} does not exist")
+    fig.savefig(out, dpi=DPI)
+    written = [out]
+    if pdf:
+        pdf_path = os.path.splitext(out)[0] + ".pdf"
+        fig.savefig(pdf_path)
+        written.append(pdf_path)
+    return written

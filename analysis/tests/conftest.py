@@ -1,0 +1,85 @@
+"""pytest setup: make `mxlab_analysis` and the fixture writer importable from the repo root
+(`python3 -m pytest -q analysis/tests`), and build the synthetic run files once per session."""
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # analysis/ -> import mxlab_analysis
+sys.path.insert(0, HERE)                   # make_fixtures
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+
+import make_fixtures as F  # noqa: E402
+
+STEPS = 400
+DIVERGE_AT = 300
+EARLY, LATE = 200, 290
+BRANCHES = [
+    {"name": "fp32_early", "at": EARLY, "apply": "to_fp32"},
+    {"name": "skip_ln_quant_early", "at": EARLY, "apply": "skip_ln_quant", "diverge_at": 360},
+    {"name": "fp32_late", "at": LATE, "apply": "to_fp32", "diverge_at": 340},
+]
+SWEEP = [(256, 2), (256, 4), (512, 2), (512, 4)]
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def stable_run(runs_dir):
+    return F.write_run(str(runs_dir / "stable.h5"), steps=STEPS, seed=1)
+
+
+@pytest.fixture(scope="session")
+def diverging_run(runs_dir):
+    return F.write_run(str(runs_dir / "diverging.h5"), steps=STEPS, seed=2, mx_diverge_at=DIVERGE_AT)
+
+
+@pytest.fixture(scope="session")
+def branches_run(runs_dir):
+    return F.write_run(str(runs_dir / "branches.h5"), steps=STEPS, seed=3,
+                       mx_diverge_at=DIVERGE_AT, branches=BRANCHES)
+
+
+@pytest.fixture(scope="session")
+def nan_run(runs_dir):
+    return F.write_run(str(runs_dir / "nan.h5"), steps=STEPS, seed=5, mx_nan_at=250)
+
+
+@pytest.fixture
+def killed_ragged(tmp_path):
+    return F.write_run(str(tmp_path / "killed.h5"), steps=STEPS, seed=4, killed="ragged")
+
+
+@pytest.fixture
+def killed_zeros(tmp_path):
+    return F.write_run(str(tmp_path / "killed0.h5"), steps=STEPS, seed=4, killed="zeros")
+
+
+def _sweep(directory, skip=None):
+    os.makedirs(directory, exist_ok=True)
+    for i, (width, depth) in enumerate(SWEEP):
+        if (width, depth) == skip:
+            continue
+        F.write_run(os.path.join(directory, f"w{width}_L{depth}.h5"), steps=200, seed=10,
+                    noise_seed=10 + i, width=width, depth=depth,
+                    mx_diverge_at=120 if (width, depth) == (512, 4) else None,
+                    fp32_spike_at=50 if depth == 4 else None)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory):
+    return _sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="session")
+def sweep_missing_dir(tmp_path_factory):
+    return _sweep(tmp_path_factory.mktemp("sweep_missing"), skip=(256, 4))

@@ -1,0 +1,327 @@
+"""Synthetic mxlab run files that follow lab/train/SCHEMA.md exactly, written with h5py.
+
+The tests build them in a temporary directory (nothing binary is committed); run this file
+to write a demo set for looking at the figures:
+
+    python3 analysis/tests/make_fixtures.py /tmp/mxlab-demo [--steps 6000]
+
+The curves are shaped like the paper's (arXiv 2506.20752, figures 3-5): an MX loss that
+tracks FP32 and then blows up, a bias ratio that dips and climbs to ~2 before the blow-up,
+a cosine that decays to ~0, and LayerNorm gains piling into the last quantization bin.
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mxlab_analysis import metrics  # noqa: E402
+from mxlab_analysis import schema as S  # noqa: E402
+
+# The defaults of lab/train/config.h, in the nesting `mxlab dump-config` prints.
+DEFAULT_CONFIG = {
+    "name": "run", "seed": 0, "steps": 1000, "device": "auto",
+    "model": {"depth": 4, "width": 512, "hidden_mult": 4, "activation": "gelu",
+              "layernorm": True, "ln_affine": True, "ln_eps": 1e-5, "fc2_bias": True,
+              "init": "pytorch", "init_gain": 1.0},
+    "teacher": {"depth": 0, "width": 0, "activation": "same", "residual": False},
+    "data": {"batch": 2048, "label_noise": 0.005},
+    "loss": "mse", "kl_temperature": 1.0,
+    "optimizer": {"name": "adam", "lr": 6e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                  "weight_decay": 0.0, "momentum": 0.0},
+    "schedule": {"name": "constant", "warmup": 0, "lr_min": 0.0},
+    "precision": {"weight": "mxfp8_e4m3", "activation": "mxfp8_e4m3", "grad": "mxfp8_e4m3",
+                  "weight_bwd": "same", "activation_bwd": "same", "ln_affine": "mxfp8_e4m3",
+                  "elementwise": "bf16", "backward": True, "block_size": 32,
+                  "scale_rule": "floor", "bump": "clamp", "rounding": "nearest_even",
+                  "elementwise_rounding": "nearest_even", "diagnostic_format": "mxfp8_e4m3"},
+    "log": {"log_every": 10, "bias_every": 0, "spike_factor": 100.0,
+            "divergence_factor": 10.0, "bias_avg_beta": 0.99, "on_nonfinite": "stop",
+            "flush_every": 100, "progress": True},
+    "checkpoint_every": 0,
+    "interventions": [],
+}
+
+
+def _yaml_scalar(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _emit(tree, indent=0):
+    pad = " " * indent
+    lines = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.extend(_emit(value, indent + 2))
+        elif isinstance(value, list):
+            if not value:
+                lines.append(f"{pad}{key}: []")
+                continue
+            lines.append(f"{pad}{key}:")
+            for item in value:  # a list of maps, the way interventions are dumped
+                sub = _emit(item, indent + 4)
+                lines.append(f"{pad}  - {sub[0].strip()}")
+                lines.extend(sub[1:])
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
+    return lines
+
+
+def config_yaml(overrides=None, interventions=()):
+    """Resolved config text: the defaults with dotted-key overrides applied."""
+    import copy
+    tree = copy.deepcopy(DEFAULT_CONFIG)
+    for dotted, value in (overrides or {}).items():
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        if leaf not in node:
+            raise KeyError(f"fixture config has no key {dotted}")
+        node[leaf] = value
+    tree["interventions"] = [dict(i) for i in interventions]
+    return "\n".join(_emit(tree)) + "\n"
+
+
+def _write_rows(group, name, array, attrs=None):
+    """An extendable, chunked dataset like the trainer's (maxshape None along axis 0)."""
+    array = np.asarray(array)
+    ds = group.create_dataset(name, data=array, maxshape=(None,) + array.shape[1:], chunks=True)
+    for k, v in (attrs or {}).items():
+        ds.attrs[k] = v
+    return ds
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))  # no exp overflow
+
+
+class Curves:
+    """Deterministic synthetic metrics for one trajectory (or branch) over steps [start, end)."""
+
+    def __init__(self, rng, steps, layers, diverge_at=None, spike_at=None, nan_at=None,
+                 floor=0.02, mx=True, start=0, prefix=None):
+        self.rng, self.steps, self.layers, self.mx, self.start = rng, steps, layers, mx, start
+        self.diverge_at = diverge_at
+        t = np.arange(steps, dtype=np.float64)
+        loss = np.exp(-t / (steps / 6.0)) + floor
+        loss *= np.exp(0.05 * rng.standard_normal(steps))
+        if diverge_at is not None:
+            # Blow up over ~40 steps to a plateau ~300x the minimum, never to recover.
+            ramp = _sigmoid((t - diverge_at - 20) / 5.0)
+            loss = loss * (1 - ramp) + ramp * 300 * floor * np.exp(0.3 * rng.standard_normal(steps))
+        if spike_at is not None:
+            loss[spike_at] *= 500.0   # a recoverable spike (counts under spike_factor 100)
+        if prefix is not None:        # a branch shares the baseline's steps before `at`
+            loss[:start] = prefix[:start]
+        if nan_at is not None:
+            loss[nan_at:] = np.nan
+            loss = loss[:nan_at + 1]
+        self.full_loss = loss.astype(np.float32)   # indexed by absolute step
+        self.end = len(loss)
+
+    @property
+    def loss_all(self):
+        """What the file stores: a branch's loss_all holds the steps from `at` on."""
+        return self.full_loss[self.start:]
+
+    def rows(self, log_every, bias_every):
+        rng, L = self.rng, self.layers
+        first = -(-self.start // log_every) * log_every   # first multiple of log_every >= start
+        step = np.arange(first, self.end, log_every, dtype=np.int64)
+        n = len(step)
+        t = step.astype(np.float64)
+        x = t / self.steps
+        loss = self.full_loss[step].astype(np.float64)
+        trouble = np.zeros(n) if self.diverge_at is None else _sigmoid((t - self.diverge_at + 250) / 90)
+        rows = {
+            "step": step, "loss": loss,
+            "lr": np.full(n, 6e-4),
+            "grad_norm": np.sqrt(np.nan_to_num(loss, nan=1e3)) * (1 + 0.1 * rng.standard_normal(n) ** 2),
+            "update_norm": 6e-4 * np.sqrt(1 + 0.5 * x),
+            "weight_norm": 40 + 5 * x,
+        }
+        layer = np.arange(L)[None, :]
+        mean = 1.0 - 0.1 * x[:, None] + 0.02 * layer
+        std = 0.08 * np.exp(-2.5 * x[:, None]) + 0.01
+        rows.update(gamma_mean=mean, gamma_std=std, gamma_min=mean - 3 * std, gamma_max=mean + 3 * std)
+        gamma_lb = 0.05 + 0.5 * x[:, None] / (1 + layer) + 0.4 * trouble[:, None] * (layer == 0)
+        gamma_lb = np.clip(gamma_lb + 0.01 * rng.standard_normal((n, L)), 0, 1)
+        act_lb = np.clip(0.004 + 0.004 * x[:, None] * (1 + layer) / L + 0.01 * trouble[:, None], 0, 1)
+        ln_lb = np.clip(0.008 + 0.006 * x[:, None] + 0.015 * trouble[:, None] * (1 + layer) / L, 0, 1)
+        small = np.full((n, L), 1e-4)
+        for tensor, lb in (("gamma", gamma_lb), ("beta", 0.5 * small + 0.002), ("ln_out", ln_lb),
+                           ("act_out", act_lb), ("grad_out", small), ("grad_hidden", small)):
+            rows[S.lastbin_name(tensor)] = lb
+            rows[S.lastbin_name(tensor, S.SUFFIX_CLAMPED)] = 0.6 * lb
+        if self.mx:
+            shadow = (step % bias_every) == 0
+            ratio = 0.55 * np.exp(-4 * x) + 0.25 + 1.9 * trouble + 0.03 * rng.standard_normal(n)
+            ratio = np.abs(ratio)
+            cosine = np.clip(1 / np.sqrt(1 + ratio ** 2) - 0.3 * trouble, -1, 1)
+            rows[S.DS_BIAS_RATIO] = np.where(shadow, ratio, np.nan)
+            rows[S.DS_COSINE] = np.where(shadow, cosine, np.nan)
+            avg, acc, weight, beta = np.full(n, np.nan), 0.0, 0.0, 0.99
+            for i in np.nonzero(shadow)[0]:
+                acc, weight = beta * acc + (1 - beta) * ratio[i], beta * weight + (1 - beta)
+                avg[i] = acc / weight
+            rows[S.DS_BIAS_RATIO_AVG] = avg
+            groups = 5 * L
+            rows["bias_ratio_group"] = np.where(shadow[:, None], ratio[:, None] * (1 + 0.1 * np.arange(groups)), np.nan)
+            rows["cosine_group"] = np.where(shadow[:, None], cosine[:, None] * np.ones(groups), np.nan)
+            rows["cross_ratio"] = np.where(shadow, ratio + 0.3 * x, np.nan)
+            rows["cross_cosine"] = np.where(shadow, cosine * 0.9, np.nan)
+            rows["weight_distance"] = np.where(shadow, 0.02 * x + trouble, np.nan)
+        return rows
+
+
+def param_group_names(layers):
+    return [f"layer{k}.{p}" for k in range(layers) for p in ("gamma", "beta", "W1", "W2", "b2")]
+
+
+def _write_group(group, curves, layers, log_every, bias_every, quantized, summary, config):
+    rows = curves.rows(log_every, bias_every)
+    names = param_group_names(layers)
+    group.attrs[S.ATTR_PARAM_GROUPS] = names
+    group.attrs[S.ATTR_LAYERS] = np.int64(layers)
+    for name, array in rows.items():
+        attrs = {}
+        if name in S.LASTBIN_DATASETS:
+            attrs[S.DATASET_ATTR_QUANTIZED] = np.int64(1 if quantized else 0)
+        if name in S.MX_GROUP_DATASETS:
+            attrs[S.DATASET_ATTR_NAMES] = names
+        _write_rows(group, name, array, attrs)
+    _write_rows(group, S.DS_LOSS_ALL, curves.loss_all)
+    if summary:
+        # Summary attributes as the trainer would write them once the trajectory ends.
+        traj = S._load_group(group, group.name.rsplit("/", 1)[-1],
+                             "branch" if S.ATTR_AT in group.attrs else "trajectory")
+        values = metrics.summarize(traj, config)
+        for key in S.SUMMARY_ATTRS:
+            if key == S.SUM_MAX_BIAS_RATIO and not curves.mx:
+                continue
+            v = values[key]
+            group.attrs[key] = np.int64(v) if isinstance(v, int) else np.float64(v)
+
+
+def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=512, lr=6e-4,
+              seed=0, mx_diverge_at=None, fp32_spike_at=None, mx_nan_at=None, branches=(),
+              status=None, killed=None, weight="mxfp8_e4m3", extra_config=None, noise_seed=None):
+    """Write one run file. `branches`: dicts {name, at, apply, diverge_at} (diverge_at None =
+    the branch stays stable). `killed`: None, "ragged" (datasets of different lengths, no
+    summaries, status running) or "zeros" (trailing rows extended but never written)."""
+    rng = np.random.default_rng(seed if noise_seed is None else noise_seed)
+    overrides = {"steps": steps, "seed": seed, "model.depth": depth, "model.width": width,
+                 "optimizer.lr": lr, "log.log_every": log_every, "log.bias_every": bias_every,
+                 "precision.weight": weight}
+    overrides.update(extra_config or {})
+    interventions = [{"name": b["name"], "at": b["at"], "apply": b.get("apply", "to_fp32")}
+                     for b in branches]
+    text = config_yaml(overrides, interventions)
+    config = {"log.spike_factor": 100.0, "log.divergence_factor": 10.0}
+    if status is None:
+        status = "diverged" if (mx_diverge_at is not None or mx_nan_at is not None) else "complete"
+    if killed:
+        status = S.STATUS_RUNNING
+    summaries = not killed
+    with h5py.File(path, "w") as f:
+        a = f.attrs
+        a["schema_version"] = np.int64(S.SCHEMA_VERSION)
+        a["mxlab_version"] = "0.1.0"
+        a["git_commit"] = "0de69b5+dirty"
+        a["build_type"] = "Release"
+        a["device"] = "cpu"
+        a["cuda_runtime"] = ""
+        a["cuda_driver"] = ""
+        a["cublas"] = ""
+        a["math_mode"] = "IEEE FP32 (Eigen, no TF32)"
+        a["seed"] = np.uint64(seed)
+        a["run_id"] = hashlib.sha256(text.encode()).hexdigest()[:12]
+        a["config_yaml"] = text
+        a["start_time"] = "2025-01-01T00:00:00Z"
+        a["end_time"] = "" if killed else "2025-01-01T00:05:00Z"
+        a["status"] = status
+        a["steps"] = np.int64(steps)
+        traj = f.create_group(S.GROUP_TRAJECTORIES)
+        fp32 = Curves(rng, steps, depth, spike_at=fp32_spike_at, mx=False)
+        _write_group(traj.create_group(S.TRAJ_FP32), fp32, depth, log_every, bias_every,
+                     False, summaries, config)
+        mx = Curves(rng, steps, depth, diverge_at=mx_diverge_at, nan_at=mx_nan_at, floor=0.025)
+        _write_group(traj.create_group(S.TRAJ_MX), mx, depth, log_every, bias_every,
+                     True, summaries, config)
+        if branches:
+            bgroup = f.create_group(S.GROUP_BRANCHES)
+            for b in branches:
+                g = bgroup.create_group(b["name"])
+                g.attrs[S.ATTR_AT] = np.int64(b["at"])
+                g.attrs[S.ATTR_PATCH] = b.get("patch", "precision: fp32\n")
+                curves = Curves(rng, steps, depth, diverge_at=b.get("diverge_at"), floor=0.025,
+                                start=b["at"], prefix=mx.full_loss)
+                _write_group(g, curves, depth, log_every, bias_every, True, summaries, config)
+        if killed == "ragged":
+            for gname, cut in (("mx", {"loss": 2, "gamma_lastbin": 3, "bias_ratio": 1}),
+                               ("fp32", {"step": 1})):
+                grp = f[S.GROUP_TRAJECTORIES][gname]
+                for ds_name, k in cut.items():
+                    ds = grp[ds_name]
+                    ds.resize(ds.shape[0] - k, axis=0)
+        elif killed == "zeros":
+            for gname in S.TRAJECTORY_NAMES:
+                grp = f[S.GROUP_TRAJECTORIES][gname]
+                for name, ds in grp.items():
+                    if name != S.DS_LOSS_ALL:
+                        ds.resize(ds.shape[0] + 2, axis=0)  # fill value 0, as h5py leaves it
+    return path
+
+
+def write_demo(out, steps=6000):
+    """The demo set: the shapes of the paper's figures 3-5 and a 2x2 sweep (one cell missing
+    in `sweep_missing`)."""
+    os.makedirs(out, exist_ok=True)
+    div = int(steps * 0.85)
+    early, late = int(steps * 0.75), div - 10
+    paths = {
+        "stable": write_run(os.path.join(out, "stable.h5"), steps=steps, seed=1),
+        "diverging": write_run(os.path.join(out, "diverging.h5"), steps=steps, seed=2,
+                               mx_diverge_at=div),
+        "branches": write_run(os.path.join(out, "branches.h5"), steps=steps, seed=3,
+                              mx_diverge_at=div, branches=[
+                                  {"name": "fp32_early", "at": early, "apply": "to_fp32"},
+                                  {"name": "skip_ln_quant_early", "at": early,
+                                   "apply": "skip_ln_quant", "diverge_at": int(steps * 0.95)},
+                                  {"name": "fp32_late", "at": late, "apply": "to_fp32",
+                                   "diverge_at": div + int(steps * 0.05)},
+                                  {"name": "bump_exponent_late", "at": late,
+                                   "apply": "bump_exponent", "diverge_at": div + 5}]),
+        "killed": write_run(os.path.join(out, "killed.h5"), steps=steps, seed=4, killed="ragged"),
+    }
+    for sub, skip in (("sweep", None), ("sweep_missing", (256, 4))):
+        d = os.path.join(out, sub)
+        os.makedirs(d, exist_ok=True)
+        for i, (width, depth) in enumerate([(256, 2), (256, 4), (512, 2), (512, 4)]):
+            if (width, depth) == skip:
+                continue
+            diverge = int(steps * 0.6) if (width, depth) == (512, 4) else None
+            write_run(os.path.join(d, f"w{width}_L{depth}.h5"), steps=steps // 4, seed=10, noise_seed=10 + i,
+                      width=width, depth=depth, mx_diverge_at=diverge and diverge // 4,
+                      fp32_spike_at=(steps // 8 if depth == 4 else None))
+    paths["sweep"] = os.path.join(out, "sweep")
+    return paths
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="directory to write the demo run files into")
+    parser.add_argument("--steps", type=int, default=6000)
+    args = parser.parse_args()
+    for name, p in write_demo(args.out, args.steps).items():
+        print(f"{name}: {p}")

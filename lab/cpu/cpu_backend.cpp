@@ -1,0 +1,327 @@
+// The CPU reference backend: every Backend op as a plain loop over the shared scalar code
+// (lab/model/elementwise.h, lab/mx/scalar.h) and Eigen for the GEMM's FP32 product. The exact
+// semantics of each op are written down in lab/model/README.md; the CUDA backend implements
+// the same and is tested against this one.
+#include "lab/cpu/cpu_backend.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "lab/core/error.h"
+#include "lab/model/elementwise.h"
+#include "lab/mx/quantize.h"
+
+namespace mxlab {
+
+namespace {
+
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMajor>;
+using Map = Eigen::Map<RowMajor>;
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string math_mode() const override { return "IEEE FP32 (Eigen GEMM, FP32 accumulation, no TF32)"; }
+
+  // ---- memory ----
+  float* alloc(size_t n) override {
+    // At least one element so that every allocation has a distinct, valid address.
+    buffers_.push_back(std::make_unique<float[]>(std::max<size_t>(n, 1)));
+    return buffers_.back().get();
+  }
+  void upload(float* dst, const float* src, size_t n) override { copy(dst, src, n); }
+  void download(float* dst, const float* src, size_t n) override { copy(dst, src, n); }
+  void copy(float* dst, const float* src, size_t n) override {
+    if (n && dst != src) std::memmove(dst, src, n * sizeof(float));
+  }
+  void fill(float* dst, float value, size_t n) override { std::fill(dst, dst + n, value); }
+
+  void set_step(const StepScalars& s) override { step_ = s; }
+
+  // ---- random numbers ----
+  void randn(float* out, size_t n, uint64_t seed, Stream stream, float scale) override {
+    for (size_t i = 0; i < n; ++i) out[i] = scale * randn_elem(seed, stream, step_.step, i);
+  }
+  void add_randn(float* out, size_t n, uint64_t seed, Stream stream, float scale) override {
+    for (size_t i = 0; i < n; ++i) out[i] = out[i] + scale * randn_elem(seed, stream, step_.step, i);
+  }
+
+  // ---- quantization ----
+  void quantize(const float* in, float* out, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
+                int stats_slot) override {
+    QuantSpec spec = q;
+    spec.salt = step_.step;
+    QuantStats st;
+    quantize_dequantize(in, out, rows, cols, axis, spec, &st);
+    if (stats_slot >= 0) slot(stats_slot).add(st);
+  }
+  void round_bf16(float* x, size_t n, Rounding mode) override {
+    for (size_t i = 0; i < n; ++i) x[i] = mxlab::round_bf16(x[i], mode);
+  }
+
+  // ---- GEMM ----
+  void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
+            const ElementwiseRound& out) override {
+    prepare_operand(a, M, K, qa_);
+    prepare_operand(b, N, K, qb_);
+    // Logical A [M x K] and B [N x K], whichever way they are stored.
+    Map c(C, M, N);
+    product_.resize(M, N);
+    if (K == 0) {
+      product_.setZero();
+    } else {
+      const ConstMap as(qa_.data(), a.k_contiguous ? M : K, a.k_contiguous ? K : M);
+      const ConstMap bs(qb_.data(), b.k_contiguous ? N : K, b.k_contiguous ? K : N);
+      if (a.k_contiguous && b.k_contiguous) product_.noalias() = as * bs.transpose();
+      else if (a.k_contiguous) product_.noalias() = as * bs;
+      else if (b.k_contiguous) product_.noalias() = as.transpose() * bs.transpose();
+      else product_.noalias() = as.transpose() * bs;
+    }
+    // beta == 0 overwrites C (its old contents may be garbage or NaN).
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        const float p = product_(i, j);
+        const float v = beta == 0.0f ? p : beta * c(i, j) + p;
+        c(i, j) = ew_round(v, out.bf16, out.mode);
+      }
+  }
+
+  // ---- vector ops ----
+  void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+    MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
+    std::vector<float> xc(static_cast<size_t>(d));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = x + i * d;
+      double sum = 0.0;
+      for (int64_t j = 0; j < d; ++j) sum += xr[j];
+      const float mean = ew_round(mean_from_sum(sum, d), r.bf16, r.mode);
+      double sq = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        xc[j] = ln_center(xr[j], mean, r.bf16, r.mode);
+        sq += dot_term(xc[j], xc[j]);
+      }
+      const float var = ew_round(mean_from_sum(sq, d), r.bf16, r.mode);
+      const float rs = ln_rstd(var, eps, r.bf16, r.mode);
+      rstd[i] = rs;
+      for (int64_t j = 0; j < d; ++j) {
+        const float xh = ln_xhat(xc[j], rs, r.bf16, r.mode);
+        xhat[i * d + j] = xh;
+        y[i * d + j] = gamma ? ln_affine(xh, gamma[j], beta[j], r.bf16, r.mode) : xh;
+      }
+    }
+  }
+
+  void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    std::vector<float> g(static_cast<size_t>(d));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* dyr = dy + i * d;
+      const float* xr = xhat + i * d;
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        g[j] = gamma ? ln_bwd_g(dyr[j], gamma[j], r.bf16, r.mode) : dyr[j];
+        sg += g[j];
+        sgx += dot_term(g[j], xr[j]);
+      }
+      const float mg = mean_from_sum(sg, d), mgx = mean_from_sum(sgx, d);
+      for (int64_t j = 0; j < d; ++j) dx[i * d + j] = ln_bwd_dx(rstd[i], g[j], mg, xr[j], mgx, r.bf16, r.mode);
+    }
+    // Parameter gradients: column sums over rows in row order (double), not rounded.
+    for (int64_t j = 0; j < d; ++j) {
+      double sgam = 0.0, sbet = 0.0;
+      for (int64_t i = 0; i < rows; ++i) {
+        sgam += dot_term(dy[i * d + j], xhat[i * d + j]);
+        sbet += dy[i * d + j];
+      }
+      if (dgamma) dgamma[j] = static_cast<float>(sgam);
+      if (dbeta) dbeta[j] = static_cast<float>(sbet);
+    }
+  }
+
+  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r) override {
+    if (act == Act::swiglu) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          a[i * cols + j] = swiglu_fwd_elem(h[i * 2 * cols + j], h[i * 2 * cols + cols + j], r.bf16, r.mode);
+      return;
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) a[i] = act_fwd_elem(act, h[i], r.bf16, r.mode);
+  }
+
+  void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+               const ElementwiseRound& r) override {
+    if (act == Act::swiglu) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t u = i * 2 * cols + j, g = u + cols;
+          swiglu_bwd_elem(h[u], h[g], da[i * cols + j], dh[u], dh[g], r.bf16, r.mode);
+        }
+      return;
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) dh[i] = act_bwd_elem(act, h[i], da[i], r.bf16, r.mode);
+  }
+
+  void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                    const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        x[i * d + j] = residual_elem(x[i * d + j], y[i * d + j], bias ? bias[j] : 0.0f, bias != nullptr, r.bf16,
+                                     r.mode);
+  }
+
+  void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
+    for (int64_t j = 0; j < d; ++j) {
+      double s = 0.0;
+      for (int64_t i = 0; i < rows; ++i) s += x[i * d + j];
+      out[j] = static_cast<float>(s);
+    }
+  }
+
+  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r) override {
+    for (size_t i = 0; i < n; ++i) dst[i] = add_elem(a[i], b[i], r.bf16, r.mode);
+  }
+
+  // ---- loss ----
+  void loss_mse(const float* out, const float* target, float* dout, float* loss_out, float* loss_history,
+                int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    const int64_t n = rows * d;
+    const float scale = mse_grad_scale(n);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      sum += diff_sq_term(out[i], target[i]);
+      dout[i] = mse_grad_elem(out[i], target[i], scale, r.bf16, r.mode);
+    }
+    store_loss(mean_from_sum(sum, n), loss_out, loss_history);
+  }
+
+  void loss_kl(const float* out, const float* target, float* dout, float* loss_out, float* loss_history,
+               int64_t rows, int64_t d, float temperature, const ElementwiseRound& r) override {
+    const float scale = kl_grad_scale(temperature, rows);
+    std::vector<float> p(static_cast<size_t>(d)), q(static_cast<size_t>(d));
+    std::vector<float> logp(static_cast<size_t>(d)), logq(static_cast<size_t>(d));
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+      softmax_row(target + i * d, d, temperature, p.data(), logp.data());
+      softmax_row(out + i * d, d, temperature, q.data(), logq.data());
+      double row = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        row += kl_term(p[j], logp[j], logq[j]);
+        dout[i * d + j] = kl_grad_elem(q[j], p[j], scale, r.bf16, r.mode);
+      }
+      total += row;
+    }
+    store_loss(mean_from_sum(total, rows), loss_out, loss_history);
+  }
+
+  // ---- optimizers ----
+  void adam(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h) override {
+    for (size_t i = 0; i < n; ++i)
+      adam_scalar(p[i], g[i], m[i], v[i], step_.lr, step_.bc1, step_.bc2, h.beta1, h.beta2, h.eps, h.weight_decay,
+                  h.decoupled);
+  }
+  void sgd(float* p, const float* g, float* buf, size_t n, float momentum, float weight_decay) override {
+    MXLAB_ASSERT(buf != nullptr || momentum == 0.0f, "sgd with momentum needs a buffer");
+    float unused = 0.0f;
+    for (size_t i = 0; i < n; ++i)
+      sgd_scalar(p[i], g[i], buf ? buf[i] : unused, step_.lr, momentum, weight_decay);
+  }
+
+  // ---- reductions and statistics ----
+  void reduce(const Reduction* reqs, size_t count, double* results) override {
+    for (size_t k = 0; k < count; ++k) {
+      const Reduction& q = reqs[k];
+      double s = 0.0;
+      for (int64_t i = 0; i < q.n; ++i)
+        s += q.kind == Reduction::dot ? dot_term(q.a[i], q.b[i]) : diff_sq_term(q.a[i], q.b[i]);
+      results[k] = s;
+    }
+  }
+  float read_scalar(const float* p) override { return *p; }
+  void moments(const float* x, size_t n, double out[4]) override {
+    if (n == 0) {
+      for (int i = 0; i < 4; ++i) out[i] = 0.0;
+      return;
+    }
+    double mn = x[0], mx = x[0], sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      mn = std::min<double>(mn, x[i]);
+      mx = std::max<double>(mx, x[i]);
+      sum += x[i];
+    }
+    const double mean = sum / static_cast<double>(n);
+    double sq = 0.0;
+    for (size_t i = 0; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
+    out[0] = mn;
+    out[1] = mx;
+    out[2] = mean;
+    out[3] = std::sqrt(sq / static_cast<double>(n));
+  }
+  void reset_stats(int slots) override { stats_.assign(static_cast<size_t>(std::max(slots, 0)), QuantStats{}); }
+  std::vector<QuantStats> read_stats() override { return stats_; }
+
+ private:
+  QuantStats& slot(int s) {
+    MXLAB_ASSERT(s >= 0 && static_cast<size_t>(s) < stats_.size(), "statistics slot ", s, " not reset (have ",
+                 stats_.size(), ")");
+    return stats_[static_cast<size_t>(s)];
+  }
+
+  // The quantized copy of one GEMM operand whose logical shape is [rows x K] (stored
+  // [rows x K] when k_contiguous, else [K x rows]): optional bf16 rounding, then Q along K.
+  void prepare_operand(const GemmOperand& op, int64_t rows, int64_t K, std::vector<float>& buf) {
+    const size_t n = static_cast<size_t>(rows * K);
+    buf.assign(op.p, op.p + n);
+    if (op.round_bf16_first)
+      for (float& v : buf) v = mxlab::round_bf16(v, op.bf16_mode);
+    const int64_t srows = op.k_contiguous ? rows : K, scols = op.k_contiguous ? K : rows;
+    const Axis axis = op.k_contiguous ? Axis::contiguous : Axis::strided;
+    if (op.stats_slot >= 0) {
+      QuantSpec sq = op.stats_q;
+      sq.seed = sr_seed(sq.seed, op.sr_op);
+      sq.salt = step_.step;
+      slot(op.stats_slot).add(mx_stats(buf.data(), srows, scols, axis, sq));
+    }
+    QuantSpec q = op.q;
+    q.seed = sr_seed(q.seed, op.sr_op);
+    q.salt = step_.step;
+    quantize_dequantize(buf.data(), buf.data(), srows, scols, axis, q);
+  }
+
+  // Softmax of one row of logits z / T: probabilities and log-probabilities (see elementwise.h).
+  static void softmax_row(const float* z, int64_t d, float temperature, float* prob, float* logprob) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < d; ++j) m = std::max(m, kl_logit(z[j], temperature));
+    double s = 0.0;
+    for (int64_t j = 0; j < d; ++j) s += kl_exp(kl_logit(z[j], temperature), m);
+    const float log_sum = det_log(static_cast<float>(s));
+    for (int64_t j = 0; j < d; ++j) {
+      const float logit = kl_logit(z[j], temperature);
+      prob[j] = kl_prob(kl_exp(logit, m), s);
+      logprob[j] = kl_logprob(logit, m, log_sum);
+    }
+  }
+
+  void store_loss(float loss, float* loss_out, float* loss_history) const {
+    loss_out[0] = loss;
+    if (loss_history) loss_history[step_.step] = loss;
+  }
+
+  StepScalars step_;
+  std::vector<std::unique_ptr<float[]>> buffers_;
+  std::vector<QuantStats> stats_;
+  std::vector<float> qa_, qb_;  // quantized operand copies (reused across calls)
+  RowMajor product_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace mxlab

@@ -1,0 +1,845 @@
+// Strict YAML <-> RunConfig (see config_io.h). The schema is one table (schema() below): each
+// leaf knows its key, how to read a YAML scalar into the struct, how to print the field back
+// and its range check. The parser, dump_config, --set, intervention `set:` and the sweep's
+// key list all walk that table, so no field can be readable but unprinted, or the reverse.
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lab/core/error.h"
+#include "lab/train/config_io.h"
+#include "lab/train/yaml_tree.h"
+
+namespace mxlab {
+
+PrecisionConfig PrecisionConfig::fp32() {
+  InterventionConfig iv;
+  iv.apply = "to_fp32";
+  return apply_intervention(PrecisionConfig{}, iv);
+}
+
+namespace {
+
+const char* const kActNames[] = {"relu", "gelu", "gelu_tanh", "swiglu", "linear"};
+static_assert(sizeof(kActNames) / sizeof(kActNames[0]) == static_cast<size_t>(Act::kCount), "one name per Act");
+
+// ---- reading scalars -------------------------------------------------------------------
+
+[[noreturn]] void fail(const YLoc& loc, const std::string& what) { throw Error(loc.str() + ": " + what); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+const std::string& need_scalar(const YNode& n, const std::string& key, const char* expected) {
+  if (!n.is_scalar()) fail(n.loc, msg(key, ": expected ", expected, ", got ", n.describe()));
+  return n.text;
+}
+
+bool all_digits(const std::string& t, size_t from) {
+  if (from >= t.size()) return false;
+  for (size_t i = from; i < t.size(); ++i)
+    if (t[i] < '0' || t[i] > '9') return false;
+  return true;
+}
+
+int parse_int(const YNode& n, const std::string& key) {
+  const std::string& t = need_scalar(n, key, "an integer");
+  const size_t from = (!t.empty() && (t[0] == '+' || t[0] == '-')) ? 1 : 0;
+  if (!all_digits(t, from)) fail(n.loc, msg(key, ": expected an integer, got '", t, "'"));
+  errno = 0;
+  const long long v = std::strtoll(t.c_str(), nullptr, 10);
+  if (errno == ERANGE || v < INT_MIN || v > INT_MAX)
+    fail(n.loc, msg(key, ": ", t, " is out of range (integers here are 32-bit)"));
+  return static_cast<int>(v);
+}
+
+uint64_t parse_u64(const YNode& n, const std::string& key) {
+  const std::string& t = need_scalar(n, key, "a non-negative integer");
+  if (!all_digits(t, (!t.empty() && t[0] == '+') ? 1 : 0))
+    fail(n.loc, msg(key, ": expected a non-negative integer, got '", t, "'"));
+  errno = 0;
+  const unsigned long long v = std::strtoull(t.c_str(), nullptr, 10);
+  if (errno == ERANGE) fail(n.loc, msg(key, ": ", t, " is out of range (at most 18446744073709551615)"));
+  return static_cast<uint64_t>(v);
+}
+
+float parse_float(const YNode& n, const std::string& key) {
+  const std::string& t = need_scalar(n, key, "a number");
+  // Decimal numbers only ([+-]digits[.digits][e[+-]digits]): no hex, inf or nan in a config.
+  size_t i = (!t.empty() && (t[0] == '+' || t[0] == '-')) ? 1 : 0;
+  size_t mant_digits = 0;
+  while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++mant_digits;
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++mant_digits;
+  }
+  bool ok = mant_digits > 0;
+  if (ok && i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    ok = all_digits(t.substr(i), 0);
+    i = t.size();
+  }
+  if (!ok || i != t.size()) fail(n.loc, msg(key, ": expected a number, got '", t, "'"));
+  const float v = std::strtof(t.c_str(), nullptr);
+  if (!std::isfinite(v)) fail(n.loc, msg(key, ": ", t, " is out of float range"));
+  return v;
+}
+
+bool parse_bool(const YNode& n, const std::string& key) {
+  const std::string& t = need_scalar(n, key, "true or false");
+  if (t == "true" || t == "True" || t == "TRUE") return true;
+  if (t == "false" || t == "False" || t == "FALSE") return false;
+  fail(n.loc, msg(key, ": expected true or false, got '", t, "'"));
+}
+
+// " (did you mean 'x'? valid: a, b, c)" or " (valid: a, b, c)": for enum values, where the
+// whole list is short enough to show.
+std::string hint_with_list(const std::string& bad, const std::vector<std::string>& names) {
+  std::string hint = did_you_mean(bad, names);
+  if (hint.rfind(" (did you mean", 0) == 0) return hint.substr(0, hint.size() - 1) + " valid: " + join(names) + ")";
+  return hint;
+}
+
+// Index of the scalar's text in `names`; an unknown value names the nearest and every valid one.
+size_t parse_choice(const YNode& n, const std::string& key, const std::vector<std::string>& names, const char* what) {
+  const std::string& t = need_scalar(n, key, what);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (t == names[i]) return i;
+  fail(n.loc, msg(key, ": unknown ", what, " '", t, "'", hint_with_list(t, names)));
+}
+
+// Shortest decimal that reads back to the same float, spelt so that YAML 1.1 readers
+// (PyYAML) also see a float: a '.' in the mantissa and a signed exponent ("1.0e-05").
+std::string fmt_float(float f) {
+  constexpr int kMaxDigits = 9;  // enough for any float (FLT_DECIMAL_DIG)
+  char buf[40];
+  int prec = 1;
+  for (; prec < kMaxDigits; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  // Write 100 rather than 1e+02 when the digits allow it.
+  for (int p = prec; p <= kMaxDigits; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, static_cast<double>(f));
+    if (std::string(buf).find("e+") == std::string::npos) break;
+  }
+  if (std::strtof(buf, nullptr) != f) std::snprintf(buf, sizeof buf, "%.*g", prec, static_cast<double>(f));
+  std::string s = buf;
+  const size_t e = s.find('e');
+  std::string mant = s.substr(0, e);
+  const std::string exp = e == std::string::npos ? "" : s.substr(e);
+  if (mant.find('.') == std::string::npos) mant += ".0";
+  return mant + exp;
+}
+
+// ---- the schema table ------------------------------------------------------------------
+
+using Setter = std::function<void(RunConfig&, const YNode&, const std::string& key)>;
+using Getter = std::function<std::string(const RunConfig&)>;
+using Checker = std::function<std::string(const RunConfig&)>;  // "" = fine, else what is wrong
+
+struct Leaf {
+  std::string key;
+  Setter set;
+  Getter get;
+  Checker check;               // may be empty
+  bool presentation = false;   // changes no number a run produces: left out of the run id
+};
+
+struct Item {
+  std::string key;
+  bool section = false;        // a mapping of leaves (model, precision, ...)
+  std::vector<Leaf> leaves;    // a top-level leaf is an Item holding one Leaf of the same key
+};
+
+// A field of RunConfig reached through an accessor lambda (RunConfig&) -> T&.
+template <typename F>
+auto& field_of(F f, const RunConfig& c) {
+  return f(const_cast<RunConfig&>(c));  // read only
+}
+
+template <typename F>
+Leaf int_leaf(std::string key, F f, int min) {
+  return {key, [f](RunConfig& c, const YNode& n, const std::string& k) { f(c) = parse_int(n, k); },
+          [f](const RunConfig& c) { return std::to_string(field_of(f, c)); },
+          [f, min](const RunConfig& c) {
+            const int v = field_of(f, c);
+            return v >= min ? std::string() : msg("must be ", min == 1 ? "> 0" : msg(">= ", min), ", got ", v);
+          }};
+}
+
+enum class FRange { positive, nonnegative, unit, above_one };  // > 0, >= 0, [0, 1), > 1
+
+template <typename F>
+Leaf float_leaf(std::string key, F f, FRange r) {
+  return {key, [f](RunConfig& c, const YNode& n, const std::string& k) { f(c) = parse_float(n, k); },
+          [f](const RunConfig& c) { return fmt_float(field_of(f, c)); },
+          [f, r](const RunConfig& c) {
+            const float v = field_of(f, c);
+            switch (r) {
+              case FRange::positive: return v > 0.0f ? std::string() : msg("must be > 0, got ", fmt_float(v));
+              case FRange::nonnegative: return v >= 0.0f ? std::string() : msg("must be >= 0, got ", fmt_float(v));
+              case FRange::unit:
+                return (v >= 0.0f && v < 1.0f) ? std::string() : msg("must be in [0, 1), got ", fmt_float(v));
+              case FRange::above_one: return v > 1.0f ? std::string() : msg("must be > 1, got ", fmt_float(v));
+            }
+            return std::string();
+          }};
+}
+
+template <typename F>
+Leaf bool_leaf(std::string key, F f) {
+  return {key, [f](RunConfig& c, const YNode& n, const std::string& k) { f(c) = parse_bool(n, k); },
+          [f](const RunConfig& c) { return std::string(field_of(f, c) ? "true" : "false"); }, {}};
+}
+
+// An enum field whose YAML names are names[i] for the value E(i).
+template <typename E, typename F>
+Leaf enum_leaf(std::string key, F f, std::vector<std::string> names, const char* what) {
+  return {key,
+          [f, names, what](RunConfig& c, const YNode& n, const std::string& k) {
+            f(c) = static_cast<E>(parse_choice(n, k, names, what));
+          },
+          [f, names](const RunConfig& c) { return names.at(static_cast<size_t>(field_of(f, c))); }, {}};
+}
+
+std::vector<std::string> act_names() { return {std::begin(kActNames), std::end(kActNames)}; }
+std::vector<std::string> mx_format_names() {
+  std::vector<std::string> v;
+  for (int i = 0; i < static_cast<int>(NumFmt::kCount); ++i)
+    if (is_mx(static_cast<NumFmt>(i))) v.push_back(name(static_cast<NumFmt>(i)));
+  return v;
+}
+template <typename E>
+std::vector<std::string> enum_names() {
+  std::vector<std::string> v;
+  for (int i = 0; i < static_cast<int>(E::kCount); ++i) v.push_back(name(static_cast<E>(i)));
+  return v;
+}
+
+// precision.weight_bwd / activation_bwd: `same` or a format.
+template <typename F>
+Leaf bwd_leaf(std::string key, F f) {
+  return {key,
+          [f](RunConfig& c, const YNode& n, const std::string& k) {
+            std::vector<std::string> names = {"same"};
+            for (const std::string& s : numfmt_names()) names.push_back(s);
+            const size_t i = parse_choice(n, k, names, "format");
+            if (i == 0) f(c).reset();
+            else f(c) = static_cast<NumFmt>(i - 1);
+          },
+          [f](const RunConfig& c) {
+            const std::optional<NumFmt>& v = field_of(f, c);
+            return std::string(v ? name(*v) : "same");
+          },
+          {}};
+}
+
+std::vector<std::string> ln_affine_names() {
+  std::vector<std::string> v = {"none", "bf16"};
+  for (const std::string& s : mx_format_names()) v.push_back(s);
+  return v;
+}
+
+bool valid_device(const std::string& d) {
+  return d == "cpu" || d == "auto" || d == "cuda" || (d.rfind("cuda:", 0) == 0 && all_digits(d, 5));
+}
+
+std::vector<Item> build_schema() {
+  std::vector<Item> s;
+  auto top = [&](Leaf l) { s.push_back({l.key, false, {std::move(l)}}); };
+  auto section = [&](std::string key, std::vector<Leaf> leaves) { s.push_back({std::move(key), true, std::move(leaves)}); };
+
+  top({"name", [](RunConfig& c, const YNode& n, const std::string& k) { c.name = need_scalar(n, k, "a string"); },
+       [](const RunConfig& c) { return yaml_quote(c.name); },
+       [](const RunConfig& c) { return c.name.empty() ? std::string("must not be empty") : std::string(); }, true});
+  top({"seed", [](RunConfig& c, const YNode& n, const std::string& k) { c.seed = parse_u64(n, k); },
+       [](const RunConfig& c) { return std::to_string(c.seed); }, {}});
+  top(int_leaf("steps", [](RunConfig& c) -> int& { return c.steps; }, 1));
+  top({"device", [](RunConfig& c, const YNode& n, const std::string& k) { c.device = need_scalar(n, k, "a device"); },
+       [](const RunConfig& c) { return yaml_quote(c.device); },
+       [](const RunConfig& c) {
+         return valid_device(c.device) ? std::string() : msg("'", c.device, "' is not a device (use cpu, auto, cuda or cuda:N)");
+       },
+       true});
+
+  section("model",
+          {int_leaf("depth", [](RunConfig& c) -> int& { return c.model.depth; }, 1),
+           int_leaf("width", [](RunConfig& c) -> int& { return c.model.width; }, 1),
+           int_leaf("hidden_mult", [](RunConfig& c) -> int& { return c.model.hidden_mult; }, 1),
+           enum_leaf<Act>("activation", [](RunConfig& c) -> Act& { return c.model.activation; }, act_names(), "activation"),
+           bool_leaf("layernorm", [](RunConfig& c) -> bool& { return c.model.layernorm; }),
+           bool_leaf("ln_affine", [](RunConfig& c) -> bool& { return c.model.ln_affine; }),
+           float_leaf("ln_eps", [](RunConfig& c) -> float& { return c.model.ln_eps; }, FRange::positive),
+           bool_leaf("fc2_bias", [](RunConfig& c) -> bool& { return c.model.fc2_bias; }),
+           enum_leaf<InitKind>("init", [](RunConfig& c) -> InitKind& { return c.model.init; }, {"pytorch", "xavier_normal"},
+                               "init"),
+           float_leaf("init_gain", [](RunConfig& c) -> float& { return c.model.init_gain; }, FRange::positive)});
+
+  section("teacher",
+          {int_leaf("depth", [](RunConfig& c) -> int& { return c.teacher.depth; }, 0),
+           int_leaf("width", [](RunConfig& c) -> int& { return c.teacher.width; }, 0),
+           {"activation",
+            [](RunConfig& c, const YNode& n, const std::string& k) {
+              std::vector<std::string> names = {"same"};
+              for (const std::string& a : act_names()) names.push_back(a);
+              const size_t i = parse_choice(n, k, names, "activation");
+              if (i == 0) c.teacher.activation.reset();
+              else c.teacher.activation = static_cast<Act>(i - 1);
+            },
+            [](const RunConfig& c) { return std::string(c.teacher.activation ? act_name(*c.teacher.activation) : "same"); },
+            {}},
+           bool_leaf("residual", [](RunConfig& c) -> bool& { return c.teacher.residual; })});
+
+  section("data", {int_leaf("batch", [](RunConfig& c) -> int& { return c.data.batch; }, 1),
+                   float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative)});
+
+  top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl"}, "loss"));
+  top(float_leaf("kl_temperature", [](RunConfig& c) -> float& { return c.kl_temperature; }, FRange::positive));
+
+  section("optimizer",
+          {enum_leaf<OptKind>("name", [](RunConfig& c) -> OptKind& { return c.optimizer.name; }, {"adam", "adamw", "sgd"},
+                              "optimizer"),
+           float_leaf("lr", [](RunConfig& c) -> float& { return c.optimizer.lr; }, FRange::positive),
+           float_leaf("beta1", [](RunConfig& c) -> float& { return c.optimizer.beta1; }, FRange::unit),
+           float_leaf("beta2", [](RunConfig& c) -> float& { return c.optimizer.beta2; }, FRange::unit),
+           float_leaf("eps", [](RunConfig& c) -> float& { return c.optimizer.eps; }, FRange::positive),
+           float_leaf("weight_decay", [](RunConfig& c) -> float& { return c.optimizer.weight_decay; }, FRange::nonnegative),
+           float_leaf("momentum", [](RunConfig& c) -> float& { return c.optimizer.momentum; }, FRange::unit)});
+
+  section("schedule",
+          {enum_leaf<SchedKind>("name", [](RunConfig& c) -> SchedKind& { return c.schedule.name; }, {"constant", "cosine"},
+                                "schedule"),
+           int_leaf("warmup", [](RunConfig& c) -> int& { return c.schedule.warmup; }, 0),
+           float_leaf("lr_min", [](RunConfig& c) -> float& { return c.schedule.lr_min; }, FRange::nonnegative)});
+
+  section(
+      "precision",
+      {enum_leaf<NumFmt>("weight", [](RunConfig& c) -> NumFmt& { return c.precision.weight; }, numfmt_names(), "format"),
+       enum_leaf<NumFmt>("activation", [](RunConfig& c) -> NumFmt& { return c.precision.activation; }, numfmt_names(),
+                         "format"),
+       enum_leaf<NumFmt>("grad", [](RunConfig& c) -> NumFmt& { return c.precision.grad; }, numfmt_names(), "format"),
+       bwd_leaf("weight_bwd", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.weight_bwd; }),
+       bwd_leaf("activation_bwd", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.activation_bwd; }),
+       {"ln_affine",
+        [](RunConfig& c, const YNode& n, const std::string& k) {
+          // `fp32` is accepted as a synonym of `none` (the gains stay in FP32).
+          if (n.is_scalar() && n.text == "fp32") {
+            c.precision.ln_affine = NumFmt::fp32;
+            return;
+          }
+          const std::string f = ln_affine_names()[parse_choice(n, k, ln_affine_names(), "ln_affine format")];
+          c.precision.ln_affine = f == "none" ? NumFmt::fp32 : parse_numfmt(f);
+        },
+        [](const RunConfig& c) {
+          return std::string(c.precision.ln_affine == NumFmt::fp32 ? "none" : name(c.precision.ln_affine));
+        },
+        {}},
+       {"elementwise",
+        [](RunConfig& c, const YNode& n, const std::string& k) {
+          c.precision.elementwise_bf16 = parse_choice(n, k, {"fp32", "bf16"}, "elementwise format") == 1;
+        },
+        [](const RunConfig& c) { return std::string(c.precision.elementwise_bf16 ? "bf16" : "fp32"); }, {}},
+       bool_leaf("backward", [](RunConfig& c) -> bool& { return c.precision.backward; }),
+       int_leaf("block_size", [](RunConfig& c) -> int& { return c.precision.block_size; }, 1),
+       enum_leaf<ScaleRule>("scale_rule", [](RunConfig& c) -> ScaleRule& { return c.precision.scale_rule; },
+                            enum_names<ScaleRule>(), "scale rule"),
+       enum_leaf<Bump>("bump", [](RunConfig& c) -> Bump& { return c.precision.bump; }, enum_names<Bump>(), "bump mode"),
+       enum_leaf<Rounding>("rounding", [](RunConfig& c) -> Rounding& { return c.precision.rounding; },
+                           enum_names<Rounding>(), "rounding mode"),
+       // bf16 vector ops round to nearest only (ties to even, or away as the reference emulator does).
+       enum_leaf<Rounding>("elementwise_rounding",
+                           [](RunConfig& c) -> Rounding& { return c.precision.elementwise_rounding; },
+                           {"nearest_even", "nearest_away"}, "elementwise rounding mode"),
+       {"diagnostic_format",
+        [](RunConfig& c, const YNode& n, const std::string& k) {
+          c.precision.diagnostic_format = parse_numfmt(mx_format_names()[parse_choice(n, k, mx_format_names(), "MX format")]);
+        },
+        [](const RunConfig& c) { return std::string(name(c.precision.diagnostic_format)); }, {}}});
+
+  section("log",
+          {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
+           int_leaf("bias_every", [](RunConfig& c) -> int& { return c.log.bias_every; }, 0),
+           float_leaf("spike_factor", [](RunConfig& c) -> float& { return c.log.spike_factor; }, FRange::above_one),
+           float_leaf("divergence_factor", [](RunConfig& c) -> float& { return c.log.divergence_factor; }, FRange::above_one),
+           float_leaf("bias_avg_beta", [](RunConfig& c) -> float& { return c.log.bias_avg_beta; }, FRange::unit),
+           enum_leaf<OnNonfinite>("on_nonfinite", [](RunConfig& c) -> OnNonfinite& { return c.log.on_nonfinite; },
+                                  {"stop", "continue"}, "on_nonfinite action"),
+           int_leaf("flush_every", [](RunConfig& c) -> int& { return c.log.flush_every; }, 1),
+           bool_leaf("progress", [](RunConfig& c) -> bool& { return c.log.progress; })});
+  // HDF5 flush period and the progress line change how a run reports, never what it computes.
+  for (Leaf& l : s.back().leaves)
+    if (l.key == "flush_every" || l.key == "progress") l.presentation = true;
+
+  top(int_leaf("checkpoint_every", [](RunConfig& c) -> int& { return c.checkpoint_every; }, 0));
+  s.push_back({"interventions", false, {}});  // a list: parsed and printed by its own code below
+  return s;
+}
+
+const std::vector<Item>& schema() {
+  static const std::vector<Item> s = build_schema();
+  return s;
+}
+
+const Item* find_item(const std::string& key) {
+  for (const Item& it : schema())
+    if (it.key == key) return &it;
+  return nullptr;
+}
+
+const Leaf* find_leaf(const Item& item, const std::string& key) {
+  for (const Leaf& l : item.leaves)
+    if (l.key == key) return &l;
+  return nullptr;
+}
+
+std::vector<std::string> item_keys() {
+  std::vector<std::string> v;
+  for (const Item& it : schema()) v.push_back(it.key);
+  return v;
+}
+
+std::vector<std::string> leaf_keys(const Item& item) {
+  std::vector<std::string> v;
+  for (const Leaf& l : item.leaves) v.push_back(l.key);
+  return v;
+}
+
+const Item& precision_item() { return *find_item("precision"); }
+
+// ---- interventions ---------------------------------------------------------------------
+
+const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
+                                "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations"};
+const char* const kInterventionKeys[] = {"name", "at", "apply", "set"};
+
+bool valid_branch_name(const std::string& s) {
+  // Names become HDF5 group names (branches/<name>) and file names: keep them plain.
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+  return true;
+}
+
+// Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
+void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
+  const Leaf* leaf = find_leaf(precision_item(), key);
+  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", did_you_mean(key, leaf_keys(precision_item()))));
+  RunConfig tmp;
+  tmp.precision = p;
+  leaf->set(tmp, value, label);
+  p = tmp.precision;
+}
+
+std::string precision_field_text(const PrecisionConfig& p, const std::string& key) {
+  RunConfig tmp;
+  tmp.precision = p;
+  return find_leaf(precision_item(), key)->get(tmp);
+}
+
+// ---- parsing a tree --------------------------------------------------------------------
+
+struct Parser {
+  std::string origin;
+  std::map<std::string, YLoc> where;  // dotted key -> where its value came from
+  RunConfig cfg;
+
+  std::optional<YLoc> find(const std::string& key) const {
+    auto it = where.find(key);
+    if (it == where.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void parse(const YNode& root) {
+    if (root.is_null()) return;  // an empty file: all defaults
+    if (!root.is_map())
+      fail(root.loc, msg("expected a mapping of configuration keys (e.g. `steps: 1000`) at the top level, got ",
+                         root.describe()));
+    for (const YEntry& e : root.map) {
+      const Item* item = find_item(e.key);
+      if (!item) fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, item_keys())));
+      if (item->key == "interventions") {
+        parse_interventions(e.value);
+      } else if (!item->section) {
+        set_leaf(item->leaves[0], e.value, e.key);
+      } else {
+        if (e.value.is_null()) continue;  // `model:` with nothing under it
+        if (!e.value.is_map())
+          fail(e.value.loc, msg(e.key, ": expected a mapping of fields (e.g. ", e.key, ": {", item->leaves[0].key,
+                                ": ...}), got ", e.value.describe()));
+        for (const YEntry& f : e.value.map) {
+          const Leaf* leaf = find_leaf(*item, f.key);
+          if (!leaf)
+            fail(f.key_loc, msg("unknown key '", f.key, "' in ", e.key, did_you_mean(f.key, leaf_keys(*item))));
+          set_leaf(*leaf, f.value, e.key + "." + f.key);
+        }
+      }
+    }
+  }
+
+  void set_leaf(const Leaf& leaf, const YNode& value, const std::string& dotted) {
+    leaf.set(cfg, value, dotted);
+    where[dotted] = value.loc;
+  }
+
+  void parse_interventions(const YNode& list) {
+    cfg.interventions.clear();
+    if (list.is_null()) return;
+    if (!list.is_seq())
+      fail(list.loc, msg("interventions: expected a list of {name, at, apply, set} entries, got ", list.describe()));
+    const std::vector<std::string> keys(std::begin(kInterventionKeys), std::end(kInterventionKeys));
+    for (size_t i = 0; i < list.seq.size(); ++i) {
+      const YNode& n = list.seq[i];
+      const std::string label = msg("interventions[", i, "]");
+      if (!n.is_map())
+        fail(n.loc, msg(label, ": expected a mapping like {name: fp32_early, at: 4500, apply: to_fp32}, got ",
+                        n.describe()));
+      InterventionConfig iv;
+      where[label] = n.loc;
+      for (const YEntry& e : n.map) {
+        const std::string key = label + "." + e.key;
+        if (e.key == "name") {
+          iv.name = need_scalar(e.value, key, "a name");
+        } else if (e.key == "at") {
+          iv.at = parse_int(e.value, key);
+        } else if (e.key == "apply") {
+          std::vector<std::string> names = {"none"};
+          for (const char* p : kPresets) names.emplace_back(p);
+          const size_t k = parse_choice(e.value, key, names, "preset");
+          iv.apply = k == 0 ? "" : names[k];
+        } else if (e.key == "set") {
+          if (e.value.is_null()) continue;
+          if (!e.value.is_map())
+            fail(e.value.loc, msg(key, ": expected a mapping of precision fields (e.g. {activation: bf16}), got ",
+                                  e.value.describe()));
+          for (const YEntry& f : e.value.map) {
+            if (!find_leaf(precision_item(), f.key))
+              fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
+                                  did_you_mean(f.key, leaf_keys(precision_item()))));
+            // Validate now, store the canonical text (so equal patches print and hash equally).
+            PrecisionConfig scratch;
+            set_precision_field(scratch, f.key, f.value, key + "." + f.key);
+            iv.set[f.key] = precision_field_text(scratch, f.key);
+          }
+        } else {
+          fail(e.key_loc, msg("unknown key '", e.key, "' in ", label, did_you_mean(e.key, keys)));
+        }
+        where[key] = e.value.loc;
+      }
+      if (!n.find("name")) fail(n.loc, msg(label, ": missing 'name' (it labels the branch in the output)"));
+      if (!n.find("at")) fail(n.loc, msg(label, ": missing 'at' (the step the patch applies from)"));
+      cfg.interventions.push_back(std::move(iv));
+    }
+  }
+};
+
+// Roles that are MX under this policy.
+std::vector<std::string> mx_roles(const PrecisionConfig& p) {
+  std::vector<std::string> roles;
+  if (is_mx(p.weight)) roles.push_back("weight");
+  if (is_mx(p.activation)) roles.push_back("activation");
+  if (is_mx(p.grad)) roles.push_back("grad");
+  if (is_mx(p.weight_bwd_fmt())) roles.push_back("weight_bwd");
+  if (is_mx(p.activation_bwd_fmt())) roles.push_back("activation_bwd");
+  if (is_mx(p.ln_affine)) roles.push_back("ln_affine");
+  return roles;
+}
+
+// Why (width, policy) is impossible, or "".
+std::string shape_problem(int width, const PrecisionConfig& p) {
+  const std::vector<std::string> roles = mx_roles(p);
+  if (roles.empty() || p.block_size <= 0 || width % p.block_size == 0) return "";
+  const int k = p.block_size;
+  const int below = width / k * k, above = below + k;
+  return msg("model.width = ", width, " is not a multiple of precision.block_size = ", k, ", which the MX role",
+             roles.size() > 1 ? "s " : " ", join(roles), " need", roles.size() > 1 ? "" : "s",
+             " (MX blocks run along the width): use model.width = ", below > 0 ? msg(below, " or ") : std::string(), above,
+             ", or a block_size that divides ", width);
+}
+
+// `find(key)` says where a dotted key was given, if it was; `origin` stands for the rest.
+using Finder = std::function<std::optional<YLoc>(const std::string&)>;
+
+void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& origin) {
+  auto locate = [&](const std::string& key) { return find(key).value_or(YLoc{origin, 0}); };
+  for (const Item& item : schema())
+    for (const Leaf& leaf : item.leaves) {
+      if (!leaf.check) continue;
+      const std::string dotted = item.section ? item.key + "." + leaf.key : leaf.key;
+      const std::string problem = leaf.check(cfg);
+      if (!problem.empty()) fail(locate(dotted), dotted + " " + problem);
+    }
+  if (cfg.schedule.lr_min > cfg.optimizer.lr)
+    fail(locate("schedule.lr_min"), msg("schedule.lr_min = ", fmt_float(cfg.schedule.lr_min),
+                                        " is above optimizer.lr = ", fmt_float(cfg.optimizer.lr),
+                                        ": the cosine floor must not exceed the peak learning rate"));
+  {
+    const std::string problem = shape_problem(cfg.model.width, cfg.precision);
+    if (!problem.empty()) {
+      fail(find("model.width").value_or(locate("precision.block_size")), problem);
+    }
+  }
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < cfg.interventions.size(); ++i) {
+    const InterventionConfig& iv = cfg.interventions[i];
+    const std::string label = msg("interventions[", i, "]");
+    auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
+    if (!valid_branch_name(iv.name))
+      fail(at_key("name"), msg(label, ".name '", iv.name,
+                               "' must be a non-empty name of letters, digits, '_', '-' or '.' (it names the output branch)"));
+    if (auto it = seen.find(iv.name); it != seen.end()) {
+      const std::optional<YLoc> first = find(msg("interventions[", it->second, "].name"));
+      fail(at_key("name"), msg("duplicate intervention name '", iv.name, "' (also interventions[", it->second, "]",
+                               first && first->line > 0 ? msg(" at line ", first->line) : std::string(),
+                               "): names label the output branches and must be unique"));
+    }
+    seen[iv.name] = i;
+    if (iv.at < 1 || iv.at >= cfg.steps)
+      fail(at_key("at"), msg("intervention '", iv.name, "': at = ", iv.at, " is outside [1, steps) = [1, ", cfg.steps,
+                             "): a branch needs at least one step before and one after it"));
+    if (iv.apply.empty() && iv.set.empty())
+      fail(locate(label), msg("intervention '", iv.name, "' changes nothing: give `apply: PRESET` and/or `set: {...}`"));
+    PrecisionConfig patched;
+    try {
+      patched = apply_intervention(cfg.precision, iv);
+    } catch (const Error& e) {
+      fail(locate(label), e.what());
+    }
+    RunConfig tmp = cfg;
+    tmp.precision = patched;
+    for (const Leaf& leaf : precision_item().leaves) {
+      if (!leaf.check) continue;
+      const std::string problem = leaf.check(tmp);
+      if (!problem.empty())
+        fail(at_key("set"), msg("intervention '", iv.name, "': precision.", leaf.key, " ", problem));
+    }
+    const std::string problem = shape_problem(cfg.model.width, patched);
+    if (!problem.empty()) fail(at_key("set"), msg("intervention '", iv.name, "': ", problem));
+  }
+}
+
+// ---- printing --------------------------------------------------------------------------
+
+std::string dump_impl(const RunConfig& cfg, bool canonical) {
+  std::string out;
+  for (const Item& item : schema()) {
+    if (item.key == "interventions") {
+      if (cfg.interventions.empty()) {
+        out += "interventions: []\n";
+        continue;
+      }
+      out += "interventions:\n";
+      for (const InterventionConfig& iv : cfg.interventions) {
+        out += "  - name: " + yaml_quote(iv.name) + "\n";
+        out += "    at: " + std::to_string(iv.at) + "\n";
+        out += "    apply: " + (iv.apply.empty() ? std::string("none") : iv.apply) + "\n";
+        std::string set = "{";
+        for (const auto& [k, v] : iv.set) set += (set.size() > 1 ? ", " : "") + k + ": " + YNode::scalar(v, {}).flow();
+        out += "    set: " + set + "}\n";
+      }
+      continue;
+    }
+    if (!item.section) {
+      const Leaf& l = item.leaves[0];
+      if (!(canonical && l.presentation)) out += l.key + ": " + l.get(cfg) + "\n";
+      continue;
+    }
+    out += item.key + ":\n";
+    for (const Leaf& l : item.leaves)
+      if (!(canonical && l.presentation)) out += "  " + l.key + ": " + l.get(cfg) + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- public API ------------------------------------------------------------------------
+
+const char* act_name(Act a) { return kActNames[static_cast<int>(a)]; }
+
+std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
+
+PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv) {
+  PrecisionConfig p = base;
+  const std::string& a = iv.apply;
+  if (a.empty()) {
+  } else if (a == "to_fp32") {
+    p.weight = p.activation = p.grad = NumFmt::fp32;
+    p.weight_bwd = NumFmt::fp32;
+    p.activation_bwd = NumFmt::fp32;
+    p.ln_affine = NumFmt::fp32;
+    p.elementwise_bf16 = false;
+  } else if (a == "skip_ln_quant") {
+    p.ln_affine = NumFmt::fp32;
+  } else if (a == "bump_exponent" || a == "bump_exponent_always") {
+    p.scale_rule = ScaleRule::floor_bump;
+    p.bump = a == "bump_exponent" ? Bump::clamp : Bump::always;
+  } else if (a == "forward_only") {
+    p.backward = false;
+  } else if (a == "bf16_activations") {
+    p.activation = NumFmt::bf16;
+    p.activation_bwd = NumFmt::bf16;
+  } else if (a == "bf16_weights") {
+    p.weight = NumFmt::bf16;
+    p.weight_bwd = NumFmt::bf16;
+  } else if (a == "bf16_fwd_activations") {
+    p.activation_bwd = p.activation_bwd_fmt();  // materialise `same` before `activation` changes
+    p.activation = NumFmt::bf16;
+  } else {
+    throw Error(msg("intervention '", iv.name, "': unknown preset '", a, "'", hint_with_list(a, intervention_presets())));
+  }
+  for (const auto& [key, value] : iv.set)
+    set_precision_field(p, key, YNode::scalar(value, {msg("intervention '", iv.name, "'"), 0}), "set." + key);
+  return p;
+}
+
+std::string describe_patch(const InterventionConfig& iv) {
+  std::string s = "{";
+  if (!iv.apply.empty()) s += "apply: " + iv.apply;
+  if (!iv.set.empty()) {
+    s += std::string(s.size() > 1 ? ", " : "") + "set: {";
+    bool first = true;
+    for (const auto& [k, v] : iv.set) {
+      s += (first ? "" : ", ") + k + ": " + YNode::scalar(v, {}).flow();
+      first = false;
+    }
+    s += "}";
+  }
+  return s + "}";
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> v;
+  for (const Item& item : schema()) {
+    if (!item.section) {
+      v.push_back(item.key);
+      continue;
+    }
+    for (const Leaf& l : item.leaves) v.push_back(item.key + "." + l.key);
+  }
+  return v;
+}
+
+void apply_overrides(YNode& root, const std::vector<std::string>& overrides) {
+  for (const std::string& o : overrides) {
+    const YLoc loc{"--set " + o, 0};
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(msg(loc.str(), ": expected KEY=VALUE with a dotted key (e.g. --set model.width=256)"));
+    const std::string key = o.substr(0, eq);
+    const std::vector<std::string> path = split_dotted(key);
+    for (const std::string& p : path)
+      if (p.empty()) throw Error(msg(loc.str(), ": '", key, "' is not a dotted key (e.g. model.width)"));
+    // Check the key here, where the whole dotted name can be suggested.
+    const Item* item = find_item(path[0]);
+    const bool known = item && ((!item->section && path.size() == 1) ||
+                                (item->section && (path.size() == 1 || (path.size() == 2 && find_leaf(*item, path[1])))));
+    if (!known) throw Error(msg(loc.str(), ": unknown key '", key, "'", did_you_mean(key, config_keys())));
+    if (root.is_null()) {
+      root.kind = YNode::Kind::map;
+      root.loc = loc;
+    }
+    if (!root.is_map()) return;  // the parser reports the malformed file itself
+    yaml_set_path(root, path, yaml_option_value(o.substr(eq + 1), loc), loc);
+  }
+}
+
+RunConfig config_from_tree(const YNode& root, const std::string& origin) {
+  Parser p;
+  p.origin = origin;
+  p.parse(root);
+  validate_impl(p.cfg, [&](const std::string& key) { return p.find(key); }, origin);
+  return p.cfg;
+}
+
+RunConfig config_from_yaml_string(const std::string& text, const std::string& origin_name,
+                                  const std::vector<std::string>& overrides) {
+  YNode root = yaml_parse(text, origin_name);
+  apply_overrides(root, overrides);
+  return config_from_tree(root, origin_name);
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  YNode root = yaml_load_file(path);
+  apply_overrides(root, overrides);
+  return config_from_tree(root, path);
+}
+
+void validate_config(const RunConfig& cfg) {
+  validate_impl(cfg, [](const std::string&) { return std::optional<YLoc>(); }, "config");
+}
+
+std::string dump_config(const RunConfig& cfg) { return dump_impl(cfg, false); }
+
+std::string canonical_config_text(const RunConfig& cfg) { return dump_impl(cfg, true); }
+
+std::string config_hash(const RunConfig& cfg) {
+  // FNV-1a, 64 bit (offset basis and prime from the published parameters).
+  constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+  constexpr uint64_t kFnvPrime = 1099511628211ull;
+  uint64_t h = kFnvOffset;
+  for (unsigned char c : canonical_config_text(cfg)) {
+    h ^= c;
+    h *= kFnvPrime;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(h >> 16));  // top 48 bits
+  return buf;
+}
+
+// ---- equality --------------------------------------------------------------------------
+
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
+  return a.depth == b.depth && a.width == b.width && a.hidden_mult == b.hidden_mult && a.activation == b.activation &&
+         a.layernorm == b.layernorm && a.ln_affine == b.ln_affine && a.ln_eps == b.ln_eps && a.fc2_bias == b.fc2_bias &&
+         a.init == b.init && a.init_gain == b.init_gain;
+}
+bool operator==(const TeacherConfig& a, const TeacherConfig& b) {
+  return a.depth == b.depth && a.width == b.width && a.activation == b.activation && a.residual == b.residual;
+}
+bool operator==(const DataConfig& a, const DataConfig& b) {
+  return a.batch == b.batch && a.label_noise == b.label_noise;
+}
+bool operator==(const OptimizerConfig& a, const OptimizerConfig& b) {
+  return a.name == b.name && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.momentum == b.momentum;
+}
+bool operator==(const ScheduleConfig& a, const ScheduleConfig& b) {
+  return a.name == b.name && a.warmup == b.warmup && a.lr_min == b.lr_min;
+}
+bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
+  return a.weight == b.weight && a.activation == b.activation && a.grad == b.grad && a.weight_bwd == b.weight_bwd &&
+         a.activation_bwd == b.activation_bwd && a.ln_affine == b.ln_affine && a.elementwise_bf16 == b.elementwise_bf16 &&
+         a.backward == b.backward && a.block_size == b.block_size && a.scale_rule == b.scale_rule && a.bump == b.bump &&
+         a.rounding == b.rounding && a.elementwise_rounding == b.elementwise_rounding &&
+         a.diagnostic_format == b.diagnostic_format;
+}
+bool operator==(const LogConfig& a, const LogConfig& b) {
+  return a.log_every == b.log_every && a.bias_every == b.bias_every && a.spike_factor == b.spike_factor &&
+         a.divergence_factor == b.divergence_factor && a.bias_avg_beta == b.bias_avg_beta &&
+         a.on_nonfinite == b.on_nonfinite && a.flush_every == b.flush_every && a.progress == b.progress;
+}
+bool operator==(const InterventionConfig& a, const InterventionConfig& b) {
+  return a.name == b.name && a.at == b.at && a.apply == b.apply && a.set == b.set;
+}
+bool operator==(const RunConfig& a, const RunConfig& b) {
+  return a.name == b.name && a.seed == b.seed && a.steps == b.steps && a.device == b.device && a.model == b.model &&
+         a.teacher == b.teacher && a.data == b.data && a.loss == b.loss && a.kl_temperature == b.kl_temperature &&
+         a.optimizer == b.optimizer && a.schedule == b.schedule && a.precision == b.precision && a.log == b.log &&
+         a.checkpoint_every == b.checkpoint_every && a.interventions == b.interventions;
+}
+
+}  // namespace mxlab

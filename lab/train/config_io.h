@@ -1,0 +1,84 @@
+// Reading, validating, printing and hashing a RunConfig (lab/train/config.h), and the
+// intervention presets (DESIGN.md sections 4, 6, 7, 11). The YAML keys are the struct's
+// field names; parsing is strict: an unknown key, a wrong type, a value out of range or an
+// impossible shape is an mxlab::Error of one line "WHERE: what is wrong (how to fix it)",
+// WHERE being "FILE:LINE" (1-based) or the `--set` option at fault.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lab/train/config.h"
+
+namespace mxlab {
+
+// Load a run configuration from a YAML file, then apply `overrides` ("dotted.key=value", the
+// CLI's --set; same validation as the file). A file with a sweep that expands to more than
+// one run is an error here: use expand_experiment (lab/train/sweep.h) / `mxlab plan`.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text; `origin_name` stands for the file name in messages.
+RunConfig config_from_yaml_string(const std::string& text, const std::string& origin_name,
+                                  const std::vector<std::string>& overrides = {});
+
+// Range and cross-field checks of a configuration built in code (the loader runs the same
+// checks, with file and line). Throws mxlab::Error.
+void validate_config(const RunConfig& cfg);
+
+// The fully resolved configuration as YAML in the input schema: every field, in a fixed
+// order, floats printed so that they read back to the same float. `same` (precision.*_bwd,
+// teacher.activation) and 0 (teacher.depth/width, log.bias_every) are printed as written so
+// that dump -> load gives back an identical struct.
+std::string dump_config(const RunConfig& cfg);
+
+// Run id: 12 hex digits, the top 48 bits of the 64-bit FNV-1a hash of dump_config's text with
+// the presentation-only fields left out: name, device, log.progress, log.flush_every. These
+// change no number a run produces; leaving out `device` lets a sweep started with
+// `--device cuda` resume with `--device cpu` (or on another GPU) and find its finished runs.
+// Fields are hashed as written (`weight_bwd: same` and an explicit equal format give different
+// ids: they differ once an intervention changes `weight`).
+std::string config_hash(const RunConfig& cfg);
+std::string canonical_config_text(const RunConfig& cfg);  // the text config_hash hashes
+
+// ---- interventions (DESIGN.md section 6) ----
+// Presets and what each sets (nothing else changes):
+//   to_fp32              every role fp32 (weight_bwd, activation_bwd too), ln_affine none, elementwise fp32
+//   skip_ln_quant        ln_affine none
+//   bump_exponent        scale_rule floor_bump, bump clamp
+//   bump_exponent_always scale_rule floor_bump, bump always
+//   forward_only         backward false
+//   bf16_activations     activation bf16, activation_bwd bf16
+//   bf16_weights         weight bf16, weight_bwd bf16
+//   bf16_fwd_activations activation bf16; activation_bwd keeps the format it resolved to
+// then `set:` applies precision fields (same names and values as the precision section).
+std::vector<std::string> intervention_presets();
+PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv);
+// The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
+std::string describe_patch(const InterventionConfig& iv);
+
+// Every leaf key of the schema in dotted form ("model.width", ...) plus "interventions".
+std::vector<std::string> config_keys();
+
+// Activation names (relu, gelu, gelu_tanh, swiglu, linear).
+const char* act_name(Act a);
+
+// Field-by-field equality (floats compared exactly: a round trip must be exact).
+bool operator==(const ModelConfig& a, const ModelConfig& b);
+bool operator==(const TeacherConfig& a, const TeacherConfig& b);
+bool operator==(const DataConfig& a, const DataConfig& b);
+bool operator==(const OptimizerConfig& a, const OptimizerConfig& b);
+bool operator==(const ScheduleConfig& a, const ScheduleConfig& b);
+bool operator==(const PrecisionConfig& a, const PrecisionConfig& b);
+bool operator==(const LogConfig& a, const LogConfig& b);
+bool operator==(const InterventionConfig& a, const InterventionConfig& b);
+bool operator==(const RunConfig& a, const RunConfig& b);
+inline bool operator!=(const PrecisionConfig& a, const PrecisionConfig& b) { return !(a == b); }
+inline bool operator!=(const RunConfig& a, const RunConfig& b) { return !(a == b); }
+
+// ---- building blocks of the experiment loader (lab/train/sweep.cpp) ----
+struct YNode;
+// Apply "dotted.key=value" options to a YAML tree (before parsing it).
+void apply_overrides(YNode& root, const std::vector<std::string>& overrides);
+// Parse a tree holding run keys only into a validated RunConfig. `origin` names the source
+// in messages about the file as a whole.
+RunConfig config_from_tree(const YNode& root, const std::string& origin);
+
+}  // namespace mxlab

@@ -1,0 +1,42 @@
+// One trained copy of the student: parameters, gradients and optimizer state in backend
+// memory, its precision policy, and the per-step bookkeeping for its metrics and summary.
+// The paired run holds the `fp32` and `mx` trajectories plus one per intervention branch.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "lab/model/backend.h"
+#include "lab/model/mlp.h"
+#include "lab/train/config.h"
+
+namespace mxlab {
+
+struct Trajectory {
+  std::string name;        // "fp32", "mx", or the branch name
+  std::string h5_group;    // "trajectories/fp32", "branches/<name>"
+  PrecisionConfig policy;  // current policy (a branch's is patched at `at`)
+  bool is_mx = false;      // logs the shadow-gradient metrics
+  int start_step = 0;      // first step this trajectory trains (branches: `at`)
+  bool started = false;
+  bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)
+
+  // Backend buffers (num_params floats each).
+  float* params = nullptr;
+  float* grads = nullptr;
+  float* m = nullptr;       // adam first moment / sgd momentum buffer
+  float* v = nullptr;       // adam second moment
+  float* prev = nullptr;    // parameters before the update (log steps: update norm)
+  float* shadow = nullptr;  // FP32 gradient at these weights (mx trajectories)
+  float* loss_hist = nullptr;  // [steps] loss of every step, in backend memory
+  Workspace ws;
+
+  // Host-side bookkeeping carried across steps (part of a checkpoint).
+  double bias_avg = 0.0;        // EMA of bias_ratio (raw, before debiasing)
+  double bias_avg_weight = 0.0; // 1 - beta^k for debiasing
+  int64_t rows_logged = 0;
+  double last_loss = std::numeric_limits<double>::quiet_NaN();  // of the last logged step
+};
+
+}  // namespace mxlab
