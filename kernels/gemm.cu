@@ -10,14 +10,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "lab/core/error.h"
-
-// lab/model/elementwise.h defines sr_seed but includes lab/core/detmath.h, which another
-// branch provides; until it has landed, use an identical copy (tests/gpu/test_gemm_gpu.cu
-// checks the two agree whenever both exist).
-#if __has_include("lab/core/detmath.h")
 #include "lab/model/elementwise.h"
-#define MXLAB_GEMM_HAVE_SR_SEED 1
-#endif
 
 namespace mxlab::cuda {
 
@@ -40,13 +33,7 @@ int as_int(int64_t v, const char* what) {
 
 }  // namespace
 
-uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op) {
-#ifdef MXLAB_GEMM_HAVE_SR_SEED
-  return sr_seed(seed, sr_op);
-#else
-  return seed ^ (sr_op * 0x9E3779B97F4A7C15ull);  // = lab/model/elementwise.h sr_seed
-#endif
-}
+uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op) { return sr_seed(seed, sr_op); }
 
 OperandPath operand_path(const GemmOperand& op) {
   if (is_mx(op.q.fmt) || op.q.fmt == NumFmt::bf16) return OperandPath::bf16_exact;

@@ -37,10 +37,7 @@
 #include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
 #include "tests/gpu/gpu_test_util.h"
-#if __has_include("lab/core/detmath.h")
 #include "lab/model/elementwise.h"
-#define MXLAB_TEST_HAVE_SR_SEED 1
-#endif
 
 namespace {
 
@@ -111,13 +108,13 @@ std::vector<float> cpu_operand(const std::vector<float>& x, int64_t rows, int64_
   if (op.round_bf16_first)
     for (float& v : src) v = round_bf16(v, op.bf16_mode);
   QuantSpec q = op.q;
-  q.seed = mxlab::cuda::operand_sr_seed(op.q.seed, op.sr_op);
+  q.seed = sr_seed(op.q.seed, op.sr_op);  // the CPU backend's rule (lab/cpu/cpu_backend.cpp)
   q.salt = kStep;
   std::vector<float> out(x.size());
   quantize_dequantize(src.data(), out.data(), rows, cols, op.k_contiguous ? Axis::contiguous : Axis::strided, q);
   if (stats) {
     QuantSpec sq = op.stats_q;
-    sq.seed = mxlab::cuda::operand_sr_seed(op.stats_q.seed, op.sr_op);
+    sq.seed = sr_seed(op.stats_q.seed, op.sr_op);
     sq.salt = kStep;
     quantize_dequantize(src.data(), nullptr, rows, cols, op.k_contiguous ? Axis::contiguous : Axis::strided, sq,
                         stats);
@@ -463,9 +460,7 @@ TEST(GemmGpu, EmptyReductionScalesC) {
 TEST(GemmGpu, SrSeedMatchesElementwise) {
   MXLAB_REQUIRE_GPU();
   EXPECT_EQ(mxlab::cuda::operand_sr_seed(1, 1), 1ull ^ 0x9E3779B97F4A7C15ull);
-#ifdef MXLAB_TEST_HAVE_SR_SEED
   for (uint64_t op = 0; op < 64; ++op) EXPECT_EQ(mxlab::cuda::operand_sr_seed(12345, op), sr_seed(12345, op));
-#endif
 }
 
 TEST(GemmGpu, RefusesTf32Override) {
