@@ -202,8 +202,10 @@ struct ElemResult {
   bool lastbin;  // |element| == max_normal after rounding and saturation
 };
 
-// Quantize one finite element v of a block with shared exponent s.
-MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
+// Quantize one finite element v of a block with shared exponent s: the integer path, for
+// every rounding mode. quantize_element() uses it for stochastic rounding; for the
+// deterministic modes it is the reference the float path below is proven equal to.
+MXLAB_HD ElemResult quantize_element_exact(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
   ElemResult out{0.0f, false, false};
   const Decomposed d = decompose(v);
   if (d.m == 0) {
@@ -231,6 +233,109 @@ MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Roundin
   out.lastbin = cmp_scaled(k, kq, es.max_sig(), es.max_lsb_exp()) == 0;
   out.value = make_float(k, kq + s, d.neg);
   return out;
+}
+
+// ---- fast path for the deterministic roundings ---------------------------------------------
+// The same function as quantize_element_exact() for nearest_even, nearest_away and toward_zero,
+// in about 20 float/integer instructions without 64-bit or data-dependent integer work (the
+// integer path costs a few hundred instructions per element on a GPU). Every float operation
+// here is exact or its rounding is harmless, as argued step by step below; the equality is
+// also checked on every float32 input (tests/gpu/test_quantize_fast_gpu.cu) and on a
+// structured and random sample on the CPU (tests/cpu/test_quantize_fast.cpp).
+//
+// Requirements: IEEE float32 arithmetic with round-to-nearest-even, subnormals honoured (no
+// flush-to-zero / denormals-are-zero: nvcc's default --ftz=false, no -ffast-math on the host)
+// and no excess precision (SSE on x86-64, FLT_EVAL_METHOD 0).
+#if defined(__FAST_MATH__)
+#error "lab/mx/scalar.h: the exact float path needs IEEE subnormals and rounding; do not build with -ffast-math"
+#endif
+
+// 2^e as a float, exactly, for e in [-127, 127] (2^-127 is the subnormal 0x00400000).
+MXLAB_HD float pow2_f32(int e) {
+  return bits_f32(e >= -126 ? static_cast<uint32_t>(e + 127) << 23 : 0x00400000u);
+}
+
+// min(a, b) for non-NaN floats: one FMNMX on the GPU, minss on x86-64 (std::fmin would be a
+// libm call there because of its NaN rules, which never apply here).
+MXLAB_HD float min_f32(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return b < a ? b : a;
+#endif
+}
+
+// The block-constant part of the fast path: X = 2^s and 1/X = 2^-s, both exact floats.
+struct ElemScale {
+  float inv;    // 2^-s
+  float scale;  // 2^s
+};
+MXLAB_HD ElemScale elem_scale(int s) { return ElemScale{pow2_f32(-s), pow2_f32(s)}; }
+
+MXLAB_HD bool fast_rounding(Rounding mode) {
+  return mode == Rounding::nearest_even || mode == Rounding::nearest_away || mode == Rounding::toward_zero;
+}
+
+// 2^23 as a float: adding and subtracting it rounds a float in [0, 2^22] to an integer,
+// half to even (the sum lies in [2^23, 2^24), where the float spacing is exactly 1).
+constexpr float kRintMagic = 8388608.0f;
+
+// Quantize one finite element v (deterministic modes only: see quantize_element()).
+MXLAB_HD ElemResult quantize_element_fast(float v, ElemScale sc, const ElemSpec& es, Rounding mode) {
+  // max_normal = max_sig * 2^max_lsb_exp: an integer below 2^8 times a power of two in
+  // [2^-6, 2^13], exact as a float (built from bits so that nothing rounds).
+  const float max_normal = static_cast<float>(es.max_sig()) * pow2_f32(es.max_lsb_exp());
+  const uint32_t emin_field = static_cast<uint32_t>(es.emin() + 127) << 23;  // biased emin, in place
+  const uint32_t mbits_field = static_cast<uint32_t>(es.mbits) << 23;
+  // a = |v| / X. Exact whenever a >= 2^-126; overflow gives +Inf (then a > max_normal, as
+  // exactly). Below 2^-126 the product may round, but it stays <= 2^-126, far below half the
+  // finest element spacing (2^-17 for E5M2): every deterministic mode gives 0, exactly as
+  // for the unrounded value, and neither value is clamped.
+  const float a = bits_f32(f32_bits(v) & 0x7FFFFFFFu) * sc.inv;
+  ElemResult out;
+  out.clamped = a > max_normal;
+  // Clamped values take max_normal, which is on the grid, so they need no separate branch.
+  const float ac = min_f32(a, max_normal);
+  // Grid exponent q = max(e_a, emin) - mbits with e_a = floor(log2 ac), read from the biased
+  // exponent field (0 for a float32-subnormal ac, which then takes the emin branch, as it must:
+  // ac < 2^-126 < 2^emin). Kept in place (shifted left by 23) so that it builds the powers
+  // of two directly: 2^-q has biased field 254 + mbits - qe, 2^q has qe - mbits, both in
+  // the normal range for every format (q in [emin - mbits, emax - mbits] = [-16, 13]).
+  const uint32_t e_field = f32_bits(ac) & 0x7F800000u;
+  const uint32_t qe_field = e_field > emin_field ? e_field : emin_field;
+  const float inv_spacing = bits_f32((254u << 23) + mbits_field - qe_field);
+  const float spacing = bits_f32(qe_field - mbits_field);
+  // t = ac / 2^q: exact (a power-of-two scaling whose result is a normal float or a multiple of
+  // 2^-149), and t < 2^(mbits + 1) <= 128, so the integer rounding below is exact.
+  const float t = ac * inv_spacing;
+  float k = (t + kRintMagic) - kRintMagic;  // round half to even
+  if (mode == Rounding::nearest_away) {
+    // A tie that went down to even goes up instead; t - k is exact (|t - k| <= 1/2, and
+    // Sterbenz's lemma where k > 0).
+    if (t - k == 0.5f) k += 1.0f;
+  } else if (mode == Rounding::toward_zero) {
+    if (k > t) k -= 1.0f;  // t >= 0, so truncation is floor
+  }
+  // k * 2^q: exact (k <= 2^(mbits + 1)). It never exceeds max_normal, so unlike the integer
+  // path this needs no saturation step: q <= emax - mbits = max_lsb_exp, so max_normal / 2^q
+  // is an integer >= t, and each mode rounds t to an integer without passing one that is >= t.
+  const float mag = k * spacing;
+  out.lastbin = mag == max_normal;
+  // mag * X: exact, the result's least significant bit is >= 2^(min_sub_exp + s) >= 2^-143
+  // (so even a float32-subnormal result is exact), and a product >= 2^128 rounds to +Inf
+  // (an MX value has <= 8 significant bits, so none lies strictly between FLT_MAX and 2^128).
+  // The sign is v's, also for zero.
+  out.value = bits_f32(f32_bits(mag * sc.scale) | (f32_bits(v) & 0x80000000u));
+  return out;
+}
+
+// Quantize one finite element v of a block with shared exponent s: the float path for the
+// deterministic modes, the integer path for stochastic rounding. The CPU reference and the
+// CUDA kernels both call this (or quantize_element_fast with elem_scale(s)), so they agree
+// by construction.
+MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
+  if (fast_rounding(mode)) return quantize_element_fast(v, elem_scale(s), es, mode);
+  return quantize_element_exact(v, s, es, mode, rnd);
 }
 
 // ---- scalar formats ---------------------------------------------------------------------------
