@@ -1,20 +1,28 @@
 // CUDA quantization kernels; semantics in quantize.cuh. Every number is produced by the
-// scalar code of lab/mx/scalar.h (the same functions the CPU reference calls), so the only
-// GPU-specific code here is the walk over blocks, the block amax and the counters.
+// scalar code of lab/mx/scalar.h (the same functions the CPU reference calls: the float path
+// quantize_element_fast for the deterministic roundings, the integer path for stochastic
+// rounding, exactly as quantize_element() dispatches), so the only GPU-specific code here is
+// the walk over blocks, the block amax and the counters. Tuning notes: kernels/PERF-quantize.md.
 //
-// Kernels (all grid-stride, a few CTAs per SM, one atomicAdd per counter per CTA at the end):
-//   mx_contiguous_kernel - blocks along rows, block size 4*G with G | 32 lanes per block:
-//       each lane owns 4 consecutive elements (one 16-byte load when rows are 16-byte aligned),
-//       the block amax is a butterfly of G lanes. k = 32 -> 8 lanes per block, 4 blocks per warp.
-//   mx_strided_kernel    - blocks down columns (block <= kMaxStridedBlock): each thread owns one
-//       column of a block; a warp's loads are 32 consecutive floats of one row (coalesced), the
-//       thread loops over the block's rows and stages them in shared memory (its own column
-//       only, so no barrier) for the second pass. No transpose through global memory.
-//   mx_generic_kernel    - any other block size: one thread per block, two passes (correctness
+// Kernels (all grid-stride, one atomicAdd per counter per CTA at the end):
+//   mx_contiguous_kernel   - blocks along rows, block size 8*G with G | 32 lanes per block: each
+//       lane owns 8 consecutive elements (two 16-byte loads when rows are 16-byte aligned), the
+//       block amax is a butterfly of G lanes, the next unit is loaded while the current one is
+//       computed. k = 32 -> 4 lanes per block, 8 blocks per warp.
+//   mx_strided_tile_kernel - blocks of 32 down columns, cols % 4 == 0 (the backward GEMMs'
+//       operands): each lane owns an 8-row x 4-column tile (16-byte loads, a warp's 8 lanes of
+//       a row read 128 contiguous bytes), 4 lanes stacked per block, the next tile loaded while
+//       the current one is computed.
+//   mx_strided_kernel      - other strided blocks (block <= kMaxStridedBlock, or rows that are
+//       not 16-byte multiples): one thread per column of a block, loads of 32 consecutive floats
+//       of one row per warp, the block staged in shared memory (own column only, no barrier).
+//   mx_generic_kernel      - any other block size: one thread per block, two passes (correctness
 //       path; not tuned).
-//   scalar_fmt_kernel    - fp32 / bf16 / fp16 roles: element-wise.
-// Element formats are template parameters so the ElemSpec constants fold into the shared
-// scalar code (it is integer-heavy: the quantizer is close to compute bound on H100/H200).
+//   scalar_fmt_kernel      - fp32 / bf16 / fp16 roles: element-wise.
+// The MX kernels are templates over the element format (its constants fold into the scalar
+// code), the rounding mode (each instance holds one element path) and, for the two tuned
+// kernels, whether statistics are wanted (the instances without skip the lastbin/clamped
+// bookkeeping).
 #include "kernels/quantize.cuh"
 
 #include <cuda_bf16.h>
@@ -31,14 +39,21 @@ namespace mxlab::cuda {
 namespace {
 
 constexpr int kThreads = 256;          // CTA size of the contiguous, generic and element-wise kernels
-constexpr int kStridedThreads = 128;   // columns per CTA in the strided kernel
-constexpr int kVec = 4;                // elements per lane in the contiguous kernel (one 16-byte load)
-constexpr int kStridedBatch = 16;      // loads in flight per thread in the strided kernel
+constexpr int kStridedThreads = 128;   // columns per CTA in the shared-memory strided kernel
+constexpr int kVec = 4;                // elements per thread and step in the element-wise kernels (one 16-byte load)
+constexpr int kLaneElems = 8;          // elements per lane in the contiguous MX kernel (two 16-byte loads)
+constexpr int kStridedBatch = 16;      // loads in flight per thread in the shared-memory strided kernel
 constexpr int kMaxStridedBlock = 64;   // shared staging: 64 rows x 128 columns x 4 B = 32 KiB
+constexpr int kTileBlock = 32;         // the strided tile kernel's block size (the default k): 4 lanes x 8 rows
+constexpr int kTileRows = 8;           // rows per lane in the strided tile kernel
+constexpr int kTileCols = 4;           // columns per lane (one 16-byte load per row)
+constexpr int kTileWarpCols = 32;      // columns per warp item: 8 lanes x 4
+constexpr int kTileMinCtas = 2;        // register cap (128): two 8 x 4 tiles (current, next) per lane
 constexpr int kCtasPerSm = 8;          // grid size cap: enough resident warps to hide latency
 constexpr int kStridedMinCtas = 8;    // register cap (64): 32 resident warps per SM to keep loads in flight
 constexpr int kContigMinCtas = 4;     // register cap (64): 32 resident warps per SM
 constexpr uint32_t kQuietNaN = 0x7FC00000u;  // what the CPU reference writes (quiet_NaN())
+constexpr float kFltMax = 3.40282347e38f;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 enum class OutKind : uint8_t { none, f32, bf16 };
@@ -94,9 +109,43 @@ __device__ __forceinline__ float input_value(const KParams& p, float v) {
   return p.round_first ? round_bf16(v, p.bf16_mode) : v;
 }
 
+// max of a and b that returns NaN when either is NaN (PTX max.NaN, sm_80+): the block amax
+// over |v| then also says whether the block holds a NaN or an Inf (amax > FLT_MAX or NaN), so
+// no separate flag has to be kept and reduced.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ bool special_amax(float amax) { return !(amax <= kFltMax); }
+
+// One element under the rounding mode R (a template parameter, so each kernel instance holds
+// only its own path): the float path for the deterministic modes, with the block's 2^-s and
+// 2^s computed once per block, and the integer path for stochastic rounding. Exactly what
+// quantize_element() (the CPU reference's call) does for each mode.
+template <Rounding R>
+__device__ __forceinline__ ElemResult element(float v, int s, ElemScale sc, const ElemSpec& es, uint32_t rnd) {
+  if constexpr (fast_rounding(R)) {
+    return quantize_element_fast(v, sc, es, R);
+  } else {
+    return quantize_element(v, s, es, R, rnd);
+  }
+}
+
 // bf16 bits of a dequantized value: round_bf16 (exact when the value is bf16-exact).
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
   return static_cast<uint16_t>(f32_bits(round_bf16(v, Rounding::nearest_even)) >> 16);
+}
+
+// bf16 bits of two values the MX kernels write (finite, +-Inf or kQuietNaN), packed (a low,
+// b high): round_bf16(v, nearest_even) without its NaN branch. For these inputs that branch
+// changes nothing: Inf and kQuietNaN have a zero low half, so the rounding increment never
+// carries into the kept bits. The upper halves are picked by one byte permute.
+__device__ __forceinline__ uint32_t mx_bf16x2(float a, float b) {
+  const uint32_t x = f32_bits(a), y = f32_bits(b);
+  const uint32_t xr = x + 0x7FFFu + ((x >> 16) & 1u);
+  const uint32_t yr = y + 0x7FFFu + ((y >> 16) & 1u);
+  return __byte_perm(xr, yr, 0x7632);
 }
 
 __device__ __forceinline__ bool bf16_inexact(float v) {
@@ -112,7 +161,8 @@ __device__ __forceinline__ void store1(const KParams& p, int64_t idx, float v) {
   }
 }
 
-// Four consecutive outputs; `vec`: the address is 16-byte (f32) / 8-byte (bf16) aligned.
+// Four consecutive outputs of the element-wise kernel; `vec`: the address is 16-byte (f32) /
+// 8-byte (bf16) aligned.
 __device__ __forceinline__ void store4(const KParams& p, int64_t idx, const float (&r)[kVec], int nv, bool vec) {
   if (p.out_kind == OutKind::none) return;
   if (vec && nv == kVec) {
@@ -157,10 +207,11 @@ __device__ void flush_counters(Counters c, const KParams& p) {
 // ---- contiguous axis ----------------------------------------------------------------------
 // A "unit" is one block: units are numbered row-major (row, block-in-row). When cols is a
 // multiple of the block size the tensor is a flat array of blocks and no division is needed.
-// Where one lane's 4 elements of unit u lie.
+// Each lane owns kLaneElems = 8 consecutive elements of a unit (two 16-byte loads when `vec`),
+// so G = block / 8 lanes share a block (k = 32: 4 lanes, 8 blocks per warp).
 struct LaneSlice {
   int64_t off;  // flat index of the lane's first element
-  int nv;       // how many of its 4 elements exist (0 past the end; fewer in a partial block)
+  int nv;       // how many of its 8 elements exist (0 past the end; fewer in a partial block)
   int nblock;   // elements in the whole block (the leader counts them)
 };
 
@@ -169,39 +220,60 @@ __device__ __forceinline__ LaneSlice locate(const KParams& p, int64_t u, int64_t
   LaneSlice ls{0, 0, 0};
   if (u >= units) return ls;
   if (flat) {
-    ls.off = u * p.block + sub * kVec;
-    ls.nv = kVec;
+    ls.off = u * p.block + sub * kLaneElems;
+    ls.nv = kLaneElems;
     ls.nblock = p.block;
   } else {
     const int64_t row = u / nb_row;
     const int64_t c0 = (u - row * nb_row) * p.block;
-    const int64_t left = p.cols - (c0 + sub * kVec);
-    ls.off = row * p.cols + c0 + sub * kVec;
-    ls.nv = left <= 0 ? 0 : (left >= kVec ? kVec : static_cast<int>(left));
+    const int64_t left = p.cols - (c0 + sub * kLaneElems);
+    ls.off = row * p.cols + c0 + sub * kLaneElems;
+    ls.nv = left <= 0 ? 0 : (left >= kLaneElems ? kLaneElems : static_cast<int>(left));
     const int64_t bl = p.cols - c0;
     ls.nblock = bl >= p.block ? p.block : static_cast<int>(bl);
   }
   return ls;
 }
 
-__device__ __forceinline__ void load4(const KParams& p, const LaneSlice& ls, bool vec, float (&v)[kVec]) {
-  if (vec && ls.nv == kVec) {
-    const float4 t = *reinterpret_cast<const float4*>(p.in + ls.off);
-    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+__device__ __forceinline__ void load8(const KParams& p, const LaneSlice& ls, bool vec, float (&v)[kLaneElems]) {
+  if (vec && ls.nv == kLaneElems) {
+    const float4 a = *reinterpret_cast<const float4*>(p.in + ls.off);
+    const float4 b = *reinterpret_cast<const float4*>(p.in + ls.off + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
   } else {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = j < ls.nv ? p.in[ls.off + j] : 0.0f;
+    for (int j = 0; j < kLaneElems; ++j) v[j] = j < ls.nv ? p.in[ls.off + j] : 0.0f;
   }
 }
 
-// A "unit" is one block: units are numbered row-major (row, block-in-row). When cols is a
-// multiple of the block size the tensor is a flat array of blocks and no division is needed.
-// The next unit's load is issued before the current one is quantized (two loads in flight per
-// lane: the quantizer is long enough that one would leave HBM idle).
-template <Elem E>
+// Eight consecutive MX outputs; `vec`: the address is 16-byte (f32) / 8-byte (bf16) aligned.
+__device__ __forceinline__ void store8(const KParams& p, int64_t idx, const float (&r)[kLaneElems], int nv, bool vec) {
+  if (p.out_kind == OutKind::none) return;
+  if (vec && nv == kLaneElems) {
+    if (p.out_kind == OutKind::f32) {
+      float4* o = reinterpret_cast<float4*>(static_cast<float*>(p.out) + idx);
+      o[0] = make_float4(r[0], r[1], r[2], r[3]);
+      o[1] = make_float4(r[4], r[5], r[6], r[7]);
+    } else {
+      uint2* o = reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + idx);
+      o[0] = make_uint2(mx_bf16x2(r[0], r[1]), mx_bf16x2(r[2], r[3]));
+      o[1] = make_uint2(mx_bf16x2(r[4], r[5]), mx_bf16x2(r[6], r[7]));
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kLaneElems; ++j)
+    if (j < nv) store1(p, idx + j, r[j]);
+}
+
+// The next unit's loads are issued before the current one is quantized, so every lane keeps
+// 32 bytes in flight while it computes. kCount: statistics are wanted (p.stats != null); the
+// instances without them skip the lastbin/clamped bookkeeping.
+template <Elem E, Rounding R, bool kCount>
 __global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel(KParams p, bool vec, bool flat) {
   const ElemSpec es = device_elem_spec<E>();
-  const int G = p.block / kVec;  // lanes per block: a power of two <= 32 (checked by the launcher)
+  const int G = p.block / kLaneElems;  // lanes per block: a power of two <= 32 (checked by the launcher)
   const int lane = threadIdx.x & 31;
   const int sub = lane & (G - 1);
   const int groups_per_warp = 32 / G;
@@ -211,74 +283,72 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = ((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) * groups_per_warp;
   const uint32_t salt = step_salt(p);
-  const bool stochastic = p.rounding == Rounding::stochastic;
-  const bool count = p.stats != nullptr;
+  constexpr bool stochastic = R == Rounding::stochastic;
   Counters cnt;
   int64_t base = warp * groups_per_warp;
   LaneSlice cur = locate(p, base + grp, units, nb_row, sub, flat);
-  float v[kVec];
-  load4(p, cur, vec, v);
+  float v[kLaneElems];
+  load8(p, cur, vec, v);
   // `base` is warp-uniform, so every lane reaches the shuffles below.
   for (; base < units; base += step) {
     const LaneSlice nxt = locate(p, base + step + grp, units, nb_row, sub, flat);
-    float w[kVec];
-    load4(p, nxt, vec, w);
+    float w[kLaneElems];
+    load8(p, nxt, vec, w);
     float amax = 0.0f;
-    int special = 0;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
+    for (int j = 0; j < kLaneElems; ++j) {
       v[j] = input_value(p, v[j]);
-      special |= is_finite_bits(f32_bits(v[j])) ? 0 : 1;
-      amax = fmaxf(amax, fabsf(v[j]));  // NaN is ignored here; the block is special anyway
+      amax = max_nan(amax, fabsf(v[j]));
     }
-    for (int o = G >> 1; o > 0; o >>= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-      special |= __shfl_xor_sync(kFullMask, special, o);
-    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      if (o < G) amax = max_nan(amax, __shfl_xor_sync(kFullMask, amax, o));
+    const bool special = special_amax(amax);
     if (base + grp < units) {
-      float r[kVec];
       if (special) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) r[j] = bits_f32(kQuietNaN);
+        for (int j = 0; j < kLaneElems; ++j) v[j] = bits_f32(kQuietNaN);
       } else {
         const int s = shared_exponent(amax, es, p.rule, p.bump);
+        const ElemScale sc = elem_scale(s);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          r[j] = 0.0f;
+        for (int j = 0; j < kLaneElems; ++j) {
           if (j < cur.nv) {
             const uint32_t rnd =
                 stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(cur.off + j)).v[0]
                            : 0u;
-            const ElemResult e = quantize_element(v[j], s, es, p.rounding, rnd);
-            cnt.lastbin += e.lastbin;
-            cnt.clamped += e.clamped;
-            r[j] = e.value;
+            const ElemResult e = element<R>(v[j], s, sc, es, rnd);
+            if constexpr (kCount) {
+              cnt.lastbin += e.lastbin;
+              cnt.clamped += e.clamped;
+            }
+            v[j] = e.value;
           }
         }
       }
-      if (count && sub == 0) {
+      if (kCount && sub == 0) {
         cnt.blocks += 1;
         cnt.n += static_cast<uint32_t>(cur.nblock);
         cnt.nan_blocks += special ? 1u : 0u;
       }
       if (p.inexact) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j)
-          if (j < cur.nv && bf16_inexact(r[j])) cnt.inexact += 1;
+        for (int j = 0; j < kLaneElems; ++j)
+          if (j < cur.nv && bf16_inexact(v[j])) cnt.inexact += 1;
       }
-      store4(p, cur.off, r, cur.nv, vec);
+      store8(p, cur.off, v, cur.nv, vec);
     }
     cur = nxt;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = w[j];
+    for (int j = 0; j < kLaneElems; ++j) v[j] = w[j];
   }
-  if (p.stats || p.inexact) flush_counters(cnt, p);
+  if (kCount || p.inexact) flush_counters(cnt, p);
 }
 
 // ---- strided axis -------------------------------------------------------------------------
 // An "item" is (row band b of `block` rows, tile t of kStridedThreads columns); consecutive
 // items are neighbouring tiles of one band. Dynamic shared memory: block x kStridedThreads floats.
-template <Elem E>
+template <Elem E, Rounding R>
 __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_kernel(KParams p) {
   const ElemSpec es = device_elem_spec<E>();
   extern __shared__ float tile[];  // [block][kStridedThreads]; each thread uses its own column
@@ -287,7 +357,8 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
   const int64_t ntiles = (p.cols + kStridedThreads - 1) / kStridedThreads;
   const int64_t items = nbands * ntiles;
   const uint32_t salt = step_salt(p);
-  const bool stochastic = p.rounding == Rounding::stochastic;
+  constexpr bool stochastic = R == Rounding::stochastic;
+  const bool count = p.stats != nullptr;
   Counters cnt;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t b = item / ntiles;
@@ -298,7 +369,6 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
     const int nv = left >= p.block ? p.block : static_cast<int>(left);
     const float* src = p.in + r0 * p.cols + col;
     float amax = 0.0f;
-    bool special = false;
     for (int i0 = 0; i0 < nv; i0 += kStridedBatch) {
       float x[kStridedBatch];
 #pragma unroll
@@ -306,12 +376,13 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
 #pragma unroll
       for (int j = 0; j < kStridedBatch; ++j) {
         const float v = input_value(p, x[j]);
-        special |= !is_finite_bits(f32_bits(v));
-        amax = fmaxf(amax, fabsf(v));
+        amax = max_nan(amax, fabsf(v));
         if (i0 + j < nv) tile[(i0 + j) * kStridedThreads + tid] = v;
       }
     }
+    const bool special = special_amax(amax);
     const int s = special ? 0 : shared_exponent(amax, es, p.rule, p.bump);
+    const ElemScale sc = elem_scale(s);
 #pragma unroll 2
     for (int i = 0; i < nv; ++i) {
       const int64_t idx = (r0 + i) * p.cols + col;
@@ -319,9 +390,11 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
       if (!special) {
         const uint32_t rnd =
             stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0] : 0u;
-        const ElemResult e = quantize_element(tile[i * kStridedThreads + tid], s, es, p.rounding, rnd);
-        cnt.lastbin += e.lastbin;
-        cnt.clamped += e.clamped;
+        const ElemResult e = element<R>(tile[i * kStridedThreads + tid], s, sc, es, rnd);
+        if (count) {
+          cnt.lastbin += e.lastbin;
+          cnt.clamped += e.clamped;
+        }
         r = e.value;
       }
       if (p.inexact && bf16_inexact(r)) cnt.inexact += 1;
@@ -332,6 +405,136 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
     cnt.nan_blocks += special ? 1u : 0u;
   }
   if (p.stats || p.inexact) flush_counters(cnt, p);
+}
+
+// ---- strided axis, block size 32: 8 x 4 tiles per lane ---------------------------------------
+// A warp item is (band b of 32 rows, group of 32 columns). Lane l owns columns 4 (l % 8) ..
+// +3 of the group and rows 8 (l / 8) .. +7 of the band: one 16-byte load per row (the 8 lanes
+// of a row read 128 contiguous bytes; one load instruction covers 4 rows). The 4 lanes holding
+// the same columns (l, l ^ 8, l ^ 16, l ^ 24) finish each column's block amax with two
+// shuffles. The next warp item's 8 loads are issued before the current one is computed (the
+// layout of the contiguous kernel, transposed). Needs cols % 4 == 0, `in` 16-byte and `out`
+// 16-byte (f32) / 8-byte (bf16) aligned (the launcher checks; other shapes take
+// mx_strided_kernel).
+struct TileSlice {
+  int64_t off;  // flat index of the lane's first element (its first row, first column)
+  int nv;       // of the lane's 8 rows, how many exist (0: the lane has nothing here)
+  int band;     // rows in the whole band (the counting lanes use it)
+};
+
+__device__ __forceinline__ TileSlice locate_tile(const KParams& p, int64_t witem, int64_t witems, int64_t ngroups,
+                                                 int lane) {
+  TileSlice ts{0, 0, 0};
+  if (witem >= witems) return ts;
+  const int64_t b = witem / ngroups;
+  const int64_t col = (witem - b * ngroups) * kTileWarpCols + (lane & 7) * kTileCols;
+  const int64_t r0 = b * kTileBlock;
+  const int64_t r = r0 + (lane >> 3) * kTileRows;
+  if (col >= p.cols || r >= p.rows) return ts;
+  ts.off = r * p.cols + col;
+  ts.nv = p.rows - r >= kTileRows ? kTileRows : static_cast<int>(p.rows - r);
+  ts.band = p.rows - r0 >= kTileBlock ? kTileBlock : static_cast<int>(p.rows - r0);
+  return ts;
+}
+
+__device__ __forceinline__ void load_tile(const KParams& p, const TileSlice& ts, float (&v)[kTileRows][kTileCols]) {
+#pragma unroll
+  for (int i = 0; i < kTileRows; ++i) {
+    const float4 t = i < ts.nv ? *reinterpret_cast<const float4*>(p.in + ts.off + i * p.cols)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[i][0] = t.x; v[i][1] = t.y; v[i][2] = t.z; v[i][3] = t.w;
+  }
+}
+
+template <Elem E, Rounding R, bool kCount>
+__global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel(KParams p) {
+  const ElemSpec es = device_elem_spec<E>();
+  const int lane = threadIdx.x & 31;
+  const int64_t nbands = (p.rows + kTileBlock - 1) / kTileBlock;
+  const int64_t ngroups = (p.cols + kTileWarpCols - 1) / kTileWarpCols;
+  const int64_t witems = nbands * ngroups;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const uint32_t salt = step_salt(p);
+  constexpr bool stochastic = R == Rounding::stochastic;
+  Counters cnt;
+  int64_t witem = warp;
+  TileSlice cur = locate_tile(p, witem, witems, ngroups, lane);
+  float v[kTileRows][kTileCols];
+  load_tile(p, cur, v);
+  // `witem` is warp-uniform, so every lane reaches the shuffles below.
+  for (; witem < witems; witem += nwarps) {
+    const TileSlice nxt = locate_tile(p, witem + nwarps, witems, ngroups, lane);
+    float w[kTileRows][kTileCols];
+    load_tile(p, nxt, w);
+    float amax[kTileCols];
+#pragma unroll
+    for (int c = 0; c < kTileCols; ++c) amax[c] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kTileRows; ++i)
+#pragma unroll
+      for (int c = 0; c < kTileCols; ++c) {
+        v[i][c] = input_value(p, v[i][c]);
+        amax[c] = max_nan(amax[c], fabsf(v[i][c]));
+      }
+#pragma unroll
+    for (int c = 0; c < kTileCols; ++c) {
+      amax[c] = max_nan(amax[c], __shfl_xor_sync(kFullMask, amax[c], 8));
+      amax[c] = max_nan(amax[c], __shfl_xor_sync(kFullMask, amax[c], 16));
+    }
+    if (cur.nv > 0) {
+      bool special[kTileCols];
+      int s[kTileCols];
+      ElemScale sc[kTileCols];
+#pragma unroll
+      for (int c = 0; c < kTileCols; ++c) {
+        special[c] = special_amax(amax[c]);
+        s[c] = special[c] ? 0 : shared_exponent(amax[c], es, p.rule, p.bump);
+        sc[c] = elem_scale(s[c]);
+      }
+#pragma unroll
+      for (int i = 0; i < kTileRows; ++i) {
+        if (i < cur.nv) {
+          const int64_t idx = cur.off + i * p.cols;
+          float r[kTileCols];
+#pragma unroll
+          for (int c = 0; c < kTileCols; ++c) {
+            r[c] = bits_f32(kQuietNaN);
+            if (!special[c]) {
+              const uint32_t rnd =
+                  stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx + c)).v[0]
+                             : 0u;
+              const ElemResult e = element<R>(v[i][c], s[c], sc[c], es, rnd);
+              if constexpr (kCount) {
+                cnt.lastbin += e.lastbin;
+                cnt.clamped += e.clamped;
+              }
+              r[c] = e.value;
+            }
+            if (p.inexact && bf16_inexact(r[c])) cnt.inexact += 1;
+          }
+          if (p.out_kind == OutKind::f32) {
+            *reinterpret_cast<float4*>(static_cast<float*>(p.out) + idx) = make_float4(r[0], r[1], r[2], r[3]);
+          } else if (p.out_kind == OutKind::bf16) {
+            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + idx) =
+                make_uint2(mx_bf16x2(r[0], r[1]), mx_bf16x2(r[2], r[3]));
+          }
+        }
+      }
+      if (kCount && lane < 8) {  // the lanes holding each column group's first rows count its 4 blocks
+        cnt.blocks += kTileCols;
+        cnt.n += static_cast<uint32_t>(kTileCols * cur.band);
+#pragma unroll
+        for (int c = 0; c < kTileCols; ++c) cnt.nan_blocks += special[c] ? 1u : 0u;
+      }
+    }
+    cur = nxt;
+#pragma unroll
+    for (int i = 0; i < kTileRows; ++i)
+#pragma unroll
+      for (int c = 0; c < kTileCols; ++c) v[i][c] = w[i][c];
+  }
+  if (kCount || p.inexact) flush_counters(cnt, p);
 }
 
 // ---- any block size, either axis (one thread per block, two passes) -------------------------
@@ -435,9 +638,11 @@ int sm_count() {
   return sms;
 }
 
-unsigned grid_for(int64_t work_items, int64_t items_per_cta) {
+// Enough CTAs for the work, at most ctas_per_sm per SM (the MX kernels pass how many of them
+// fit on an SM at once, so that the whole grid is resident and strides through the work).
+unsigned grid_for(int64_t work_items, int64_t items_per_cta, int ctas_per_sm = kCtasPerSm) {
   const int64_t want = (work_items + items_per_cta - 1) / items_per_cta;
-  const int64_t cap = static_cast<int64_t>(sm_count()) * kCtasPerSm;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * ctas_per_sm;
   return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
@@ -481,6 +686,54 @@ KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind
     default: throw Error("quantize: unknown MX element format");  \
   }
 
+// Kernel instances per (element format, rounding mode): the mode decides which element path
+// (float or integer) the instance contains.
+#define MXLAB_FOR_EACH_ROUNDING(CASE)                                     \
+  switch (p.rounding) {                                                   \
+    case Rounding::nearest_even: CASE(Rounding::nearest_even); break;     \
+    case Rounding::nearest_away: CASE(Rounding::nearest_away); break;     \
+    case Rounding::toward_zero: CASE(Rounding::toward_zero); break;       \
+    case Rounding::stochastic: CASE(Rounding::stochastic); break;         \
+    default: throw Error("quantize: unknown rounding mode");              \
+  }
+
+// Instances per rounding mode x with/without statistics (the stochastic ones always count:
+// they are not the fast path, and this halves their number).
+#define MXLAB_FOR_EACH_ROUNDING_COUNT(CASE)                                      \
+  switch (p.rounding) {                                                          \
+    case Rounding::nearest_even:                                                 \
+      if (count) CASE(Rounding::nearest_even, true); else CASE(Rounding::nearest_even, false); break;  \
+    case Rounding::nearest_away:                                                 \
+      if (count) CASE(Rounding::nearest_away, true); else CASE(Rounding::nearest_away, false); break;  \
+    case Rounding::toward_zero:                                                  \
+      if (count) CASE(Rounding::toward_zero, true); else CASE(Rounding::toward_zero, false); break;    \
+    case Rounding::stochastic: CASE(Rounding::stochastic, true); break;           \
+    default: throw Error("quantize: unknown rounding mode");                     \
+  }
+
+template <Elem E>
+void launch_contiguous(const KParams& p, unsigned grid, cudaStream_t s, bool vec, bool flat) {
+  const bool count = p.stats != nullptr;
+#define MXLAB_CASE(R, C) mx_contiguous_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p, vec, flat)
+  MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
+#undef MXLAB_CASE
+}
+
+template <Elem E>
+void launch_strided_tile(const KParams& p, unsigned grid, cudaStream_t s) {
+  const bool count = p.stats != nullptr;
+#define MXLAB_CASE(R, C) mx_strided_tile_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p)
+  MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
+#undef MXLAB_CASE
+}
+
+template <Elem E>
+void launch_strided(const KParams& p, unsigned grid, size_t smem, cudaStream_t s) {
+#define MXLAB_CASE(R) mx_strided_kernel<E, R><<<grid, kStridedThreads, smem, s>>>(p)
+  MXLAB_FOR_EACH_ROUNDING(MXLAB_CASE)
+#undef MXLAB_CASE
+}
+
 // One MX pass over the tensor under spec q (quantization and/or statistics).
 void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
                unsigned long long* inexact, cudaStream_t s) {
@@ -488,22 +741,29 @@ void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind
   const KParams p = make_params(L, q, out, kind, stats, inexact);
   const Elem elem = mx_elem(q.fmt);
   const int k = q.block;
-  const int G = k / kVec;
-  const bool lanes_ok = k % kVec == 0 && G >= 1 && G <= 32 && (32 % G) == 0;
+  const int G = k / kLaneElems;
+  const bool lanes_ok = k % kLaneElems == 0 && G >= 1 && G <= 32 && (32 % G) == 0;
   if (L.axis == Axis::contiguous && lanes_ok) {
     const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
     const bool vec = L.cols % kVec == 0 && aligned(L.in, 16) && (p.out_kind == OutKind::none || aligned(out, out_align));
     const bool flat = L.cols % k == 0;
     const int64_t units = L.rows * ((L.cols + k - 1) / k);
-    const unsigned grid = grid_for(units, (kThreads / 32) * (32 / G));
-#define MXLAB_LAUNCH_CONTIG(E) mx_contiguous_kernel<E><<<grid, kThreads, 0, s>>>(p, vec, flat)
+    const unsigned grid = grid_for(units, (kThreads / 32) * (32 / G), kContigMinCtas);
+#define MXLAB_LAUNCH_CONTIG(E) launch_contiguous<E>(p, grid, s, vec, flat)
     MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_CONTIG)
 #undef MXLAB_LAUNCH_CONTIG
+  } else if (L.axis == Axis::strided && k == kTileBlock && L.cols % kTileCols == 0 && aligned(L.in, 16) &&
+             (p.out_kind == OutKind::none || aligned(out, kind == OutKind::f32 ? 16 : 8))) {
+    const int64_t witems = ((L.rows + k - 1) / k) * ((L.cols + kTileWarpCols - 1) / kTileWarpCols);
+    const unsigned grid = grid_for(witems, kThreads / 32, kTileMinCtas);
+#define MXLAB_LAUNCH_TILE(E) launch_strided_tile<E>(p, grid, s)
+    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_TILE)
+#undef MXLAB_LAUNCH_TILE
   } else if (L.axis == Axis::strided && k <= kMaxStridedBlock) {
     const int64_t items = ((L.rows + k - 1) / k) * ((L.cols + kStridedThreads - 1) / kStridedThreads);
     const unsigned grid = grid_for(items, 1);
     const size_t smem = static_cast<size_t>(k) * kStridedThreads * sizeof(float);
-#define MXLAB_LAUNCH_STRIDED(E) mx_strided_kernel<E><<<grid, kStridedThreads, smem, s>>>(p)
+#define MXLAB_LAUNCH_STRIDED(E) launch_strided<E>(p, grid, smem, s)
     MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_STRIDED)
 #undef MXLAB_LAUNCH_STRIDED
   } else {

@@ -1,7 +1,11 @@
 // MX / bf16 / fp16 quantization on the GPU: the CUDA twin of lab/mx/quantize.cpp.
-// The kernels call the scalar code of lab/mx/scalar.h (shared_exponent, quantize_element,
-// round_bf16, round_fp16) and lab/core/philox.h, so every output bit equals the CPU
-// reference quantize_dequantize() by construction; tests/gpu/test_quantize_gpu.cu checks it.
+// The kernels call the scalar code of lab/mx/scalar.h (shared_exponent; for each element
+// what quantize_element() calls: quantize_element_fast for the deterministic roundings,
+// quantize_element_exact for stochastic; round_bf16, round_fp16) and lab/core/philox.h, so
+// every output bit equals the CPU reference quantize_dequantize() by construction;
+// tests/gpu/test_quantize_gpu.cu and test_quantize_fast_gpu.cu check it. (The bf16 output of
+// the MX kernels packs round_bf16's result without its NaN branch, which changes nothing for
+// the values they write: see mx_bf16x2 in quantize.cu.)
 //
 // Semantics (identical to the CPU reference):
 //   - `in` is row-major [rows x cols]; blocks of q.block elements run along `axis`

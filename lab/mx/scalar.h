@@ -272,7 +272,7 @@ struct ElemScale {
 };
 MXLAB_HD ElemScale elem_scale(int s) { return ElemScale{pow2_f32(-s), pow2_f32(s)}; }
 
-MXLAB_HD bool fast_rounding(Rounding mode) {
+MXLAB_HD constexpr bool fast_rounding(Rounding mode) {
   return mode == Rounding::nearest_even || mode == Rounding::nearest_away || mode == Rounding::toward_zero;
 }
 
