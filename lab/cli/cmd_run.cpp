@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,17 @@ int do_run(const RunArgs& a) {
                 shard ? shard->count : 1);
     return 0;
   }
+
+  // A device that cannot be opened would fail every run the same way: say it once, up front.
+  std::set<std::string> devices;
+  if (!opt.gpus.empty()) {
+    for (int j = 0; j < opt.jobs; ++j) devices.insert("cuda:" + std::to_string(opt.gpus[static_cast<size_t>(j) % opt.gpus.size()]));
+  } else if (!opt.device.empty()) {
+    devices.insert(opt.device);
+  } else {
+    for (const ExpandedRun& r : runs) devices.insert(r.cfg.device);
+  }
+  for (const std::string& d : devices) make_backend(d);  // throws mxlab::Error with the fix
 
   bool show_progress = true;
   for (const ExpandedRun& r : runs) show_progress = show_progress && r.cfg.log.progress;

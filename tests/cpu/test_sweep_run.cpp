@@ -21,11 +21,13 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "lab/core/error.h"
@@ -440,6 +442,33 @@ TEST_F(SweepRun, FailingRunIsMarkedFailedAndTheOthersComplete) {
   for (size_t k = 0; k < kSweepRuns; ++k) EXPECT_EQ(second.runs[k].status, k == 2 ? "complete" : "skipped") << k;
   EXPECT_EQ(root_attr(p2, "error"), "");
   expect_same_datasets(p2, reference(runs[2].id));
+}
+
+TEST(SweepJobs, GpusAssignJobsToDevicesRoundRobin) {
+  // The backend factory records the device strings and hands out CPU backends.
+  const std::vector<ExpandedRun> runs = expand_experiment_string(
+      "steps: 5\ndevice: cpu\nmodel: {depth: 1, width: 32, hidden_mult: 2}\ndata: {batch: 16}\n"
+      "log: {log_every: 5, progress: false}\nsweep: {seeds: [0, 1, 2, 3, 4, 5]}\n",
+      "gpus.yaml");
+  for (const auto& [gpus, jobs, allowed] :
+       std::vector<std::tuple<std::vector<int>, int, std::set<std::string>>>{
+           {{0, 1}, 2, {"cuda:0", "cuda:1"}}, {{5}, 3, {"cuda:5"}}, {{2, 3, 7}, 2, {"cuda:2", "cuda:3"}}}) {
+    TempDir dir;
+    std::mutex m;
+    std::multiset<std::string> asked;
+    SweepOptions opt = cpu_options(dir.str(), jobs);
+    opt.gpus = gpus;
+    opt.make_backend = [&](const std::string& dev) {
+      std::lock_guard<std::mutex> g(m);
+      asked.insert(dev);
+      return make_cpu_backend();
+    };
+    const SweepResult r = run_sweep(runs, opt);
+    ASSERT_EQ(r.exit_code, 0) << format_sweep_report(r);
+    EXPECT_EQ(asked.size(), runs.size()) << "one backend per run";
+    for (const auto& d : asked) EXPECT_TRUE(allowed.count(d)) << d;
+    for (const auto& x : r.runs) EXPECT_TRUE(allowed.count(x.device)) << x.device;
+  }
 }
 
 TEST(SweepLock, OneHolderAtATimeAndStaleLocksAreTakenOver) {
