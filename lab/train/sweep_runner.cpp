@@ -205,7 +205,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     }
   };
 
-  auto report_line = [&](const ExpandedRun& run, const SweepRunResult& r, int64_t stopped_at) {
+  auto report_line = [&](size_t k_done, const ExpandedRun& run, const SweepRunResult& r, int64_t stopped_at) {
     std::string detail;
     if (r.status == "complete") detail = msg(run.cfg.steps, " steps");
     else if (r.status == "diverged") detail = msg("diverged at step ", r.divergence_step);
@@ -219,7 +219,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     const std::string sw = swept_text(run.swept);
     std::lock_guard<std::mutex> g(out_mu);
     clear_live();
-    std::fprintf(opt.out, "[%zu/%zu] %s %s: %s%s%s\n", done.load(), total, run.id.c_str(), r.status.c_str(),
+    std::fprintf(opt.out, "[%zu/%zu] %s %s: %s%s%s\n", k_done, total, run.id.c_str(), r.status.c_str(),
                  detail.c_str(), sw.empty() ? "" : "  ", sw.c_str());
     std::fflush(opt.out);
   };
@@ -277,8 +277,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
         std::lock_guard<std::mutex> g(js.m);
         js.active = false;
       }
-      done.fetch_add(1);
-      report_line(run, r, o.resumed_from + o.steps_run);
+      report_line(done.fetch_add(1) + 1, run, r, o.resumed_from + o.steps_run);
     }
   };
 
