@@ -498,12 +498,12 @@ class CudaBackend final : public Backend {
     graphs_.erase(it);
   }
 
-  // A buffer a graph refers to was reallocated: forget every graph, and run each region
-  // eagerly once more before recording it again.
+  // A buffer a graph refers to was reallocated: forget every graph. Keys stay "seen": each
+  // of them has run eagerly at least once, and buffers only grow, so recording it again
+  // needs no allocation.
   void invalidate_graphs() {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     graphs_.clear();
-    seen_.clear();
   }
 
   int device_;

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lab/cli/commands.h"
@@ -49,6 +50,7 @@ struct Args {
   int steps = 0, warmup = -1;
   int depth = 0, width = 0, batch = 0;
   bool no_graphs = false;
+  std::string only;  // run one figure (e.g. under a profiler), no floors
 };
 
 double median(std::vector<double> v) {
@@ -89,6 +91,7 @@ struct Bench {
     wsmx = Workspace::make(be, S, B);
     wssh = Workspace::make(be, S, B);
     wst = Workspace::make(be, T, B);
+    for (Workspace* w : {&ws32, &wsmx, &wssh}) be.fill(w->loss, 0.0f, 1);  // read at the end, also when not run
     pol32.p = PrecisionConfig::fp32();
     pol32.seed = cfg.seed;
     polmx.p = cfg.precision;
@@ -258,12 +261,23 @@ void run_bench(const Args& a) {
       {"data_ms", "data + teacher forward", 0, 0, gflop(teacher)},
       {"paired_ms", "paired step (all, on lanes)", 0, 0, 3 * gflop(student) + gflop(teacher)},
   };
+  const std::vector<std::pair<int, std::function<void()>>> bodies = {
+      {kKeyFp32, [&] { bench.step32(); }},
+      {kKeyMx, [&] { bench.stepmx(); }},
+      {kKeyShadow, [&] { bench.shadow(); }},
+      {kKeyData, [&] { bench.data(); }},
+      {kKeyPaired, [&] { bench.paired(); }},
+  };
+  static const char* const kOnlyNames[] = {"fp32", "mx", "shadow", "data", "paired"};
+  int only = -1;
+  if (!a.only.empty()) {
+    for (int i = 0; i < 5; ++i)
+      if (a.only == kOnlyNames[i]) only = i;
+    if (only < 0) throw Error(msg("--only ", a.only, ": use one of fp32, mx, shadow, data, paired"));
+  }
   bench.data();  // targets for the single-trajectory figures
-  figs[0].ms = time_region(kKeyFp32, [&] { bench.step32(); });
-  figs[1].ms = time_region(kKeyMx, [&] { bench.stepmx(); });
-  figs[2].ms = time_region(kKeyShadow, [&] { bench.shadow(); });
-  figs[3].ms = time_region(kKeyData, [&] { bench.data(); });
-  figs[4].ms = time_region(kKeyPaired, [&] { bench.paired(); });
+  for (int i = 0; i < 5; ++i)
+    if (only < 0 || only == i) figs[i].ms = time_region(bodies[i].first, bodies[i].second);
   const float loss32 = be->read_scalar(bench.ws32.loss), lossmx = be->read_scalar(bench.wsmx.loss);
   if (!std::isfinite(loss32) || !std::isfinite(lossmx))
     throw Error(msg("bench: non-finite loss after the timed steps (fp32 ", loss32, ", mx ", lossmx,
@@ -271,7 +285,7 @@ void run_bench(const Args& a) {
 
   double floor_sgemm = 0.0, floor_bf16 = 0.0, floor_teacher = 0.0;
 #ifdef MXLAB_HAVE_CUDA
-  if (is_cuda) {
+  if (is_cuda && only < 0) {
     int dev = 0;
     if (a.device.size() > 5) dev = std::stoi(a.device.substr(5));
     auto to_cuda = [](const std::vector<Shape>& v) {
@@ -294,6 +308,7 @@ void run_bench(const Args& a) {
 
   std::printf("\n  %-36s %10s %10s %8s %10s\n", "figure", "ms/step", "floor ms", "ratio", "TFLOP/s");
   for (const Figure& f : figs) {
+    if (f.ms <= 0) continue;  // not run (--only)
     const double tflops = f.ms > 0 ? f.gflop / f.ms : 0.0;  // GFLOP / ms = TFLOP/s
     if (f.floor_ms > 0)
       std::printf("  %-36s %10.3f %10.3f %8.3f %10.2f\n", f.label, f.ms, f.floor_ms, f.ms / f.floor_ms, tflops);
@@ -311,6 +326,7 @@ void run_bench(const Args& a) {
                          ",\"batch\":", bench.B, ",\"steps\":", steps, ",\"warmup\":", warmup,
                          ",\"graphs\":", graphs ? "true" : "false");
   for (const Figure& f : figs) {
+    if (f.ms <= 0) continue;
     json += msg(",\"", f.key, "\":", f.ms);
     if (f.floor_ms > 0) json += msg(",\"", f.key, "_floor\":", f.floor_ms, ",\"", f.key, "_ratio\":", f.ms / f.floor_ms);
   }
@@ -331,6 +347,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--width", args->width, "override model.width");
   sub->add_option("--batch", args->batch, "override data.batch");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
+  sub->add_option("--only", args->only, "time one figure only (fp32, mx, shadow, data, paired), no cuBLAS floors");
   sub->callback([args] { run_bench(*args); });
 });
 

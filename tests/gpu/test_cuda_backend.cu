@@ -189,6 +189,7 @@ TEST(CudaBackend, MemoryRoundTripFillCopy) {
   const auto v = normal(n, 1);
   Buf a = t.make(v), b = t.poisoned(n);
   EXPECT_TRUE(same_bits(v, t.host_gpu(a)));
+  t.cpu->copy(b.c, a.c, n);
   t.gpu->copy(b.g, a.g, n);
   EXPECT_TRUE(same_bits(v, t.host_gpu(b)));
   t.cpu->fill(b.c + 1, 2.5f, n - 2);  // unaligned start, odd length
