@@ -14,8 +14,10 @@ namespace mxlab::cuda {
 
 namespace {
 
-constexpr int64_t kChunkPerBlock = 8192;  // elements per block of a 1-D partial pass
-constexpr int kMaxPartials = 2048;        // blocks of a 1-D partial pass, at most
+// 8 elements per thread: enough blocks to fill the GPU at n = 1M (512 blocks) while each
+// thread's dependent chain of double adds stays short.
+constexpr int64_t kChunkPerBlock = 2048;  // elements per block of a 1-D partial pass
+constexpr int kMaxPartials = 4096;        // blocks of a 1-D partial pass, at most
 constexpr int kReduceBatch = 32;          // requests per launch (passed by value as a parameter)
 
 // Column sums: a block covers kColTile columns x chunk_rows rows with kColTile x kColLanes
@@ -115,19 +117,24 @@ __global__ void __launch_bounds__(kColTile* kColLanes)
 }
 
 // out0[j] = sum over chunks of partials[chunk, j]; out1 likewise from the second plane.
+// One warp per column: lane l adds chunks l, l + 32, ..., then the butterfly (a thread per
+// column walking all chunks serially was latency-bound: 12 us for 32 chunks).
+constexpr int kColFinalWarps = kBlock / kWarp;
 __global__ void __launch_bounds__(kBlock) col_final_kernel(const double* partials, int64_t chunks, int64_t d,
                                                            float* out0, float* out1) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
-  if (c >= d) return;
-  if (out0) {
-    double s = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) s += partials[k * d + c];
-    out0[c] = static_cast<float>(s);
+  const int lane = threadIdx.x % kWarp;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColFinalWarps + threadIdx.x / kWarp;
+  if (c >= d) return;  // whole warp
+  double s0 = 0.0, s1 = 0.0;
+  for (int64_t k = lane; k < chunks; k += kWarp) {
+    if (out0) s0 += partials[k * d + c];
+    if (out1) s1 += partials[(chunks + k) * d + c];
   }
-  if (out1) {
-    double s = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) s += partials[(chunks + k) * d + c];
-    out1[c] = static_cast<float>(s);
+  s0 = warp_sum(s0);
+  s1 = warp_sum(s1);
+  if (lane == 0) {
+    if (out0) out0[c] = static_cast<float>(s0);
+    if (out1) out1[c] = static_cast<float>(s1);
   }
 }
 
@@ -261,7 +268,7 @@ void col_sum_impl(const float* x, const float* xhat, float* out0, float* out1, i
   const dim3 grid(static_cast<unsigned>(ceil_div(d, kColTile)), static_cast<unsigned>(chunks));
   col_partial_kernel<LN><<<grid, kColTile * kColLanes, 0, s>>>(x, xhat, rows, d, chunk, scratch);
   MXLAB_CUDA_LAUNCH_CHECK();
-  col_final_kernel<<<grid_for(d), kBlock, 0, s>>>(scratch, chunks, d, out0, out1);
+  col_final_kernel<<<grid_for(d, kColFinalWarps), kBlock, 0, s>>>(scratch, chunks, d, out0, out1);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
