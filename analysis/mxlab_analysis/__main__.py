@@ -1,4 +1,4 @@
-"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|summary> ...`
+"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary> ...`
 (or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2."""
 
 import argparse
@@ -40,6 +40,14 @@ def _cmd_grid(args):
     out = args.out or _default_out(args.dir[0], f"grid-{args.metric}")
     fig = grid.build(S.find_runs(args.dir), args.x, args.y, args.metric,
                      where=args.where, agg=args.agg)
+    return C.save(fig, out, args.pdf)
+
+
+def _cmd_curves(args):
+    from . import curves
+    out = args.out or _default_out(args.dir[0], "curves")
+    fig = curves.build(S.find_runs(args.dir), row=args.row, color=args.color or
+                       ["model.depth", "model.width"], where=args.where)
     return C.save(fig, out, args.pdf)
 
 
@@ -94,6 +102,18 @@ def make_parser():
                     "(default: mean; min for divergence_step)")
     figure_opts(sp, "grid")
     sp.set_defaults(func=_cmd_grid)
+
+    sp = sub.add_parser("curves", help="loss curves of a sweep: FP32 and each MX recipe in "
+                        "columns, a key in rows, colour by model size (paper figures 2 and 6)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
+    sp.add_argument("--row", help="config key whose values make the rows (e.g. optimizer.lr)")
+    sp.add_argument("--color", action="append", metavar="KEY",
+                    help="config key(s) that pick the colour (repeatable; default "
+                    "model.depth and model.width)")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    figure_opts(sp, "curves")
+    sp.set_defaults(func=_cmd_curves)
 
     sp = sub.add_parser("summary", help="one row per trajectory and branch of every run: "
                         "status, divergence, spikes, losses, bias, last-bin")

@@ -146,8 +146,7 @@ def build(files, xkey, ykey, metric, where=(), agg=None):
     fig = C.new_figure(2.2 + CELL_INCHES * 2 * len(xs), 1.9 + 0.75 * CELL_INCHES * len(ys))
     axes = fig.subplots(1, 2, sharey=True)
     from matplotlib import colormaps
-    cmap = colormaps[cmap_name].copy()
-    cmap.set_bad("white")
+    cmap = colormaps[cmap_name].with_extremes(bad="white")  # NaN cells: stable / no value
     image = None
     for ax, name in zip(axes, (S.TRAJ_FP32, S.TRAJ_MX)):
         g, present = grids[name]

@@ -12,6 +12,7 @@ from . import common as C
 from . import metrics
 from . import schema as S
 
+DIVERGENCE_MARKER = "x"
 AUTO_LEAD = 0.35  # --xlim auto: show this fraction of (end - at) before the intervention
 
 
@@ -23,6 +24,17 @@ def _fate(summary):
     if bad != S.NO_STEP:
         return f"NaN/Inf at step {bad}"
     return "no divergence"
+
+
+def _mark_divergence(ax, x, y, summary, color):
+    """An x on the curve at its divergence step (the first logged row at or after it)."""
+    div = int(summary.get(S.SUM_DIVERGENCE, S.NO_STEP))
+    if div == S.NO_STEP:
+        return
+    i = int(np.searchsorted(x, div))
+    if i < len(x):
+        ax.plot([x[i]], [y[i]], marker=DIVERGENCE_MARKER, color=color, markersize=8, mew=2,
+                linestyle="none")
 
 
 def _apply_of(run, branch):
@@ -75,6 +87,7 @@ def build(run, xlim="auto"):
             x, y = C.finite(traj.step, traj.loss)
             ax.plot(x, y, color=color, linewidth=width,
                     label=f"{label}: {_fate(summaries[traj.name])}")
+            _mark_divergence(ax, x, y, summaries[traj.name], color)
         for name, branch in run.branches.items():
             if branch.at != at:
                 continue
@@ -83,12 +96,13 @@ def build(run, xlim="auto"):
             label = f"{name}" + (f" ({apply})" if apply and apply not in name else "")
             ax.plot(x, y, color=color_of[name], linewidth=1.1,
                     label=f"{label}: {_fate(summaries[name])}")
+            _mark_divergence(ax, x, y, summaries[name], color_of[name])
         ax.axvline(at, color="0.2", linestyle="--", linewidth=1.0)
         ax.annotate(f"intervention\nat step {at}", xy=(at, 1.0), xycoords=("data", "axes fraction"),
                     xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(f"intervening at step {at}", loc="left")
+        ax.set_title(f"intervening at step {at}   (\u00d7 = divergence step)", loc="left")
         ax.grid(True, alpha=0.25)
         ax.legend(loc="upper left", fontsize=7.5, bbox_to_anchor=(0.0, -0.13), ncol=1,
                   frameon=False)

@@ -229,6 +229,15 @@ def _load_group(group, name, kind):
     return traj
 
 
+def _open_unlocked(path):
+    """Open read-only without HDF5's file lock: the trainer holds its file open for writing
+    while it runs, and a locked open would refuse to read a run in progress."""
+    try:
+        return h5py.File(path, "r", locking=False)
+    except TypeError:  # h5py < 3.5 has no locking argument
+        return h5py.File(path, "r")
+
+
 def load_run(path):
     """Read one run file into memory. Tolerates a file from a killed run (status `running`,
     datasets of different lengths): each group is cut to its shortest consistent length and
@@ -236,7 +245,7 @@ def load_run(path):
     if not os.path.exists(path):
         raise AnalysisError(f"{path}: no such file")
     try:
-        f = h5py.File(path, "r")
+        f = _open_unlocked(path)
     except OSError as e:
         raise AnalysisError(f"{path}: not a readable HDF5 file ({e}); "
                             "a run still being written may need a moment to flush") from e

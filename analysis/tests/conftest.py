@@ -83,3 +83,18 @@ def sweep_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sweep_missing_dir(tmp_path_factory):
     return _sweep(tmp_path_factory.mktemp("sweep_missing"), skip=(256, 4))
+
+
+@pytest.fixture(scope="session")
+def lr_format_sweep(tmp_path_factory):
+    """2 learning rates x 2 model sizes x 2 MX formats (the axes of the paper's figure 6)."""
+    directory = tmp_path_factory.mktemp("lr_format")
+    i = 0
+    for lr in (2e-4, 6e-4):
+        for width, depth in ((256, 2), (512, 4)):
+            for fmt in ("mxfp8_e4m3", "mxfp6_e3m2"):
+                F.write_run(str(directory / f"r{i}.h5"), steps=200, seed=7, noise_seed=i,
+                            width=width, depth=depth, lr=lr, weight=fmt,
+                            mx_diverge_at=120 if (lr, depth) == (6e-4, 4) else None)
+                i += 1
+    return str(directory)

@@ -163,3 +163,37 @@ def test_cli_writes_png_and_pdf_and_reports_errors(branches_run, sweep_dir, tmp_
     assert _is_png(tmp_path / "i.png") and _is_png(tmp_path / "g.png")
     assert main(["panel", str(tmp_path / "missing.h5"), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_curves_fp32_plus_one_column_per_recipe(lr_format_sweep, tmp_path):
+    from mxlab_analysis import curves
+    fig = curves.build(S.find_runs([lr_format_sweep]), row="optimizer.lr")
+    assert len(fig.axes) == 2 * 3  # rows: 2 learning rates; columns: FP32, mxfp6, mxfp8
+    titles = [ax.get_title() for ax in fig.axes[:3]]
+    assert titles == ["FP32", "MX: W mxfp6_e3m2 / A mxfp8_e4m3 / G mxfp8_e4m3",
+                      "MX: mxfp8_e4m3 (W/A/G)"]
+    assert "optimizer.lr = 0.0002" in fig.axes[0].get_ylabel()
+
+    def curves_in(ax):
+        return [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+    # FP32: the two model sizes once each, although each appears in two runs (two formats)
+    assert len(curves_in(fig.axes[0])) == 2 and len(curves_in(fig.axes[3])) == 2
+    # lr 6e-4, depth 4 diverges in MX: one divergence marker per MX panel of that row
+    for ax in fig.axes[4:6]:
+        assert len([ln for ln in ax.get_lines() if ln.get_marker() == "x"]) == 1
+    common.save(fig, str(tmp_path / "c.png"))
+    assert _is_png(tmp_path / "c.png")
+
+
+def test_panel_without_layernorm_gamma(tmp_path, stable_run):
+    """Without LN affine there are no gamma datasets: panel (d) says so instead of failing."""
+    import shutil
+    import h5py
+    path = tmp_path / "nogamma.h5"
+    shutil.copy(stable_run, path)
+    with h5py.File(path, "a") as f:
+        for group in ("trajectories/fp32", "trajectories/mx"):
+            for name in [n for n in f[group] if n.startswith("gamma_")]:
+                del f[group][name]
+    fig = panel.build(S.load_run(str(path)))
+    assert any("no LayerNorm" in t.get_text() for t in fig.axes[3].texts)

@@ -116,3 +116,23 @@ def test_find_runs(tmp_path, sweep_dir):
         S.find_runs([str(tmp_path)])
     with pytest.raises(AnalysisError, match="no such file"):
         S.find_runs([str(tmp_path / "nope")])
+
+
+def test_reads_a_file_another_process_holds_open_for_writing(stable_run, tmp_path):
+    """A run in progress: the trainer keeps its file open (and HDF5-locked) for writing."""
+    import shutil
+    import subprocess
+    import sys
+    path = tmp_path / "live.h5"
+    shutil.copy(stable_run, path)
+    with subprocess.Popen(
+            [sys.executable, "-c", "import sys, h5py; f = h5py.File(sys.argv[1], 'a'); "
+             "print('open', flush=True); sys.stdin.read()", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as writer:
+        try:
+            assert writer.stdout.readline().strip() == "open"
+            run = S.load_run(str(path))
+            assert run.status == "complete" and run.mx.n > 0
+        finally:
+            writer.stdin.close()  # the writer exits when its stdin ends
+            writer.wait(timeout=30)

@@ -35,3 +35,29 @@ def test_spike_score_by_hand():
     # every "2" scores (2-1)/0.5 - 3 < 0 -> 0, every "1" scores 0
     assert metrics.spike_score(loss) == pytest.approx(5.0)
     assert metrics.spike_score(np.ones(10)) == 0.0  # sigma 0: no score, not a division by zero
+
+
+def test_branch_steps_are_absolute_whether_or_not_loss_all_holds_the_prefix(tmp_path):
+    """A killed run's branches have no summary attributes; their recomputed steps must be
+    absolute steps, whichever way loss_all was stored (from `at`, or with the shared prefix)."""
+    import h5py
+
+    import make_fixtures as F
+    from conftest import BRANCHES
+    path = str(tmp_path / "killed_branches.h5")
+    F.write_run(path, steps=400, seed=3, mx_diverge_at=300, branches=BRANCHES, killed="ragged")
+    run = S.load_run(path)
+    late = run.branches["fp32_late"]  # fixture: diverges at 340, loss_all from at = 290
+    assert late.loss_all.size == 400 - 290
+    s = metrics.summarize(late, run.config)
+    assert s["source"] == "computed" and 340 <= s[S.SUM_DIVERGENCE] < 380
+    assert metrics.summarize(run.branches["fp32_early"], run.config)[S.SUM_DIVERGENCE] == S.NO_STEP
+
+    with h5py.File(path, "a") as f:  # the other convention: loss_all with the baseline prefix
+        g = f["branches/fp32_late"]
+        full = np.concatenate([f["trajectories/mx/loss_all"][:290], g["loss_all"][:]])
+        del g["loss_all"]
+        g.create_dataset("loss_all", data=full, maxshape=(None,), chunks=True)
+    late = S.load_run(path).branches["fp32_late"]
+    assert metrics.step_offset(late) == 0
+    assert metrics.summarize(late, run.config)[S.SUM_DIVERGENCE] == s[S.SUM_DIVERGENCE]

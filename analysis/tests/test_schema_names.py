@@ -16,13 +16,18 @@ def _cells(line):
     return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
+def _read():
+    with open(SCHEMA_MD, encoding="utf-8") as f:
+        return f.read()
+
+
 @pytest.fixture(scope="module")
 def tables():
     """{heading: [table, ...]}, each table its body rows (header and separator dropped)."""
     if not os.path.exists(SCHEMA_MD):
         pytest.skip(f"{SCHEMA_MD} not found (analysis/ outside the mxlab repo)")
     out, heading, table = {}, None, None
-    for line in open(SCHEMA_MD, encoding="utf-8").read().splitlines():
+    for line in _read().splitlines():
         if line.startswith("#"):
             heading, table = line.lstrip("#").strip(), None
         elif line.startswith("|") and heading:
@@ -39,7 +44,7 @@ def tables():
 def text():
     if not os.path.exists(SCHEMA_MD):
         pytest.skip(f"{SCHEMA_MD} not found")
-    return open(SCHEMA_MD, encoding="utf-8").read()
+    return _read()
 
 
 def _names(rows):

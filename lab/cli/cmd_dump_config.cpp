@@ -1,13 +1,16 @@
-// `mxlab dump-config [EXP.yaml] [--set KEY=VALUE ...] [--id]`: the fully defaulted
+// `mxlab dump-config [EXP.yaml] [--set KEY=VALUE ...] [--run N] [--id]`: the fully defaulted
 // configuration (of a file with overrides, or the built-in defaults) in the input schema,
 // so that every default is visible and any printed config can be fed back as a file.
+// For a sweep, --run N picks run N of `mxlab plan`.
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/core/error.h"
 #include "lab/train/config_io.h"
+#include "lab/train/sweep.h"
 
 namespace mxlab::cli {
 namespace {
@@ -19,6 +22,7 @@ struct Args {
   std::string path;
   std::vector<std::string> sets;
   bool id_only = false;
+  int run = -1;
 };
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
@@ -27,10 +31,21 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("config", args->path, "experiment YAML file (omit for the built-in defaults)");
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.width=256 (repeatable)")
       ->allow_extra_args(false);
+  sub->add_option("--run", args->run, "for a sweep: the index of the run to print (see `mxlab plan`)");
   sub->add_flag("--id", args->id_only, "print only the run id (hash of the fields that change results)");
   sub->callback([args] {
-    const RunConfig cfg = args->path.empty() ? config_from_yaml_string("", "defaults", args->sets)
-                                             : load_config(args->path, args->sets);
+    RunConfig cfg;
+    if (args->path.empty()) {
+      cfg = config_from_yaml_string("", "defaults", args->sets);
+    } else if (args->run < 0) {
+      cfg = load_config(args->path, args->sets);
+    } else {
+      std::vector<ExpandedRun> runs = expand_experiment(args->path, args->sets);
+      if (static_cast<size_t>(args->run) >= runs.size())
+        throw Error(msg("--run ", args->run, ": ", args->path, " has runs 0 to ", runs.size() - 1, " (see `mxlab plan ",
+                        args->path, "`)"));
+      cfg = runs[static_cast<size_t>(args->run)].cfg;
+    }
     const std::string out = args->id_only ? config_hash(cfg) + "\n" : dump_config(cfg);
     std::fwrite(out.data(), 1, out.size(), stdout);
   });

@@ -17,6 +17,7 @@
 
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
+#include "lab/train/sweep.h"
 #include "lab/train/yaml_tree.h"
 
 namespace mxlab {
@@ -437,7 +438,7 @@ bool valid_branch_name(const std::string& s) {
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
 void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
   const Leaf* leaf = find_leaf(precision_item(), key);
-  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", did_you_mean(key, leaf_keys(precision_item()))));
+  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, leaf_keys(precision_item()))));
   RunConfig tmp;
   tmp.precision = p;
   leaf->set(tmp, value, label);
@@ -470,7 +471,11 @@ struct Parser {
                          root.describe()));
     for (const YEntry& e : root.map) {
       const Item* item = find_item(e.key);
-      if (!item) fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, item_keys())));
+      if (!item) {
+        std::vector<std::string> valid = item_keys();
+        for (const char* k : {"extends", "base", "sweep"}) valid.emplace_back(k);  // read by lab/train/sweep.cpp
+        fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, valid)));
+      }
       if (item->key == "interventions") {
         parse_interventions(e.value);
       } else if (!item->section) {
@@ -528,7 +533,7 @@ struct Parser {
           for (const YEntry& f : e.value.map) {
             if (!find_leaf(precision_item(), f.key))
               fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
-                                  did_you_mean(f.key, leaf_keys(precision_item()))));
+                                  hint_with_list(f.key, leaf_keys(precision_item()))));
             // Validate now, store the canonical text (so equal patches print and hash equally).
             PrecisionConfig scratch;
             set_precision_field(scratch, f.key, f.value, key + "." + f.key);
@@ -765,17 +770,23 @@ RunConfig config_from_tree(const YNode& root, const std::string& origin) {
   return p.cfg;
 }
 
+namespace {
+RunConfig the_only_run(std::vector<ExpandedRun> runs, const std::string& origin) {
+  if (runs.size() != 1)
+    throw Error(msg(origin, ": this experiment is a sweep of ", runs.size(),
+                    " runs, not one configuration: list them with `mxlab plan ", origin, "` and run them with `mxlab run ",
+                    origin, "` (in code: expand_experiment)"));
+  return std::move(runs[0].cfg);
+}
+}  // namespace
+
 RunConfig config_from_yaml_string(const std::string& text, const std::string& origin_name,
                                   const std::vector<std::string>& overrides) {
-  YNode root = yaml_parse(text, origin_name);
-  apply_overrides(root, overrides);
-  return config_from_tree(root, origin_name);
+  return the_only_run(expand_experiment_string(text, origin_name, overrides), origin_name);
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  YNode root = yaml_load_file(path);
-  apply_overrides(root, overrides);
-  return config_from_tree(root, path);
+  return the_only_run(expand_experiment(path, overrides), path);
 }
 
 void validate_config(const RunConfig& cfg) {

@@ -12,8 +12,9 @@
 namespace mxlab {
 
 // Load a run configuration from a YAML file, then apply `overrides` ("dotted.key=value", the
-// CLI's --set; same validation as the file). A file with a sweep that expands to more than
-// one run is an error here: use expand_experiment (lab/train/sweep.h) / `mxlab plan`.
+// CLI's --set; same validation as the file). The file may use `extends:`, `base:` and a
+// `sweep:` of exactly one run (lab/train/sweep.h); a sweep of more runs is an error here: use
+// expand_experiment / `mxlab plan`.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // The same from YAML text; `origin_name` stands for the file name in messages.
 RunConfig config_from_yaml_string(const std::string& text, const std::string& origin_name,

@@ -21,6 +21,8 @@ struct Trajectory {
   int start_step = 0;      // first step this trajectory trains (branches: `at`)
   bool started = false;
   bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)
+  bool muted = false;      // computes but writes nothing (branches added after the fact)
+  bool dormant = false;    // neither computes nor writes (no longer needed)
 
   // Backend buffers (num_params floats each).
   float* params = nullptr;

@@ -20,6 +20,7 @@
 
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
+#include "lab/train/sweep.h"
 
 using namespace mxlab;
 
@@ -328,7 +329,7 @@ TEST(Config, BadInputsGiveOneLineMessagesWithFileLineAndHint) {
       {"unknown preset", "interventions:\n  - name: a\n    at: 10\n    apply: to_fp16\n",
        {"bad.yaml:4:", "unknown preset 'to_fp16'", "did you mean 'to_fp32'?", "bf16_fwd_activations"}},
       {"unknown set field", "interventions:\n  - name: a\n    at: 10\n    set: {activaton: bf16}\n",
-       {"bad.yaml:4:", "unknown precision field 'activaton'", "did you mean 'activation'?"}},
+       {"bad.yaml:4:", "unknown precision field 'activaton'", "did you mean 'activation'?", "diagnostic_format"}},
       {"bad set value", "interventions:\n  - name: a\n    at: 10\n    set:\n      weight: bf17\n",
        {"bad.yaml:5:", "unknown format 'bf17'", "did you mean 'bf16'?"}},
       {"at out of range", "steps: 100\ninterventions:\n  - name: late\n    at: 100\n    apply: to_fp32\n",
@@ -547,10 +548,22 @@ TEST(Config, ReadmeExamplesParse) {
       cur += line + "\n";
     }
   }
-  ASSERT_GE(blocks.size(), 2u) << path;
-  for (size_t i = 0; i < blocks.size(); ++i)
-    EXPECT_NO_THROW(config_from_yaml_string(blocks[i], msg("README block ", i))) << blocks[i];
+  ASSERT_GE(blocks.size(), 4u) << path;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    try {
+      const auto runs = expand_experiment_string(blocks[i], msg("README block ", i), {},
+                                                 std::string(MXLAB_SOURCE_DIR) + "/experiments");
+      EXPECT_FALSE(runs.empty());
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
   EXPECT_TRUE(config_from_yaml_string(blocks[0], "README block 0") == RunConfig{});
+  // The sweep example's count and first runs, as the text states.
+  const auto sweep = expand_experiment_string(blocks[2], "README block 2");
+  ASSERT_EQ(sweep.size(), 36u);
+  EXPECT_EQ(sweep[1].cfg.seed, 1u);
+  EXPECT_EQ(sweep[1].cfg.model.width, 256);
 }
 
 TEST(Config, DumpConfigCommand) {

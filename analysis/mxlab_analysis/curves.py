@@ -1,0 +1,95 @@
+"""`curves DIR --row KEY --color KEY...`: loss curves of a sweep as small multiples - the
+layout of the paper's figures 2 and 6: one column for FP32 and one per MX recipe found in
+the runs, one row per value of `--row` (e.g. optimizer.lr or model.activation), one colour
+per value of the `--color` keys (e.g. model size: model.depth and model.width).
+
+Runs that differ only in their MX recipe share one FP32 trajectory (same seed, same
+batches), so the FP32 column draws each (row, colour) curve once.
+"""
+
+import numpy as np
+
+from . import AnalysisError
+from . import common as C
+from . import metrics
+from . import schema as S
+from . import sweep
+from . import yamlcfg
+
+DIVERGENCE_MARKER = "x"
+COLOR_CMAP = "plasma"
+
+
+def _label(run, keys):
+    short = {"model.depth": "L", "model.width": "d", "optimizer.lr": "lr", "data.batch": "B"}
+    return " ".join(f"{short.get(k, k)}={yamlcfg.format_value(run.config.get(k))}" for k in keys)
+
+
+def build(files, row=None, color=("model.depth", "model.width"), where=()):
+    where = sweep.parse_where(where)
+    runs = []
+    for path, run, error in sweep.load_all(files):
+        if run is None:
+            print(f"curves: skipped {path}: {error}")
+            continue
+        for key in ([row] if row else []) + list(color):
+            if key not in run.config:
+                raise AnalysisError(f"{path}: config has no key '{key}'")
+        if sweep.matches(run, where):
+            runs.append(run)
+    if not runs:
+        raise AnalysisError("no run files left to plot" + (" after --where" if where else ""))
+
+    recipes = sweep.sort_values({C.precision_text(r) for r in runs})
+    rows = sweep.sort_values({r.config[row] for r in runs}) if row else [None]
+    shades = sweep.sort_values({_label(r, color) for r in runs})
+    from matplotlib import colormaps
+    cmap = colormaps[COLOR_CMAP]
+    colour_of = {s: cmap(0.85 * i / max(len(shades) - 1, 1)) for i, s in enumerate(shades)}
+
+    # Column titles show only what differs between the recipes; the rest goes in the title.
+    parts = [r.split(", ") for r in recipes]
+    common = [p for p in parts[0] if all(p in q for q in parts)]
+    titles = [", ".join(p for p in q if p not in common) or "MX" for q in parts]
+    ncols = 1 + len(recipes)
+    fig = C.new_figure(3.6 * ncols + 1.0, 2.6 * len(rows) + 1.2)
+    axes = fig.subplots(len(rows), ncols, sharex=True, sharey=True, squeeze=False)
+    seen_fp32 = set()
+    for run in runs:
+        i = rows.index(run.config[row]) if row else 0
+        shade = _label(run, color)
+        targets = [(0, run.fp32)] if (i, shade) not in seen_fp32 else []
+        seen_fp32.add((i, shade))
+        targets.append((1 + recipes.index(C.precision_text(run)), run.mx))
+        for j, traj in targets:
+            if traj is None:
+                continue
+            ax = axes[i, j]
+            x, y = C.finite(traj.step, traj.loss)  # logged rows: readable when overlaid
+            ax.plot(x, y, color=colour_of[shade], linewidth=0.7, alpha=0.9)
+            div = int(metrics.summarize(traj, run.config)[S.SUM_DIVERGENCE])
+            if div != S.NO_STEP:
+                near = np.searchsorted(x, div)
+                if near < len(x):
+                    ax.plot([x[near]], [y[near]], marker=DIVERGENCE_MARKER, color=colour_of[shade],
+                            markersize=7, mew=1.8)
+    for i, value in enumerate(rows):
+        for j in range(ncols):
+            ax = axes[i, j]
+            ax.set_yscale("log")
+            ax.grid(True, alpha=0.25)
+            if i == 0:
+                ax.set_title("FP32" if j == 0 else f"MX: {titles[j - 1]}", fontsize=9)
+            if i == len(rows) - 1:
+                ax.set_xlabel("step")
+        ylabel = "loss" if value is None else f"{row} = {yamlcfg.format_value(value)}\nloss"
+        axes[i, 0].set_ylabel(ylabel)
+    handles = [axes[0, 0].plot([], [], color=colour_of[s], label=s)[0] for s in shades]
+    handles.append(axes[0, 0].plot([], [], color="0.3", marker=DIVERGENCE_MARKER,
+                                   linestyle="none", label="divergence step")[0])
+    # On the first panel: figure-level legends are outside constrained layout on matplotlib 3.6.
+    axes[0, 0].legend(handles=handles, loc="lower left", fontsize=7)
+    fig.suptitle(f"training loss, {len(runs)} runs" + (f", rows: {row}" if row else "") +
+                 f", colour: {', '.join(color)}" +
+                 (f"\nall MX runs: {', '.join(common)}" if common else ""), fontsize=10)
+    return fig

@@ -1,0 +1,560 @@
+// The paired-run training loop (see trainer.h). One step t:
+//   1. data: x = N(0,1) from (seed, data, t); target = teacher(x) + sigma * N(0,1)(label_noise, t)
+//   2. every active trajectory: forward, loss, backward (its own policy; stats on log steps);
+//      MX trajectories on shadow steps also get the FP32 gradient at their weights (shadow)
+//   3. metrics from gradients (log steps; the bias-ratio average on every shadow step)
+//   4. optimizer updates, then metrics from the new weights (log steps)
+// Steps that log nothing run as one captured unit (CUDA graphs on the GPU backend).
+#include "lab/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "lab/core/error.h"
+#include "lab/train/config_io.h"
+
+namespace mxlab {
+
+namespace {
+
+constexpr int kLaneMain = 0;    // data, teacher, FP32 trajectory
+constexpr int kLaneMx = 1;      // MX trajectory and branches
+constexpr int kLaneShadow = 2;  // shadow passes
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double safe_ratio(double num, double den) { return den > 0.0 ? num / den : kNaN; }
+
+// Does this trajectory train at the current step?
+bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant; }
+
+// One-line description of a policy for the group attribute `policy`.
+std::string describe_policy(const PrecisionConfig& p) {
+  return msg("weight=", name(p.weight), " activation=", name(p.activation), " grad=", name(p.grad),
+             " weight_bwd=", name(p.weight_bwd_fmt()), " activation_bwd=", name(p.activation_bwd_fmt()),
+             " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
+             " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
+             " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
+             " rounding=", name(p.rounding), " elementwise_rounding=", name(p.elementwise_rounding));
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg), be_(be), sink_(sink) {
+  shape_ = NetShape::student(cfg_.model);
+  teacher_shape_ = NetShape::teacher(cfg_.model, cfg_.teacher);
+  bias_every_ = cfg_.log.bias_every > 0 ? cfg_.log.bias_every : cfg_.log.log_every;
+  const int64_t B = cfg_.data.batch;
+  const int64_t d = cfg_.model.width;
+
+  // Teacher: fixed FP32 network from its own init stream.
+  const std::vector<float> tp = init_params(teacher_shape_, InitKind::pytorch, 1.0f, cfg_.seed, Stream::teacher_init);
+  teacher_params_ = be_.alloc(tp.size());
+  be_.upload(teacher_params_, tp.data(), tp.size());
+  teacher_ws_ = Workspace::make(be_, teacher_shape_, B);
+  target_ = teacher_ws_.out;
+  x_ = be_.alloc(static_cast<size_t>(B * d));
+  shadow_ws_ = Workspace::make(be_, shape_, B);
+
+  const std::vector<float> init =
+      init_params(shape_, cfg_.model.init, cfg_.model.init_gain, cfg_.seed, Stream::init);
+  const size_t np = static_cast<size_t>(shape_.num_params);
+  auto make = [&](const std::string& name, const std::string& group, const PrecisionConfig& pol, bool mx,
+                  int start) {
+    auto t = std::make_unique<Trajectory>();
+    t->name = name;
+    t->h5_group = group;
+    t->policy = pol;
+    t->is_mx = mx;
+    t->start_step = start;
+    t->params = be_.alloc(np);
+    t->grads = be_.alloc(np);
+    t->m = be_.alloc(np);
+    t->v = be_.alloc(np);
+    t->prev = be_.alloc(np);
+    if (mx) t->shadow = be_.alloc(np);
+    t->loss_hist = be_.alloc(static_cast<size_t>(std::max(cfg_.steps, 1)));
+    be_.fill(t->loss_hist, std::numeric_limits<float>::quiet_NaN(), static_cast<size_t>(std::max(cfg_.steps, 1)));
+    t->ws = Workspace::make(be_, shape_, B);
+    be_.upload(t->params, init.data(), np);
+    be_.fill(t->m, 0.0f, np);
+    be_.fill(t->v, 0.0f, np);
+    t->started = start == 0;
+    traj_.push_back(std::move(t));
+  };
+  make("fp32", "trajectories/fp32", PrecisionConfig::fp32(), false, 0);
+  make("mx", "trajectories/mx", cfg_.precision, true, 0);
+  for (const auto& iv : cfg_.interventions)
+    make(iv.name, "branches/" + iv.name, apply_intervention(cfg_.precision, iv), true, iv.at);
+}
+
+Trainer::~Trainer() = default;
+
+Trajectory* Trainer::find_trajectory(const std::string& name) {
+  for (auto& t : traj_)
+    if (t->name == name) return t.get();
+  return nullptr;
+}
+
+bool Trainer::checkpoint_due(int64_t step) const {
+  if (step <= 0 || step >= cfg_.steps) return false;
+  if (cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0) return true;
+  for (const auto& iv : cfg_.interventions)
+    if (iv.at == step) return true;
+  return false;
+}
+
+StepScalars Trainer::scalars(int64_t t) const {
+  StepScalars s;
+  s.step = static_cast<uint32_t>(t);
+  const auto& o = cfg_.optimizer;
+  const auto& sc = cfg_.schedule;
+  double lr = o.lr;
+  if (sc.warmup > 0 && t < sc.warmup) {
+    lr = o.lr * static_cast<double>(t + 1) / static_cast<double>(sc.warmup);
+  } else if (sc.name == SchedKind::cosine) {
+    const double span = std::max<double>(1.0, static_cast<double>(cfg_.steps - sc.warmup));
+    const double progress = std::min(1.0, static_cast<double>(t - sc.warmup) / span);
+    lr = sc.lr_min + 0.5 * (o.lr - sc.lr_min) * (1.0 + std::cos(M_PI * progress));
+  }
+  s.lr = static_cast<float>(lr);
+  s.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t + 1)));
+  s.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t + 1)));
+  return s;
+}
+
+int Trainer::stats_base(int index) const { return index * cfg_.model.depth * kStatTensors; }
+
+PassPolicy Trainer::pass_policy(const Trajectory& tr, bool collect, int index) const {
+  PassPolicy p;
+  p.p = tr.policy;
+  p.seed = cfg_.seed;
+  p.collect_stats = collect;
+  p.stats_base = stats_base(index);
+  return p;
+}
+
+void Trainer::restrict_output(const std::vector<std::string>& names) {
+  for (auto& t : traj_) {
+    const bool keep = std::find(names.begin(), names.end(), t->name) != names.end();
+    t->muted = !keep;
+    if (!keep && t->name != "fp32" && t->name != "mx") t->dormant = true;
+  }
+}
+
+void Trainer::start_branches() {
+  const Trajectory& base = *traj_[1];
+  const size_t np = static_cast<size_t>(shape_.num_params);
+  for (size_t i = 2; i < traj_.size(); ++i) {
+    Trajectory& br = *traj_[i];
+    if (br.started || br.start_step != step_) continue;
+    if (base.stopped) {  // the baseline died before the branch point: nothing to branch from
+      br.stopped = true;
+      continue;
+    }
+    // The branch continues from the baseline's exact state: its prefix is the baseline's.
+    be_.copy(br.params, base.params, np);
+    be_.copy(br.m, base.m, np);
+    be_.copy(br.v, base.v, np);
+    be_.copy(br.loss_hist, base.loss_hist, static_cast<size_t>(cfg_.steps));
+    br.bias_avg = base.bias_avg;
+    br.bias_avg_weight = base.bias_avg_weight;
+    br.started = true;
+  }
+  // A muted MX baseline is only needed until the last unmuted branch has started.
+  Trajectory& mx = *traj_[1];
+  if (mx.muted && !mx.dormant) {
+    bool needed = false;
+    for (size_t i = 2; i < traj_.size(); ++i)
+      if (!traj_[i]->muted && !traj_[i]->started) needed = true;
+    if (!needed) mx.dormant = true;
+  }
+}
+
+void Trainer::compute_phase(bool log, bool shadow) {
+  const int64_t B = cfg_.data.batch;
+  const int64_t d = cfg_.model.width;
+  const PassPolicy fp32_pol = [&] {
+    PassPolicy p;
+    p.p = PrecisionConfig::fp32();
+    p.seed = cfg_.seed;
+    return p;
+  }();
+  be_.set_lane(kLaneMain);
+  be_.randn(x_, static_cast<size_t>(B * d), cfg_.seed, Stream::data, 1.0f);
+  forward(be_, teacher_shape_, teacher_params_, x_, teacher_ws_, fp32_pol);
+  if (cfg_.data.label_noise > 0.0f)
+    be_.add_randn(target_, static_cast<size_t>(B * d), cfg_.seed, Stream::label_noise, cfg_.data.label_noise);
+
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    be_.set_lane(tr.is_mx ? kLaneMx : kLaneMain);
+    const PassPolicy pol = pass_policy(tr, log, static_cast<int>(i));
+    forward(be_, shape_, tr.params, x_, tr.ws, pol);
+    loss_and_grad(be_, cfg_, target_, tr.ws, pol, tr.loss_hist);
+    backward(be_, shape_, tr.params, x_, tr.ws, tr.grads, pol);
+    if (tr.is_mx && shadow) {
+      // The shadow pass: FP32 gradient at the MX weights on the same batch.
+      be_.set_lane(kLaneShadow);
+      forward(be_, shape_, tr.params, x_, shadow_ws_, fp32_pol);
+      loss_and_grad(be_, cfg_, target_, shadow_ws_, fp32_pol, nullptr);
+      backward(be_, shape_, tr.params, x_, shadow_ws_, tr.shadow, fp32_pol);
+    }
+  }
+  be_.set_lane(kLaneMain);
+  be_.join();
+}
+
+void Trainer::update_phase(bool log) {
+  const size_t np = static_cast<size_t>(shape_.num_params);
+  const auto& o = cfg_.optimizer;
+  for (auto& t : traj_) {
+    Trajectory& tr = *t;
+    if (!live(tr)) continue;
+    if (log) be_.copy(tr.prev, tr.params, np);
+    switch (o.name) {
+      case OptKind::adam:
+      case OptKind::adamw: {
+        Backend::AdamHyper h;
+        h.beta1 = o.beta1;
+        h.beta2 = o.beta2;
+        h.eps = o.eps;
+        h.weight_decay = o.weight_decay;
+        h.decoupled = o.name == OptKind::adamw;
+        be_.adam(tr.params, tr.grads, tr.m, tr.v, np, h);
+        break;
+      }
+      case OptKind::sgd:
+        be_.sgd(tr.params, tr.grads, tr.m, np, o.momentum, o.weight_decay);
+        break;
+    }
+  }
+}
+
+// On shadow steps that are not logged, only the running average of bias_ratio is updated.
+void Trainer::shadow_only_metrics() {
+  std::vector<Reduction> req;
+  std::vector<Trajectory*> who;
+  const int64_t np = shape_.num_params;
+  for (auto& t : traj_) {
+    if (!t->is_mx || !live(*t)) continue;
+    req.push_back({Reduction::diff_sq, t->grads, t->shadow, np});
+    req.push_back({Reduction::dot, t->shadow, t->shadow, np});
+    who.push_back(t.get());
+  }
+  if (req.empty()) return;
+  std::vector<double> r(req.size());
+  be_.reduce(req.data(), req.size(), r.data());
+  const double beta = cfg_.log.bias_avg_beta;
+  for (size_t k = 0; k < who.size(); ++k) {
+    const double ratio = std::sqrt(safe_ratio(r[2 * k], r[2 * k + 1]));
+    if (std::isfinite(ratio)) {
+      who[k]->bias_avg = beta * who[k]->bias_avg + (1.0 - beta) * ratio;
+      who[k]->bias_avg_weight = beta * who[k]->bias_avg_weight + (1.0 - beta);
+    }
+  }
+}
+
+void Trainer::log_metrics(bool shadow_step) {
+  const int L = cfg_.model.depth;
+  const auto& groups = shape_.groups;
+  const size_t G = groups.size();
+  const int64_t np = shape_.num_params;
+  const Trajectory& ref = *traj_[0];
+
+  // ---- gradient metrics (before the update) ----
+  // Per trajectory: [g.g]; MX + shadow: per group [g.s, s.s, (g-s)^2, g.g]; cross: [g.f, (g-f)^2, f.f].
+  struct Idx { size_t gg = 0, group = 0, cross = 0; bool has_group = false, has_cross = false; };
+  std::vector<Reduction> req;
+  std::vector<Idx> idx(traj_.size());
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    idx[i].gg = req.size();
+    req.push_back({Reduction::dot, tr.grads, tr.grads, np});
+    if (tr.is_mx && shadow_step) {
+      idx[i].has_group = true;
+      idx[i].group = req.size();
+      for (const auto& g : groups) {
+        const float* a = tr.grads + g.offset;
+        const float* s = tr.shadow + g.offset;
+        req.push_back({Reduction::dot, a, s, g.size()});
+        req.push_back({Reduction::dot, s, s, g.size()});
+        req.push_back({Reduction::diff_sq, a, s, g.size()});
+        req.push_back({Reduction::dot, a, a, g.size()});
+      }
+    }
+    if (tr.is_mx && live(ref)) {
+      idx[i].has_cross = true;
+      idx[i].cross = req.size();
+      req.push_back({Reduction::dot, tr.grads, ref.grads, np});
+      req.push_back({Reduction::diff_sq, tr.grads, ref.grads, np});
+      req.push_back({Reduction::dot, ref.grads, ref.grads, np});
+    }
+  }
+  std::vector<double> r(req.size());
+  be_.reduce(req.data(), req.size(), r.data());
+  const std::vector<QuantStats> qs = be_.read_stats();
+
+  std::vector<MetricRow> rows(traj_.size());
+  std::vector<double> losses(traj_.size(), kNaN);
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    MetricRow& row = rows[i];
+    row.step = step_;
+    losses[i] = be_.read_scalar(tr.ws.loss);
+    tr.last_loss = losses[i];
+    row.add("loss", losses[i]);
+    row.add("lr", static_cast<double>(scalars(step_).lr));
+    row.add("grad_norm", std::sqrt(r[idx[i].gg]));
+    if (tr.is_mx) {
+      double br = kNaN, cs = kNaN;
+      std::vector<double> brg(G, kNaN), csg(G, kNaN);
+      if (idx[i].has_group) {
+        double gs = 0, ss = 0, dd = 0, gg = 0;
+        for (size_t k = 0; k < G; ++k) {
+          const double* v = &r[idx[i].group + 4 * k];
+          brg[k] = std::sqrt(safe_ratio(v[2], v[1]));
+          csg[k] = safe_ratio(v[0], std::sqrt(v[3]) * std::sqrt(v[1]));
+          gs += v[0]; ss += v[1]; dd += v[2]; gg += v[3];
+        }
+        br = std::sqrt(safe_ratio(dd, ss));
+        cs = safe_ratio(gs, std::sqrt(gg) * std::sqrt(ss));
+        if (std::isfinite(br)) {
+          const double beta = cfg_.log.bias_avg_beta;
+          tr.bias_avg = beta * tr.bias_avg + (1.0 - beta) * br;
+          tr.bias_avg_weight = beta * tr.bias_avg_weight + (1.0 - beta);
+        }
+      }
+      row.add("bias_ratio", br);
+      row.add("cosine", cs);
+      row.add("bias_ratio_avg", tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN);
+      row.add("bias_ratio_group", brg);
+      row.add("cosine_group", csg);
+      double cr = kNaN, cc = kNaN;
+      if (idx[i].has_cross) {
+        const double* v = &r[idx[i].cross];
+        cr = std::sqrt(safe_ratio(v[1], v[2]));
+        cc = safe_ratio(v[0], std::sqrt(r[idx[i].gg]) * std::sqrt(v[2]));
+      }
+      row.add("cross_ratio", cr);
+      row.add("cross_cosine", cc);
+    }
+    // Last-bin statistics of this trajectory's pass.
+    for (int t = 0; t < kStatTensors; ++t) {
+      std::vector<double> lastbin(L, kNaN), clamped(L, kNaN);
+      for (int l = 0; l < L; ++l) {
+        const size_t slot = static_cast<size_t>(stats_base(static_cast<int>(i)) + stats_slot(l, static_cast<StatTensor>(t)));
+        if (slot < qs.size() && qs[slot].n > 0) {
+          lastbin[l] = qs[slot].lastbin_frac();
+          clamped[l] = qs[slot].clamped_frac();
+        }
+      }
+      const std::string nm = name(static_cast<StatTensor>(t));
+      row.add(nm + "_lastbin", lastbin);
+      row.add(nm + "_clamped", clamped);
+    }
+  }
+
+  // ---- update, then weight metrics ----
+  update_phase(true);
+  req.clear();
+  std::vector<size_t> widx(traj_.size(), 0);
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    widx[i] = req.size();
+    req.push_back({Reduction::diff_sq, tr.params, tr.prev, np});
+    req.push_back({Reduction::dot, tr.params, tr.params, np});
+    req.push_back({Reduction::diff_sq, tr.params, ref.params, np});
+  }
+  r.assign(req.size(), 0.0);
+  be_.reduce(req.data(), req.size(), r.data());
+  const bool has_gamma = shape_.find(0, ParamGroup::gamma) != nullptr;
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    MetricRow& row = rows[i];
+    const double* v = &r[widx[i]];
+    row.add("update_norm", std::sqrt(v[0]));
+    row.add("weight_norm", std::sqrt(v[1]));
+    if (tr.is_mx) row.add("weight_distance", live(ref) ? std::sqrt(safe_ratio(v[2], r[widx[0] + 1])) : kNaN);
+    if (has_gamma) {
+      std::vector<double> mean(L), sd(L), mn(L), mx(L);
+      for (int l = 0; l < L; ++l) {
+        const ParamGroup* g = shape_.find(l, ParamGroup::gamma);
+        double m4[4];
+        be_.moments(tr.params + g->offset, static_cast<size_t>(g->size()), m4);
+        mn[l] = m4[0]; mx[l] = m4[1]; mean[l] = m4[2]; sd[l] = m4[3];
+      }
+      row.add("gamma_mean", mean);
+      row.add("gamma_std", sd);
+      row.add("gamma_min", mn);
+      row.add("gamma_max", mx);
+    }
+    row.cols.insert(row.cols.begin(), {"step", {static_cast<double>(step_)}});
+    if (!tr.muted) sink_.append(tr.h5_group, row);
+    tr.rows_logged += 1;
+    if (!std::isfinite(losses[i]) && cfg_.log.on_nonfinite == OnNonfinite::stop) tr.stopped = true;
+  }
+  if (cfg_.log.flush_every > 0 && traj_[0]->rows_logged % cfg_.log.flush_every == 0) sink_.flush();
+}
+
+void Trainer::step_once(bool log) {
+  start_branches();
+  be_.set_step(scalars(step_));
+  // The last step is always logged with its shadow gradient, so every run ends with a bias row.
+  const bool shadow = (step_ % bias_every_) == 0 || (log && step_ == cfg_.steps - 1);
+  if (log) {
+    be_.reset_stats(static_cast<int>(traj_.size()) * cfg_.model.depth * kStatTensors);
+    compute_phase(true, shadow);
+    log_metrics(shadow);
+    return;
+  }
+  // An unlogged step is one capturable unit: its key is the set of live trajectories + shadow.
+  int key = shadow ? 1 : 0;
+  for (size_t i = 0; i < traj_.size() && i < 28; ++i)
+    if (live(*traj_[i])) key |= 1 << (i + 1);
+  if (!be_.replay(key)) {
+    const bool recording = be_.begin_capture(key);
+    compute_phase(false, shadow);
+    update_phase(false);
+    be_.end_capture(key);
+    if (recording) be_.replay(key);
+  }
+  if (shadow) shadow_only_metrics();
+}
+
+std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
+  const int64_t end = to_step < 0 ? cfg_.steps : std::min<int64_t>(to_step, cfg_.steps);
+  while (step_ < end) {
+    if (ctl.stop_requested && ctl.stop_requested()) return "interrupted";
+    if (ctl.checkpoint && checkpoint_due(step_)) ctl.checkpoint(step_);
+    const bool log = (step_ % cfg_.log.log_every) == 0 || step_ == cfg_.steps - 1;
+    step_once(log);
+    if (log && ctl.progress) {
+      std::string line;
+      for (auto& t : traj_) {
+        if (!t->started) continue;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%s%s %.4g", line.empty() ? "" : "  ", t->name.c_str(), t->last_loss);
+        line += buf;
+        if (t->stopped) line += " (stopped)";
+      }
+      ctl.progress(step_, line);
+    }
+    ++step_;
+    bool any_alive = false;
+    for (auto& t : traj_)
+      if (!t->stopped && !t->dormant && (t->started || t->start_step >= step_)) any_alive = true;
+    if (!any_alive) break;
+  }
+  be_.synchronize();
+  // Non-finite losses are detected on log steps; the loss history tells the truth.
+  const LossSummary mx = summary(1);
+  if (mx.first_nonfinite_step >= 0 || mx.divergence_step >= 0) return "diverged";
+  return "complete";
+}
+
+LossSummary Trainer::summary(size_t i) {
+  Trajectory& tr = *traj_[i];
+  const int64_t first = tr.start_step;
+  const int64_t n = std::max<int64_t>(0, step_ - first);
+  std::vector<float> hist = download(tr.loss_hist + first, static_cast<size_t>(n));
+  // A stopped trajectory's history ends at its last computed step.
+  while (!hist.empty() && std::isnan(hist.back()) && tr.stopped) {
+    // Keep the first NaN (the non-finite step), drop the untouched tail.
+    if (hist.size() >= 2 && std::isnan(hist[hist.size() - 2])) hist.pop_back();
+    else break;
+  }
+  return summarize_losses(hist, first, cfg_.log.divergence_factor, cfg_.log.spike_factor);
+}
+
+std::vector<float> Trainer::download(const float* p, size_t n) {
+  std::vector<float> h(n);
+  if (n) be_.download(h.data(), p, n);
+  return h;
+}
+
+void Trainer::upload(float* p, const std::vector<float>& host) {
+  if (!host.empty()) be_.upload(p, host.data(), host.size());
+}
+
+Attrs Trainer::group_attrs(const Trajectory& tr) const {
+  Attrs a;
+  for (const auto& g : shape_.groups) a.lists["param_groups"].push_back(g.name);
+  a.ints["layers"] = cfg_.model.depth;
+  a.str["policy"] = tr.name == "fp32" ? "fp32" : describe_policy(tr.policy);
+  if (tr.h5_group.rfind("branches/", 0) == 0) {
+    a.ints["at"] = tr.start_step;
+    for (const auto& iv : cfg_.interventions)
+      if (iv.name == tr.name) a.str["patch"] = describe_patch(iv);
+  }
+  return a;
+}
+
+std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const {
+  std::map<std::string, Attrs> m;
+  const PrecisionConfig& p = tr.policy;
+  const bool mx_fwd_act = is_mx(p.activation);
+  const bool mx_grad = p.backward && is_mx(p.grad);
+  const bool mx_ln = is_mx(p.ln_affine);
+  const std::map<std::string, bool> quantized = {
+      {"gamma", mx_ln}, {"beta", mx_ln}, {"ln_out", mx_fwd_act}, {"act_out", mx_fwd_act},
+      {"grad_out", mx_grad}, {"grad_hidden", mx_grad}};
+  for (const auto& [t, q] : quantized) {
+    for (const char* suffix : {"_lastbin", "_clamped"}) {
+      Attrs a;
+      a.ints["quantized"] = q ? 1 : 0;
+      a.str["format"] = q ? name(t == "gamma" || t == "beta" ? p.ln_affine
+                                 : (t.rfind("grad", 0) == 0 ? p.grad : p.activation))
+                          : name(p.diagnostic_format);
+      m[t + suffix] = a;
+    }
+  }
+  Attrs names;
+  for (const auto& g : shape_.groups) names.lists["names"].push_back(g.name);
+  m["bias_ratio_group"] = names;
+  m["cosine_group"] = names;
+  return m;
+}
+
+void Trainer::open_output() {
+  for (auto& t : traj_)
+    if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
+}
+
+void Trainer::finish(const std::string& status) {
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (tr.muted) continue;
+    Attrs a;
+    if (!tr.started) {
+      a.str["state"] = "not_started";
+      sink_.set_group_attrs(tr.h5_group, a);
+      continue;
+    }
+    const LossSummary s = summary(i);
+    a.ints["steps_run"] = s.steps_run;
+    a.ints["first_nonfinite_step"] = s.first_nonfinite_step;
+    a.ints["divergence_step"] = s.divergence_step;
+    a.ints["spike_count"] = s.spike_count;
+    a.num["spike_score"] = s.spike_score;
+    a.num["final_loss"] = s.final_loss;
+    a.num["min_loss"] = s.min_loss;
+    a.str["state"] = tr.stopped ? "stopped_nonfinite" : "ran";
+    sink_.set_group_attrs(tr.h5_group, a);
+    const int64_t n = std::max<int64_t>(0, step_ - tr.start_step);
+    sink_.write_loss_history(tr.h5_group, download(tr.loss_hist + tr.start_step, static_cast<size_t>(n)));
+  }
+  Attrs root;
+  root.str["status"] = status;
+  sink_.set_root_attrs(root);
+  sink_.flush();
+}
+
+}  // namespace mxlab
