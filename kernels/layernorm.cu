@@ -96,11 +96,24 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const float* dyr = dy + row * d;
   const float* hr = xhat + row * d;
   double sg = 0.0, sgx = 0.0;
-  for_row<VEC>(dyr, d, lane, [&](int64_t j, float v) {
-    const float g = gamma ? ln_bwd_g(v, gamma[j], rb, rm) : v;
+  auto accumulate = [&](float dyv, float gm, float h) {
+    const float g = gamma ? ln_bwd_g(dyv, gm, rb, rm) : dyv;
     sg += static_cast<double>(g);
-    sgx += dot_term(g, hr[j]);
-  });
+    sgx += dot_term(g, h);
+  };
+  if (VEC) {  // float4 loads of dy, xhat and gamma
+    for (int64_t v = lane; v < d / 4; v += kWarp) {
+      const float4 q = reinterpret_cast<const float4*>(dyr)[v];
+      const float4 h = reinterpret_cast<const float4*>(hr)[v];
+      const float4 gm = gamma ? reinterpret_cast<const float4*>(gamma)[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+      accumulate(q.x, gm.x, h.x);
+      accumulate(q.y, gm.y, h.y);
+      accumulate(q.z, gm.z, h.z);
+      accumulate(q.w, gm.w, h.w);
+    }
+  } else {
+    for (int64_t j = lane; j < d; j += kWarp) accumulate(dyr[j], gamma ? gamma[j] : 0.0f, hr[j]);
+  }
   sg = warp_sum(sg);
   sgx = warp_sum(sgx);
   const float mg = mean_from_sum(sg, d), mgx = mean_from_sum(sgx, d);
