@@ -180,6 +180,13 @@ TEST(CudaBackend, NameAndMathMode) {
   EXPECT_EQ(be->name().rfind("cuda:0 (", 0), 0u) << be->name();
   EXPECT_FALSE(be->math_mode().empty());
   std::printf("[backend] %s; %s\n", be->name().c_str(), be->math_mode().c_str());
+  // The facts a run file records about the device (HDF5 root attributes).
+  const auto facts = be->describe();
+  for (const char* key : {"gpu", "cuda_runtime", "cuda_driver", "cublas"}) {
+    bool found = false;
+    for (const auto& [k, v] : facts) found = found || (k == key && !v.empty());
+    EXPECT_TRUE(found) << "describe() lacks " << key;
+  }
 }
 
 TEST(CudaBackend, MemoryRoundTripFillCopy) {
