@@ -121,16 +121,27 @@ void RunFile::truncate_from(int64_t step) {
     if (f.is_group(top))
       for (const auto& g : f.list_groups(top)) groups.push_back(std::string(top) + "/" + g);
   for (const auto& g : groups) {
+    // Rows before `step` were flushed before its checkpoint was written, so every dataset has
+    // them; rows after it may be on disk in some datasets and not others (a kill inside a
+    // flush), which is why all are cut to the `step` dataset's count. A group without a `step`
+    // dataset has no row from before the checkpoint at all.
     const std::string sp = g + "/" + kStep;
-    if (!f.is_dataset(sp)) continue;
-    const std::vector<int64_t> steps = f.read_int64s(sp);
     size_t keep = 0;
-    while (keep < steps.size() && steps[keep] < step) ++keep;
+    if (f.is_dataset(sp)) {
+      const std::vector<int64_t> steps = f.read_int64s(sp);
+      while (keep < steps.size() && steps[keep] < step) ++keep;
+    }
     for (const auto& d : f.list_datasets(g)) {
       if (d == kLossAll) continue;  // rewritten whole at the end
       impl_->get(g, d, h5::DType::f64, 0).truncate(keep);
     }
   }
+}
+
+void RunFile::clear_group(const std::string& group) {
+  h5::H5File& f = *impl_->file;
+  if (!f.is_group(group)) return;
+  for (const auto& d : f.list_datasets(group)) impl_->get(group, d, h5::DType::f64, 0).truncate(0);
 }
 
 }  // namespace mxlab

@@ -26,6 +26,9 @@ class RunFile : public MetricSink {
   void write_loss_history(const std::string& group, const std::vector<float>& loss) override;
   void flush() override;
   void truncate_from(int64_t step) override;
+  // Drop every row of one group's datasets (a branch whose `mxlab branch` was interrupted is
+  // computed again from its start).
+  void clear_group(const std::string& group);
 
  private:
   struct Impl;
