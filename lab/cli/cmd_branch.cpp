@@ -8,7 +8,6 @@
 
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/io/h5file.h"
 #include "lab/model/backend.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
@@ -69,15 +68,15 @@ int do_branch(const BranchArgs& a) {
   for (const auto& iv : cfg.interventions)
     if (iv.name == a.name)
       throw Error(msg("branch '", a.name, "' is one of the run's interventions in ", a.file, "; choose another --name"));
+  // Opening checks the whole file and, if an earlier write into it was killed, restores it from
+  // its snapshot (run_file.h).
+  std::unique_ptr<RunFile> file = RunFile::open(a.file);
   const std::string group = "branches/" + a.name;
   bool redo = false;  // an earlier `mxlab branch` of this name was interrupted: recompute it
-  {
-    const h5::H5File f(a.file, h5::H5File::Mode::read);
-    if (f.is_group(group)) {
-      if (f.has_attr(group, "state"))
-        throw Error(msg("branch '", a.name, "' already exists in ", a.file, " (added earlier); choose another --name"));
-      redo = true;
-    }
+  if (file->has_group(group)) {
+    if (file->group_has_attr(group, "state"))
+      throw Error(msg("branch '", a.name, "' already exists in ", a.file, " (added earlier); choose another --name"));
+    redo = true;
   }
   InterventionConfig iv;
   iv.name = a.name;
@@ -106,7 +105,6 @@ int do_branch(const BranchArgs& a) {
   const std::string dir = dir_of(a.file);
   const int64_t best = pick_checkpoint(dir, run_id, iv.at);
   std::unique_ptr<Backend> be = make_backend(a.device.empty() ? cfg.device : a.device);
-  std::unique_ptr<RunFile> file = RunFile::open(a.file);
   if (redo) {
     std::fprintf(stderr, "mxlab: branch '%s' in %s is incomplete (an interrupted mxlab branch): computing it again\n",
                  a.name.c_str(), a.file.c_str());
