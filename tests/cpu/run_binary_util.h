@@ -70,11 +70,12 @@ struct Proc {
   double wall_s = 0.0;
 };
 
-// Runs MXLAB_BINARY with `args`. `signal_when` (optional) is polled every millisecond from the
-// start; when it returns true, `sig` is sent to the process (once). A process that finished
-// before the signal is reported as finished.
+// Runs MXLAB_BINARY with `args` (and `env`, "NAME=value" entries added to its environment).
+// `signal_when` (optional) is polled every millisecond from the start; when it returns true,
+// `sig` is sent to the process (once). A process that finished before the signal is reported as
+// finished.
 inline Proc run_mxlab(const std::vector<std::string>& args, const std::function<bool(double elapsed_s)>& signal_when = {},
-                      int sig = SIGKILL) {
+                      int sig = SIGKILL, const std::vector<std::string>& env = {}) {
   const std::string log = make_temp_dir("log") + "/out.txt";
   const auto t0 = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
@@ -85,6 +86,10 @@ inline Proc run_mxlab(const std::vector<std::string>& args, const std::function<
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       ::close(fd);
+    }
+    for (const std::string& e : env) {
+      const auto eq = e.find('=');
+      ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
     }
     std::vector<char*> argv;
     std::string bin = MXLAB_BINARY;

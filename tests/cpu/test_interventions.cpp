@@ -143,12 +143,15 @@ TEST_F(InterventionRuns, BranchAfterTheFactEqualsTheInlineBranch) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
     EXPECT_TRUE(contains(p.output, c.from)) << p.output;
   }
-  const h5::H5File a(inline_, h5::H5File::Mode::read), b(file, h5::H5File::Mode::read);
-  for (const Case& c : cases) expect_same_group(a, std::string("branches/") + c.name, b, std::string("branches/") + c.name);
-  // The run itself is untouched: trajectories and root attributes as before.
-  const h5::H5File orig(baseline_, h5::H5File::Mode::read);
-  for (const char* g : {"trajectories/fp32", "trajectories/mx"}) expect_same_group(orig, g, b, g);
-  EXPECT_EQ(attrs_of(orig, "/"), attrs_of(b, "/"));
+  {
+    const h5::H5File a(inline_, h5::H5File::Mode::read), b(file, h5::H5File::Mode::read);
+    for (const Case& c : cases)
+      expect_same_group(a, std::string("branches/") + c.name, b, std::string("branches/") + c.name);
+    // The run itself is untouched: trajectories and root attributes as before.
+    const h5::H5File orig(baseline_, h5::H5File::Mode::read);
+    for (const char* g : {"trajectories/fp32", "trajectories/mx"}) expect_same_group(orig, g, b, g);
+    EXPECT_EQ(attrs_of(orig, "/"), attrs_of(b, "/"));
+  }  // closed: HDF5 locks the file, and mxlab branch opens it for writing
   // A name taken is refused, the file unchanged.
   const Proc again = run_mxlab({"branch", file, "--name", "same", "--at", "50", "--apply", "to_fp32"});
   EXPECT_EQ(again.exit_code, 2);

@@ -231,3 +231,69 @@ TEST_F(Resume, NoValidCheckpointMeansTheRunStartsOver) {
   EXPECT_EQ(root_str(file, "status"), "complete");
   expect_same_run_files(ref_file_, file);
 }
+
+// A kill inside an HDF5 flush can leave a file that no longer opens, or opens but fails on one
+// group. Here the file is cut in half (what a half-extended file looks like to HDF5).
+TEST_F(Resume, DamagedFileIsRestoredFromItsSnapshot) {
+  const std::string ref_dir = ref_file_.substr(0, ref_file_.rfind('/'));
+  const std::string out = make_temp_dir("damaged");
+  copy_as_unfinished(ref_file_, ref_dir, run_id_, out);
+  const std::string file = out + "/" + run_id_ + ".h5";
+  copy_file(file, file + ".snapshot");  // the state of its last flush
+  const std::string bytes = slurp(file);
+  write_bytes(file, bytes.substr(0, bytes.size() / 2));
+  const Proc r = run_mxlab(run_args(out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "is damaged")) << r.output;
+  EXPECT_TRUE(contains(r.output, "restored from " + file + ".snapshot")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(resumed from step 180)")) << r.output;
+  EXPECT_EQ(root_str(file, "status"), "complete");
+  expect_same_run_files(ref_file_, file);
+}
+
+TEST_F(Resume, DamagedFileWithoutSnapshotStartsOver) {
+  const std::string ref_dir = ref_file_.substr(0, ref_file_.rfind('/'));
+  const std::string out = make_temp_dir("damaged_nosnap");
+  copy_as_unfinished(ref_file_, ref_dir, run_id_, out);
+  const std::string file = out + "/" + run_id_ + ".h5";
+  const std::string bytes = slurp(file);
+  write_bytes(file, bytes.substr(0, bytes.size() / 2));
+  const Proc r = run_mxlab(run_args(out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "resumed from step")) << r.output;
+  EXPECT_EQ(root_str(file, "status"), "complete");
+  expect_same_run_files(ref_file_, file);
+}
+
+// Deterministic kills inside HDF5 writes: the process dies at the N-th write() to its .h5 file,
+// for N across the whole run (every MXLAB_CRASH_STRIDE-th write, default 97), optionally after
+// writing half of it (TORN). Needs the LD_PRELOAD shim of tests/cpu/crash_shim/kill_at_write.c;
+// skipped without it (takes minutes: not for CI).
+TEST_F(Resume, KillAtTheNthWriteOfTheRunFile) {
+  const char* shim = std::getenv("MXLAB_CRASH_SHIM");
+  if (!shim) GTEST_SKIP() << "set MXLAB_CRASH_SHIM to the library built from tests/cpu/crash_shim/kill_at_write.c";
+  const std::string preload = std::string("LD_PRELOAD=") + shim;
+  const Proc count = run_mxlab(run_args(make_temp_dir("count")), {}, SIGKILL, {preload, "COUNT_WRITES=1"});
+  ASSERT_EQ(count.exit_code, 0) << count.output;
+  const auto pos = count.output.find("h5writes=");
+  ASSERT_NE(pos, std::string::npos) << "the shim is not loaded:\n" << count.output;
+  const long writes = std::atol(count.output.c_str() + pos + 9);
+  long stride = 97;
+  if (const char* e = std::getenv("MXLAB_CRASH_STRIDE")) stride = std::max(1L, std::atol(e));
+  int restored = 0;
+  for (const char* torn : {"TORN=0", "TORN=1"}) {
+    for (long n = 1 + (torn[5] == '1' ? stride / 2 : 0); n <= writes; n += stride) {
+      SCOPED_TRACE(std::string(torn) + " KILL_AT=" + std::to_string(n) + " of " + std::to_string(writes));
+      const std::string out = make_temp_dir("nth");
+      const Proc k = run_mxlab(run_args(out), {}, SIGKILL, {preload, "KILL_AT=" + std::to_string(n), torn});
+      ASSERT_EQ(k.term_signal, SIGKILL) << k.output;
+      const std::string log = rerun_to_completion(out);
+      restored += contains(log, "restored from");
+      const std::string file = out + "/" + run_id_ + ".h5";
+      ASSERT_EQ(root_str(file, "status"), "complete") << log;
+      expect_same_run_files(ref_file_, file);
+      if (HasFailure()) return;
+    }
+  }
+  std::printf("%ld writes to the run file; %d kills left a damaged file that its snapshot restored\n", writes, restored);
+}
