@@ -1,0 +1,206 @@
+// GemmRunner: operand quantization + cuBLAS (see gemm.cuh for which path runs when and why).
+#include "kernels/gemm.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda_check.cuh"
+#include "lab/core/error.h"
+#include "lab/model/elementwise.h"
+
+namespace mxlab::cuda {
+
+namespace {
+
+// cuBLAS's recommended workspace on Hopper; fixed per handle so kernel selection (and with
+// it the summation order) does not depend on what else is allocated.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MXLAB_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+int as_int(int64_t v, const char* what) {
+  if (v > INT_MAX) throw Error(msg("gemm: ", what, " = ", v, " exceeds cuBLAS's 32-bit limit (", INT_MAX, ")"));
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op) { return sr_seed(seed, sr_op); }
+
+OperandPath operand_path(const GemmOperand& op) {
+  if (is_mx(op.q.fmt) || op.q.fmt == NumFmt::bf16) return OperandPath::bf16_exact;
+  // Rounded to bf16 first: fp32 keeps that value; fp16 of a bf16 value either keeps it or
+  // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact.
+  if (op.round_bf16_first) return OperandPath::bf16_exact;
+  return op.q.fmt == NumFmt::fp32 ? OperandPath::raw_fp32 : OperandPath::fp32_value;
+}
+
+QuantLaunch operand_launch(const GemmOperand& op, int64_t rows, int64_t cols, const uint32_t* d_step,
+                           unsigned long long* d_stats_base) {
+  QuantLaunch L;
+  L.in = op.p;
+  L.rows = rows;
+  L.cols = cols;
+  L.axis = op.k_contiguous ? Axis::contiguous : Axis::strided;
+  L.q = op.q;
+  L.q.seed = operand_sr_seed(op.q.seed, op.sr_op);
+  L.round_bf16_first = op.round_bf16_first;
+  L.bf16_mode = op.bf16_mode;
+  L.d_step = d_step;
+  if (op.stats_slot >= 0) {
+    if (!d_stats_base) throw Error("gemm: an operand has a stats_slot but no statistics buffer was given");
+    L.d_stats = d_stats_base + static_cast<int64_t>(op.stats_slot) * kStatWords;
+    L.stats_q = op.stats_q;
+    L.stats_q.seed = operand_sr_seed(op.stats_q.seed, op.sr_op);
+  }
+  return L;
+}
+
+GemmRunner::GemmRunner(cudaStream_t s) : stream_(s) {
+  // NVIDIA_TF32_OVERRIDE=1 would let the library use TF32 where it otherwise would not; the
+  // FP32 roles must be true FP32, so refuse rather than silently measure something else.
+  if (const char* v = std::getenv("NVIDIA_TF32_OVERRIDE"); v && std::strcmp(v, "1") == 0)
+    throw Error(
+        "NVIDIA_TF32_OVERRIDE=1 is set: it would silently enable TF32 in the FP32 GEMMs; unset it (or set 0)");
+  MXLAB_CUBLAS_CHECK(cublasCreate(&handle_));
+  // cublasSetStream resets the workspace to the default pool: set the stream first.
+  MXLAB_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
+  MXLAB_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  workspace_bytes_ = kWorkspaceBytes;
+  MXLAB_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes_));
+  MXLAB_CUBLAS_CHECK(cublasSetAtomicsMode(handle_, CUBLAS_ATOMICS_NOT_ALLOWED));
+  MXLAB_CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
+  MXLAB_CUDA_CHECK(cudaMalloc(&d_inexact_, sizeof(unsigned long long)));
+}
+
+GemmRunner::~GemmRunner() {
+  // No throwing from a destructor: release what exists, ignore errors (e.g. at driver shutdown).
+  if (handle_) cublasDestroy(handle_);
+  if (workspace_) cudaFree(workspace_);
+  if (scratch_) cudaFree(scratch_);
+  if (d_inexact_) cudaFree(d_inexact_);
+}
+
+std::string GemmRunner::math_mode() const {
+  return "FP32 roles: SGEMM, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32); MX/bf16 roles: operands quantized to "
+         "bf16-exact values, bf16 tensor cores, FP32 accumulate (CUBLAS_COMPUTE_32F); fp16 or mixed FP32/MX roles: "
+         "operands dequantized to FP32, pedantic SGEMM";
+}
+
+void GemmRunner::reserve(int64_t max_operand_elems) {
+  if (max_operand_elems < 0) throw Error(msg("GemmRunner::reserve: negative size ", max_operand_elems));
+  ensure_scratch(max_operand_elems);
+}
+
+void GemmRunner::ensure_scratch(int64_t elems) {
+  if (elems <= scratch_elems_) return;
+  if (capturing(stream_))
+    throw Error(msg("GemmRunner: an operand of ", elems, " elements exceeds the reserved scratch (", scratch_elems_,
+                    " elements) while a CUDA graph is being captured; call reserve() before capture"));
+  MXLAB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier GEMMs may still read the old scratch
+  if (scratch_) MXLAB_CUDA_CHECK(cudaFree(scratch_));
+  scratch_ = nullptr;
+  scratch_elems_ = 0;
+  MXLAB_CUDA_CHECK(cudaMalloc(&scratch_, 2 * static_cast<size_t>(elems) * sizeof(float)));
+  scratch_elems_ = elems;
+}
+
+const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch,
+                                     const uint32_t* d_step, unsigned long long* d_stats_base, bool count_stats) {
+  QuantLaunch L = operand_launch(op, rows, cols, d_step, d_stats_base);
+  if (!count_stats) L.d_stats = nullptr;
+  if (operand_path(op) == OperandPath::raw_fp32) {
+    if (L.d_stats) quant_stats(L, stream_);
+    return op.p;
+  }
+  quantize_f32(L, scratch, stream_);
+  return scratch;
+}
+
+// Row-major C[M x N] = A * B^T is column-major C^T[N x M] = op(B) * op(A) where, column-major,
+//   B k-contiguous ([N x K] row-major) is a K x N matrix (ld K): op = T;  else [K x N] is N x K (ld N): op = N;
+//   A k-contiguous ([M x K] row-major) is a K x M matrix (ld K): op = N;  else [K x M] is M x K (ld M): op = T.
+void GemmRunner::sgemm(int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B, bool b_kc,
+                       float* C, float beta) {
+  const float alpha = 1.0f;
+  MXLAB_CUBLAS_CHECK(cublasGemmEx(handle_, b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, a_kc ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                  as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), &alpha, B, CUDA_R_32F,
+                                  as_int(b_kc ? K : N, "ld"), A, CUDA_R_32F, as_int(a_kc ? K : M, "ld"), &beta, C,
+                                  CUDA_R_32F, as_int(N, "N"), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+}
+
+void GemmRunner::bf16_gemm(int64_t M, int64_t N, int64_t K, const void* A, bool a_kc, const void* B, bool b_kc,
+                           float* C, float beta) {
+  const float alpha = 1.0f;
+  MXLAB_CUBLAS_CHECK(cublasGemmEx(handle_, b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, a_kc ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                  as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), &alpha, B, CUDA_R_16BF,
+                                  as_int(b_kc ? K : N, "ld"), A, CUDA_R_16BF, as_int(a_kc ? K : M, "ld"), &beta, C,
+                                  CUDA_R_32F, as_int(N, "N"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void GemmRunner::run(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C,
+                     float beta, const ElementwiseRound& out, const uint32_t* d_step,
+                     unsigned long long* d_stats_base) {
+  if (M < 0 || N < 0 || K < 0) throw Error(msg("gemm: negative shape M=", M, " N=", N, " K=", K));
+  if (M == 0 || N == 0) return;
+  if (!C) throw Error("gemm: null output C");
+  if (K > 0 && (!a.p || !b.p)) throw Error("gemm: null operand pointer");
+  if (K == 0) {  // A * B^T is the zero matrix: C = beta * C
+    if (beta == 0.0f) {
+      MXLAB_CUDA_CHECK(cudaMemsetAsync(C, 0, static_cast<size_t>(M * N) * sizeof(float), stream_));
+    } else if (beta != 1.0f) {
+      MXLAB_CUBLAS_CHECK(cublasSscal(handle_, as_int(M * N, "M*N"), &beta, C, 1));
+    }
+  } else {
+    // Stored shapes (row-major) of the operands: blocks run along K.
+    const int64_t a_rows = a.k_contiguous ? M : K, a_cols = a.k_contiguous ? K : M;
+    const int64_t b_rows = b.k_contiguous ? N : K, b_cols = b.k_contiguous ? K : N;
+    const OperandPath pa = operand_path(a), pb = operand_path(b);
+    bool done = false;
+    if (pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact) {
+      ensure_scratch(std::max(M * K, N * K));
+      auto* sa = reinterpret_cast<__nv_bfloat16*>(scratch_);
+      auto* sb = reinterpret_cast<__nv_bfloat16*>(scratch_ + scratch_elems_);
+      QuantLaunch La = operand_launch(a, a_rows, a_cols, d_step, d_stats_base);
+      QuantLaunch Lb = operand_launch(b, b_rows, b_cols, d_step, d_stats_base);
+      if (verify_bf16_) {
+        if (capturing(stream_)) throw Error("GemmRunner: the bf16-exactness check cannot run inside graph capture");
+        MXLAB_CUDA_CHECK(cudaMemsetAsync(d_inexact_, 0, sizeof(unsigned long long), stream_));
+        La.d_inexact = Lb.d_inexact = d_inexact_;
+      }
+      quantize_bf16(La, sa, stream_);
+      quantize_bf16(Lb, sb, stream_);
+      unsigned long long inexact = 0;
+      if (verify_bf16_) {
+        MXLAB_CUDA_CHECK(cudaMemcpyAsync(&inexact, d_inexact_, sizeof inexact, cudaMemcpyDeviceToHost, stream_));
+        MXLAB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      if (inexact == 0) {
+        // Relied on here: every value in sa/sb equals the dequantized FP32 value (see gemm.cuh).
+        bf16_gemm(M, N, K, sa, a.k_contiguous, sb, b.k_contiguous, C, beta);
+        done = true;
+      } else {
+        ++bf16_fallbacks_;
+      }
+    }
+    if (!done) {
+      // After a bf16 fallback the statistics were already counted by the bf16 pass.
+      const bool count = !(pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact);
+      if (pa != OperandPath::raw_fp32 || pb != OperandPath::raw_fp32) ensure_scratch(std::max(M * K, N * K));
+      const float* A = prepare_f32(a, a_rows, a_cols, scratch_, d_step, d_stats_base, count);
+      const float* B = prepare_f32(b, b_rows, b_cols, scratch_ + scratch_elems_, d_step, d_stats_base, count);
+      sgemm(M, N, K, A, a.k_contiguous, B, b.k_contiguous, C, beta);
+    }
+  }
+  if (out.bf16) round_bf16_inplace(C, M * N, out.mode, stream_);
+}
+
+}  // namespace mxlab::cuda

@@ -1,0 +1,587 @@
+// CUDA quantization kernels; semantics in quantize.cuh. Every number is produced by the
+// scalar code of lab/mx/scalar.h (the same functions the CPU reference calls), so the only
+// GPU-specific code here is the walk over blocks, the block amax and the counters.
+//
+// Kernels (all grid-stride, a few CTAs per SM, one atomicAdd per counter per CTA at the end):
+//   mx_contiguous_kernel - blocks along rows, block size 4*G with G | 32 lanes per block:
+//       each lane owns 4 consecutive elements (one 16-byte load when rows are 16-byte aligned),
+//       the block amax is a butterfly of G lanes. k = 32 -> 8 lanes per block, 4 blocks per warp.
+//   mx_strided_kernel    - blocks down columns (block <= kMaxStridedBlock): each thread owns one
+//       column of a block; a warp's loads are 32 consecutive floats of one row (coalesced), the
+//       thread loops over the block's rows and stages them in shared memory (its own column
+//       only, so no barrier) for the second pass. No transpose through global memory.
+//   mx_generic_kernel    - any other block size: one thread per block, two passes (correctness
+//       path; not tuned).
+//   scalar_fmt_kernel    - fp32 / bf16 / fp16 roles: element-wise.
+// Element formats are template parameters so the ElemSpec constants fold into the shared
+// scalar code (it is integer-heavy: the quantizer is close to compute bound on H100/H200).
+#include "kernels/quantize.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda_check.cuh"
+#include "lab/core/error.h"
+#include "lab/core/philox.h"
+#include "lab/mx/scalar.h"
+
+namespace mxlab::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;          // CTA size of the contiguous, generic and element-wise kernels
+constexpr int kStridedThreads = 128;   // columns per CTA in the strided kernel
+constexpr int kVec = 4;                // elements per lane in the contiguous kernel (one 16-byte load)
+constexpr int kStridedBatch = 16;      // loads in flight per thread in the strided kernel
+constexpr int kMaxStridedBlock = 64;   // shared staging: 64 rows x 128 columns x 4 B = 32 KiB
+constexpr int kCtasPerSm = 8;          // grid size cap: enough resident warps to hide latency
+constexpr int kStridedMinCtas = 8;    // register cap (64): 32 resident warps per SM to keep loads in flight
+constexpr int kContigMinCtas = 4;     // register cap (64): 32 resident warps per SM
+constexpr uint32_t kQuietNaN = 0x7FC00000u;  // what the CPU reference writes (quiet_NaN())
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+enum class OutKind : uint8_t { none, f32, bf16 };
+
+struct KParams {
+  const float* in;
+  void* out;  // float* or uint16_t* (bf16 bits), null for statistics only
+  OutKind out_kind;
+  int64_t rows, cols;
+  int block;
+  ScaleRule rule;
+  Rounding rounding;
+  Bump bump;
+  uint64_t seed;
+  uint32_t salt;
+  const uint32_t* d_step;
+  bool round_first;
+  Rounding bf16_mode;
+  unsigned long long* stats;    // kStatWords counters or null
+  unsigned long long* inexact;  // bf16-inexact counter or null
+};
+
+// Per-thread counts are 32-bit (registers are the scarce resource here): a thread sees at most
+// total / (grid threads) elements, and the grid has >= 2048 threads, so they overflow only for
+// tensors above 2^43 elements (launch() refuses those). CTA sums are 64-bit.
+struct Counters {
+  uint32_t n = 0, lastbin = 0, clamped = 0, nan_blocks = 0, blocks = 0, inexact = 0;
+};
+constexpr int64_t kMaxElements = int64_t{1} << 43;
+
+// The ElemSpec of E with every field a compile-time constant, so the table folds into the
+// shared scalar code. Only scalar constexpr values may cross into device code, hence the
+// per-field constants (the name is host data and is dropped).
+template <Elem E>
+struct ElemConst {
+  static constexpr int kIndex = static_cast<int>(E);
+  static constexpr int kBits = kElemSpecs[kIndex].bits;
+  static constexpr int kEbits = kElemSpecs[kIndex].ebits;
+  static constexpr int kMbits = kElemSpecs[kIndex].mbits;
+  static constexpr int kBias = kElemSpecs[kIndex].bias;
+  static constexpr Reserved kReserved = kElemSpecs[kIndex].reserved;
+};
+
+template <Elem E>
+__device__ __forceinline__ ElemSpec device_elem_spec() {
+  using C = ElemConst<E>;
+  return ElemSpec{nullptr, C::kBits, C::kEbits, C::kMbits, C::kBias, C::kReserved};
+}
+
+__device__ __forceinline__ uint32_t step_salt(const KParams& p) { return p.d_step ? *p.d_step : p.salt; }
+
+__device__ __forceinline__ float input_value(const KParams& p, float v) {
+  return p.round_first ? round_bf16(v, p.bf16_mode) : v;
+}
+
+// bf16 bits of a dequantized value: round_bf16 (exact when the value is bf16-exact).
+__device__ __forceinline__ uint16_t bf16_bits(float v) {
+  return static_cast<uint16_t>(f32_bits(round_bf16(v, Rounding::nearest_even)) >> 16);
+}
+
+__device__ __forceinline__ bool bf16_inexact(float v) {
+  const uint32_t b = f32_bits(v);
+  return is_finite_bits(b) && (b & 0xFFFFu) != 0u;
+}
+
+__device__ __forceinline__ void store1(const KParams& p, int64_t idx, float v) {
+  if (p.out_kind == OutKind::f32) {
+    static_cast<float*>(p.out)[idx] = v;
+  } else if (p.out_kind == OutKind::bf16) {
+    static_cast<uint16_t*>(p.out)[idx] = bf16_bits(v);
+  }
+}
+
+// Four consecutive outputs; `vec`: the address is 16-byte (f32) / 8-byte (bf16) aligned.
+__device__ __forceinline__ void store4(const KParams& p, int64_t idx, const float (&r)[kVec], int nv, bool vec) {
+  if (p.out_kind == OutKind::none) return;
+  if (vec && nv == kVec) {
+    if (p.out_kind == OutKind::f32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(p.out) + idx) = make_float4(r[0], r[1], r[2], r[3]);
+    } else {
+      const uint32_t lo = static_cast<uint32_t>(bf16_bits(r[0])) | (static_cast<uint32_t>(bf16_bits(r[1])) << 16);
+      const uint32_t hi = static_cast<uint32_t>(bf16_bits(r[2])) | (static_cast<uint32_t>(bf16_bits(r[3])) << 16);
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + idx) = make_uint2(lo, hi);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j)
+    if (j < nv) store1(p, idx + j, r[j]);
+}
+
+// Reduce the counters of the CTA and add them to the device counters: exact integer atomics,
+// one per counter per CTA. Every thread of the CTA must call this.
+__device__ void flush_counters(Counters c, const KParams& p) {
+  __shared__ unsigned long long part[32][6];
+  unsigned long long w[6] = {c.n, c.lastbin, c.clamped, c.nan_blocks, c.blocks, c.inexact};  // widened
+#pragma unroll
+  for (int i = 0; i < 6; ++i)
+    for (int o = 16; o > 0; o >>= 1) w[i] += __shfl_xor_sync(kFullMask, w[i], o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0)
+    for (int i = 0; i < 6; ++i) part[warp][i] = w[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int nwarps = (blockDim.x + 31) >> 5;
+    unsigned long long t[6] = {0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < nwarps; ++k)
+      for (int i = 0; i < 6; ++i) t[i] += part[k][i];
+    if (p.stats)
+      for (int i = 0; i < kStatWords; ++i)
+        if (t[i]) atomicAdd(p.stats + i, t[i]);
+    if (p.inexact && t[5]) atomicAdd(p.inexact, t[5]);
+  }
+}
+
+// ---- contiguous axis ----------------------------------------------------------------------
+// A "unit" is one block: units are numbered row-major (row, block-in-row). When cols is a
+// multiple of the block size the tensor is a flat array of blocks and no division is needed.
+// Where one lane's 4 elements of unit u lie.
+struct LaneSlice {
+  int64_t off;  // flat index of the lane's first element
+  int nv;       // how many of its 4 elements exist (0 past the end; fewer in a partial block)
+  int nblock;   // elements in the whole block (the leader counts them)
+};
+
+__device__ __forceinline__ LaneSlice locate(const KParams& p, int64_t u, int64_t units, int64_t nb_row, int sub,
+                                            bool flat) {
+  LaneSlice ls{0, 0, 0};
+  if (u >= units) return ls;
+  if (flat) {
+    ls.off = u * p.block + sub * kVec;
+    ls.nv = kVec;
+    ls.nblock = p.block;
+  } else {
+    const int64_t row = u / nb_row;
+    const int64_t c0 = (u - row * nb_row) * p.block;
+    const int64_t left = p.cols - (c0 + sub * kVec);
+    ls.off = row * p.cols + c0 + sub * kVec;
+    ls.nv = left <= 0 ? 0 : (left >= kVec ? kVec : static_cast<int>(left));
+    const int64_t bl = p.cols - c0;
+    ls.nblock = bl >= p.block ? p.block : static_cast<int>(bl);
+  }
+  return ls;
+}
+
+__device__ __forceinline__ void load4(const KParams& p, const LaneSlice& ls, bool vec, float (&v)[kVec]) {
+  if (vec && ls.nv == kVec) {
+    const float4 t = *reinterpret_cast<const float4*>(p.in + ls.off);
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = j < ls.nv ? p.in[ls.off + j] : 0.0f;
+  }
+}
+
+// A "unit" is one block: units are numbered row-major (row, block-in-row). When cols is a
+// multiple of the block size the tensor is a flat array of blocks and no division is needed.
+// The next unit's load is issued before the current one is quantized (two loads in flight per
+// lane: the quantizer is long enough that one would leave HBM idle).
+template <Elem E>
+__global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel(KParams p, bool vec, bool flat) {
+  const ElemSpec es = device_elem_spec<E>();
+  const int G = p.block / kVec;  // lanes per block: a power of two <= 32 (checked by the launcher)
+  const int lane = threadIdx.x & 31;
+  const int sub = lane & (G - 1);
+  const int groups_per_warp = 32 / G;
+  const int grp = lane / G;
+  const int64_t nb_row = (p.cols + p.block - 1) / p.block;
+  const int64_t units = p.rows * nb_row;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t step = ((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) * groups_per_warp;
+  const uint32_t salt = step_salt(p);
+  const bool stochastic = p.rounding == Rounding::stochastic;
+  const bool count = p.stats != nullptr;
+  Counters cnt;
+  int64_t base = warp * groups_per_warp;
+  LaneSlice cur = locate(p, base + grp, units, nb_row, sub, flat);
+  float v[kVec];
+  load4(p, cur, vec, v);
+  // `base` is warp-uniform, so every lane reaches the shuffles below.
+  for (; base < units; base += step) {
+    const LaneSlice nxt = locate(p, base + step + grp, units, nb_row, sub, flat);
+    float w[kVec];
+    load4(p, nxt, vec, w);
+    float amax = 0.0f;
+    int special = 0;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      v[j] = input_value(p, v[j]);
+      special |= is_finite_bits(f32_bits(v[j])) ? 0 : 1;
+      amax = fmaxf(amax, fabsf(v[j]));  // NaN is ignored here; the block is special anyway
+    }
+    for (int o = G >> 1; o > 0; o >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+      special |= __shfl_xor_sync(kFullMask, special, o);
+    }
+    if (base + grp < units) {
+      float r[kVec];
+      if (special) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) r[j] = bits_f32(kQuietNaN);
+      } else {
+        const int s = shared_exponent(amax, es, p.rule, p.bump);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          r[j] = 0.0f;
+          if (j < cur.nv) {
+            const uint32_t rnd =
+                stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(cur.off + j)).v[0]
+                           : 0u;
+            const ElemResult e = quantize_element(v[j], s, es, p.rounding, rnd);
+            cnt.lastbin += e.lastbin;
+            cnt.clamped += e.clamped;
+            r[j] = e.value;
+          }
+        }
+      }
+      if (count && sub == 0) {
+        cnt.blocks += 1;
+        cnt.n += static_cast<uint32_t>(cur.nblock);
+        cnt.nan_blocks += special ? 1u : 0u;
+      }
+      if (p.inexact) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (j < cur.nv && bf16_inexact(r[j])) cnt.inexact += 1;
+      }
+      store4(p, cur.off, r, cur.nv, vec);
+    }
+    cur = nxt;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = w[j];
+  }
+  if (p.stats || p.inexact) flush_counters(cnt, p);
+}
+
+// ---- strided axis -------------------------------------------------------------------------
+// An "item" is (row band b of `block` rows, tile t of kStridedThreads columns); consecutive
+// items are neighbouring tiles of one band. Dynamic shared memory: block x kStridedThreads floats.
+template <Elem E>
+__global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_kernel(KParams p) {
+  const ElemSpec es = device_elem_spec<E>();
+  extern __shared__ float tile[];  // [block][kStridedThreads]; each thread uses its own column
+  const int tid = threadIdx.x;
+  const int64_t nbands = (p.rows + p.block - 1) / p.block;
+  const int64_t ntiles = (p.cols + kStridedThreads - 1) / kStridedThreads;
+  const int64_t items = nbands * ntiles;
+  const uint32_t salt = step_salt(p);
+  const bool stochastic = p.rounding == Rounding::stochastic;
+  Counters cnt;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t b = item / ntiles;
+    const int64_t col = (item - b * ntiles) * kStridedThreads + tid;
+    if (col >= p.cols) continue;
+    const int64_t r0 = b * p.block;
+    const int64_t left = p.rows - r0;
+    const int nv = left >= p.block ? p.block : static_cast<int>(left);
+    const float* src = p.in + r0 * p.cols + col;
+    float amax = 0.0f;
+    bool special = false;
+    for (int i0 = 0; i0 < nv; i0 += kStridedBatch) {
+      float x[kStridedBatch];
+#pragma unroll
+      for (int j = 0; j < kStridedBatch; ++j) x[j] = i0 + j < nv ? src[static_cast<int64_t>(i0 + j) * p.cols] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kStridedBatch; ++j) {
+        const float v = input_value(p, x[j]);
+        special |= !is_finite_bits(f32_bits(v));
+        amax = fmaxf(amax, fabsf(v));
+        if (i0 + j < nv) tile[(i0 + j) * kStridedThreads + tid] = v;
+      }
+    }
+    const int s = special ? 0 : shared_exponent(amax, es, p.rule, p.bump);
+#pragma unroll 2
+    for (int i = 0; i < nv; ++i) {
+      const int64_t idx = (r0 + i) * p.cols + col;
+      float r = bits_f32(kQuietNaN);
+      if (!special) {
+        const uint32_t rnd =
+            stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0] : 0u;
+        const ElemResult e = quantize_element(tile[i * kStridedThreads + tid], s, es, p.rounding, rnd);
+        cnt.lastbin += e.lastbin;
+        cnt.clamped += e.clamped;
+        r = e.value;
+      }
+      if (p.inexact && bf16_inexact(r)) cnt.inexact += 1;
+      store1(p, idx, r);
+    }
+    cnt.blocks += 1;
+    cnt.n += static_cast<uint32_t>(nv);
+    cnt.nan_blocks += special ? 1u : 0u;
+  }
+  if (p.stats || p.inexact) flush_counters(cnt, p);
+}
+
+// ---- any block size, either axis (one thread per block, two passes) -------------------------
+__global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpec es, Axis axis) {
+  const bool contiguous = axis == Axis::contiguous;
+  const int64_t lines = contiguous ? p.rows : p.cols;
+  const int64_t length = contiguous ? p.cols : p.rows;
+  const int64_t nb = (length + p.block - 1) / p.block;
+  const int64_t total = lines * nb;
+  const uint32_t salt = step_salt(p);
+  Counters cnt;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // Strided: neighbouring threads take neighbouring columns (coalesced); contiguous: blocks.
+    const int64_t line = contiguous ? u / nb : u % lines;
+    const int64_t b = contiguous ? u % nb : u / lines;
+    const int64_t begin = b * p.block;
+    const int64_t end = begin + p.block < length ? begin + p.block : length;
+    auto index = [&](int64_t pos) { return contiguous ? line * p.cols + pos : pos * p.cols + line; };
+    float amax = 0.0f;
+    bool special = false;
+    for (int64_t q = begin; q < end; ++q) {
+      const float v = input_value(p, p.in[index(q)]);
+      special |= !is_finite_bits(f32_bits(v));
+      amax = fmaxf(amax, fabsf(v));
+    }
+    const int s = special ? 0 : shared_exponent(amax, es, p.rule, p.bump);
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t idx = index(q);
+      float r = bits_f32(kQuietNaN);
+      if (!special) {
+        const uint32_t rnd = p.rounding == Rounding::stochastic
+                                 ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
+                                 : 0u;
+        const ElemResult e = quantize_element(input_value(p, p.in[idx]), s, es, p.rounding, rnd);
+        cnt.lastbin += e.lastbin;
+        cnt.clamped += e.clamped;
+        r = e.value;
+      }
+      if (p.inexact && bf16_inexact(r)) cnt.inexact += 1;
+      store1(p, idx, r);
+    }
+    cnt.blocks += 1;
+    cnt.n += static_cast<uint32_t>(end - begin);
+    cnt.nan_blocks += special ? 1u : 0u;
+  }
+  if (p.stats || p.inexact) flush_counters(cnt, p);
+}
+
+// ---- fp32 / bf16 / fp16 roles (element-wise) ----------------------------------------------
+__global__ void __launch_bounds__(kThreads) scalar_fmt_kernel(KParams p, NumFmt fmt, bool vec) {
+  const int64_t n = p.rows * p.cols;
+  Counters cnt;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
+    const int nv = n - i >= kVec ? kVec : static_cast<int>(n - i);
+    float r[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (vec && nv == kVec) {
+      const float4 t = *reinterpret_cast<const float4*>(p.in + i);
+      r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        if (j < nv) r[j] = p.in[i + j];
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float v = input_value(p, r[j]);
+      if (fmt == NumFmt::bf16) v = round_bf16(v, p.rounding);
+      else if (fmt == NumFmt::fp16) v = round_fp16(v, p.rounding);
+      r[j] = v;
+      if (p.inexact && j < nv && bf16_inexact(v)) cnt.inexact += 1;
+    }
+    store4(p, i, r, nv, vec);
+  }
+  if (p.inexact) flush_counters(cnt, p);
+}
+
+__global__ void add_counter_kernel(unsigned long long* word, unsigned long long value) { *word += value; }
+
+__global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* x, int64_t n, Rounding mode, bool vec) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
+    if (vec && n - i >= kVec) {
+      float4 t = *reinterpret_cast<float4*>(x + i);
+      t.x = round_bf16(t.x, mode); t.y = round_bf16(t.y, mode);
+      t.z = round_bf16(t.z, mode); t.w = round_bf16(t.w, mode);
+      *reinterpret_cast<float4*>(x + i) = t;
+    } else {
+      for (int64_t j = i; j < n && j < i + kVec; ++j) x[j] = round_bf16(x[j], mode);
+    }
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  MXLAB_CUDA_CHECK(cudaGetDevice(&dev));
+  MXLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+unsigned grid_for(int64_t work_items, int64_t items_per_cta) {
+  const int64_t want = (work_items + items_per_cta - 1) / items_per_cta;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * kCtasPerSm;
+  return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+bool same_spec(const QuantSpec& a, const QuantSpec& b) {
+  return a.fmt == b.fmt && a.block == b.block && a.rule == b.rule && a.rounding == b.rounding &&
+         a.bump == b.bump && a.seed == b.seed && a.salt == b.salt;
+}
+
+KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
+                    unsigned long long* inexact) {
+  KParams p;
+  p.in = L.in;
+  p.out = out;
+  p.out_kind = out ? kind : OutKind::none;
+  p.rows = L.rows;
+  p.cols = L.cols;
+  p.block = q.block;
+  p.rule = q.rule;
+  p.rounding = q.rounding;
+  p.bump = q.bump;
+  p.seed = q.seed;
+  p.salt = q.salt;
+  p.d_step = L.d_step;
+  p.round_first = L.round_bf16_first;
+  p.bf16_mode = L.bf16_mode;
+  p.stats = stats;
+  p.inexact = inexact;
+  return p;
+}
+
+#define MXLAB_FOR_EACH_ELEM(CASE)                    \
+  switch (elem) {                                    \
+    case Elem::fp8_e4m3: CASE(Elem::fp8_e4m3); break; \
+    case Elem::fp8_e5m2: CASE(Elem::fp8_e5m2); break; \
+    case Elem::fp6_e3m2: CASE(Elem::fp6_e3m2); break; \
+    case Elem::fp6_e2m3: CASE(Elem::fp6_e2m3); break; \
+    case Elem::fp4_e2m1: CASE(Elem::fp4_e2m1); break; \
+    case Elem::int8: CASE(Elem::int8); break;         \
+    default: throw Error("quantize: unknown MX element format");  \
+  }
+
+// One MX pass over the tensor under spec q (quantization and/or statistics).
+void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
+               unsigned long long* inexact, cudaStream_t s) {
+  if (q.block <= 0) throw Error(msg("quantize: block size must be positive (got ", q.block, ")"));
+  const KParams p = make_params(L, q, out, kind, stats, inexact);
+  const Elem elem = mx_elem(q.fmt);
+  const int k = q.block;
+  const int G = k / kVec;
+  const bool lanes_ok = k % kVec == 0 && G >= 1 && G <= 32 && (32 % G) == 0;
+  if (L.axis == Axis::contiguous && lanes_ok) {
+    const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
+    const bool vec = L.cols % kVec == 0 && aligned(L.in, 16) && (p.out_kind == OutKind::none || aligned(out, out_align));
+    const bool flat = L.cols % k == 0;
+    const int64_t units = L.rows * ((L.cols + k - 1) / k);
+    const unsigned grid = grid_for(units, (kThreads / 32) * (32 / G));
+#define MXLAB_LAUNCH_CONTIG(E) mx_contiguous_kernel<E><<<grid, kThreads, 0, s>>>(p, vec, flat)
+    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_CONTIG)
+#undef MXLAB_LAUNCH_CONTIG
+  } else if (L.axis == Axis::strided && k <= kMaxStridedBlock) {
+    const int64_t items = ((L.rows + k - 1) / k) * ((L.cols + kStridedThreads - 1) / kStridedThreads);
+    const unsigned grid = grid_for(items, 1);
+    const size_t smem = static_cast<size_t>(k) * kStridedThreads * sizeof(float);
+#define MXLAB_LAUNCH_STRIDED(E) mx_strided_kernel<E><<<grid, kStridedThreads, smem, s>>>(p)
+    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_STRIDED)
+#undef MXLAB_LAUNCH_STRIDED
+  } else {
+    const int64_t lines = L.axis == Axis::contiguous ? L.rows : L.cols;
+    const int64_t length = L.axis == Axis::contiguous ? L.cols : L.rows;
+    const unsigned grid = grid_for(lines * ((length + k - 1) / k), kThreads);
+    // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() here.)
+    mx_generic_kernel<<<grid, kThreads, 0, s>>>(p, kElemSpecs[static_cast<int>(elem)], L.axis);
+  }
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+void launch_scalar_fmt(const QuantLaunch& L, void* out, OutKind kind, unsigned long long* inexact, cudaStream_t s) {
+  const KParams p = make_params(L, L.q, out, kind, nullptr, inexact);
+  const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
+  const bool vec = aligned(L.in, 16) && aligned(out, out_align);
+  const unsigned grid = grid_for(L.rows * L.cols, static_cast<int64_t>(kThreads) * kVec);
+  scalar_fmt_kernel<<<grid, kThreads, 0, s>>>(p, L.q.fmt, vec);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+void validate(const QuantLaunch& L) {
+  if (L.rows < 0 || L.cols < 0) throw Error(msg("quantize: negative shape (", L.rows, " x ", L.cols, ")"));
+  if (L.rows > 0 && L.cols > 0 && !L.in) throw Error("quantize: null input pointer");
+  if (L.rows > 0 && L.cols > kMaxElements / L.rows)
+    throw Error(msg("quantize: tensor of ", L.rows, " x ", L.cols, " elements is larger than supported (2^43)"));
+  if (is_mx(L.q.fmt) && L.q.block <= 0)
+    throw Error(msg("quantize: block size must be positive (got ", L.q.block, ")"));
+}
+
+// Statistics pass under stats_q (when not fused into the quantization pass).
+void launch_stats(const QuantLaunch& L, cudaStream_t s) {
+  if (is_mx(L.stats_q.fmt)) {
+    launch_mx(L, L.stats_q, nullptr, OutKind::none, L.d_stats, nullptr, s);
+  } else {
+    // Like the CPU reference: a non-MX spec counts the elements and nothing else.
+    add_counter_kernel<<<1, 1, 0, s>>>(L.d_stats + kStatN, static_cast<unsigned long long>(L.rows * L.cols));
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+}
+
+void launch(const QuantLaunch& L, void* out, OutKind kind, cudaStream_t s) {
+  validate(L);
+  if (L.rows == 0 || L.cols == 0) return;
+  const bool fuse = L.d_stats && is_mx(L.q.fmt) && same_spec(L.q, L.stats_q);
+  // A separate statistics pass runs first: `out` may alias `in`.
+  if (L.d_stats && !fuse) launch_stats(L, s);
+  if (is_mx(L.q.fmt)) {
+    launch_mx(L, L.q, out, kind, fuse ? L.d_stats : nullptr, L.d_inexact, s);
+  } else {
+    launch_scalar_fmt(L, out, kind, L.d_inexact, s);
+  }
+}
+
+}  // namespace
+
+void quantize_f32(const QuantLaunch& L, float* out, cudaStream_t s) {
+  if (!out && L.rows * L.cols > 0) throw Error("quantize_f32: null output pointer");
+  launch(L, out, OutKind::f32, s);
+}
+
+void quantize_bf16(const QuantLaunch& L, __nv_bfloat16* out, cudaStream_t s) {
+  if (!out && L.rows * L.cols > 0) throw Error("quantize_bf16: null output pointer");
+  launch(L, out, OutKind::bf16, s);
+}
+
+void quant_stats(const QuantLaunch& L, cudaStream_t s) {
+  validate(L);
+  if (!L.d_stats || L.rows == 0 || L.cols == 0) return;
+  launch_stats(L, s);
+}
+
+void round_bf16_inplace(float* x, int64_t n, Rounding mode, cudaStream_t s) {
+  if (n <= 0) return;
+  const bool vec = aligned(x, 16);
+  const unsigned grid = grid_for(n, static_cast<int64_t>(kThreads) * kVec);
+  round_bf16_kernel<<<grid, kThreads, 0, s>>>(x, n, mode, vec);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mxlab::cuda
