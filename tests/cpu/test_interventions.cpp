@@ -50,7 +50,9 @@ class InterventionRuns : public ::testing::Test {
   static std::string run(const std::string& yaml, const std::string& out) {
     const Proc p = run_mxlab({"run", yaml, "--out", out});
     EXPECT_EQ(p.exit_code, 0) << p.output;
-    return out + "/" + p.output.substr(0, p.output.find(':')) + ".h5";
+    const std::string file = run_file_in(out);
+    EXPECT_FALSE(file.empty()) << p.output;
+    return file;
   }
 
   // A copy of the finished baseline run (file and checkpoints) in a fresh directory.

@@ -49,9 +49,9 @@ class Resume : public ::testing::Test {
     const std::string ref = dir_ + "/A";
     const Proc p = run_mxlab({"run", yaml_, "--out", ref});
     ASSERT_EQ(p.exit_code, 0) << p.output;
-    // "<id>: complete -> <path>"
-    run_id_ = p.output.substr(0, p.output.find(':'));
-    ref_file_ = ref + "/" + run_id_ + ".h5";
+    ref_file_ = run_file_in(ref);
+    ASSERT_FALSE(ref_file_.empty()) << p.output;
+    run_id_ = ref_file_.substr(ref.size() + 1, ref_file_.size() - ref.size() - 4);
     ref_wall_s_ = p.wall_s;
     ASSERT_TRUE(file_exists(ref_file_)) << p.output;
     ASSERT_EQ(root_str(ref_file_, "status"), "complete");
@@ -69,9 +69,9 @@ class Resume : public ::testing::Test {
       const Proc p = run_mxlab(run_args(out));
       log += p.output;
       EXPECT_EQ(p.exit_code, 0) << p.output;
-      // "complete ->" when this rerun finished it; "already complete" when a killed start
+      // "<id> complete:" when this rerun finished it; "already complete" when a killed start
       // had finished before the kill landed.
-      if (p.exit_code == 0 && (contains(p.output, ": complete ->") || contains(p.output, "already complete")))
+      if (p.exit_code == 0 && (contains(p.output, run_id_ + " complete:") || contains(p.output, "already complete")))
         return log;
     }
     ADD_FAILURE() << "the run did not complete after " << kMaxReruns << " reruns:\n" << log;
@@ -167,7 +167,7 @@ TEST_F(Resume, SigintAndSigtermCheckpointMarkInterruptedAndResume) {
     EXPECT_EQ(root_str(file, "status"), "interrupted");
     const Proc r = run_mxlab(run_args(out));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(contains(r.output, "(resumed from step")) << r.output;
+    EXPECT_TRUE(contains(r.output, "resumed from step")) << r.output;
     EXPECT_EQ(root_str(file, "status"), "complete");
     expect_same_run_files(ref_file_, file);
   }
@@ -182,9 +182,10 @@ TEST_F(Resume, BadCheckpointsAreRefusedAndAnEarlierOneIsUsed) {
   const std::string other = make_temp_dir("other");
   const Proc o = run_mxlab({"run", yaml_, "--out", other, "--steps", "30", "--set", "seed=4", "--set", "interventions=[]"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  const std::string other_id = o.output.substr(0, o.output.find(':'));
-  ASSERT_NE(other_id, run_id_);
-  copy_file(other + "/" + other_id + ".step20.ckpt", ckpt(out, 190));
+  const std::string other_file = run_file_in(other);
+  ASSERT_FALSE(other_file.empty()) << o.output;
+  ASSERT_NE(other_file.substr(other.size() + 1), run_id_ + ".h5");
+  copy_file(other_file.substr(0, other_file.size() - 3) + ".step20.ckpt", ckpt(out, 190));
   // One flipped byte in the payload.
   std::string b = slurp(ckpt(out, 180));
   b[b.size() / 2] ^= 0x10;
@@ -207,7 +208,7 @@ TEST_F(Resume, BadCheckpointsAreRefusedAndAnEarlierOneIsUsed) {
   EXPECT_TRUE(contains(r.output, "step140.ckpt has format version 2, this mxlab reads version 1")) << r.output;
   EXPECT_EQ(count_of(r.output, "mxlab: warning: "), 4) << r.output;
   EXPECT_EQ(count_of(r.output, "; trying an earlier one\n"), 4) << "one line per refused checkpoint:\n" << r.output;
-  EXPECT_TRUE(contains(r.output, "(resumed from step 120)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resumed from step 120")) << r.output;
   const std::string file = out + "/" + run_id_ + ".h5";
   EXPECT_EQ(root_str(file, "status"), "complete");
   expect_same_run_files(ref_file_, file);
@@ -246,7 +247,7 @@ TEST_F(Resume, DamagedFileIsRestoredFromItsSnapshot) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "is damaged")) << r.output;
   EXPECT_TRUE(contains(r.output, "restored from " + file + ".snapshot")) << r.output;
-  EXPECT_TRUE(contains(r.output, "(resumed from step 180)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resumed from step 180")) << r.output;
   EXPECT_EQ(root_str(file, "status"), "complete");
   expect_same_run_files(ref_file_, file);
 }
