@@ -440,6 +440,9 @@ void Trainer::step_once(bool log) {
 
 std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
   const int64_t end = to_step < 0 ? cfg_.steps : std::min<int64_t>(to_step, cfg_.steps);
+  // A resumed run skips open_output(); without it, datasets first created after the checkpoint
+  // (a branch that had not logged yet) would lack their attributes.
+  if (!output_open_) open_output();
   while (step_ < end) {
     if (ctl.stop_requested && ctl.stop_requested()) return "interrupted";
     if (ctl.checkpoint && checkpoint_due(step_)) ctl.checkpoint(step_);
@@ -535,6 +538,7 @@ std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const 
 void Trainer::open_output() {
   for (auto& t : traj_)
     if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
+  output_open_ = true;
 }
 
 void Trainer::finish(const std::string& status) {
@@ -560,6 +564,9 @@ void Trainer::finish(const std::string& status) {
     const int64_t n = std::max<int64_t>(0, step_ - tr.start_step);
     sink_.write_loss_history(tr.h5_group, download(tr.loss_hist + tr.start_step, static_cast<size_t>(n)));
   }
+  // Everything is on disk before the status says so: a kill inside this flush leaves a file
+  // that still says `running` (and resumes), never a `complete` one with missing data.
+  sink_.flush();
   Attrs root;
   root.str["status"] = status;
   sink_.set_root_attrs(root);
