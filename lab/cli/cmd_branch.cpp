@@ -1,6 +1,7 @@
 // `mxlab branch RUN.h5 --at STEP (--apply PRESET | --set k=v ...) --name N`: add an
-// intervention branch to an existing run after the fact, from its checkpoint at (or before,
-// replaying forward) STEP. The branch is written to branches/<N> of the same file.
+// intervention branch to a finished run after the fact, from its checkpoint at (or before,
+// replaying forward) STEP. The branch is written to branches/<N> of the same file, bit-identical
+// to the same intervention run in-line (the replay recomputes exactly what the run computed).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -28,14 +29,55 @@ std::string dir_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// The checkpoint a branch at `at` starts from: the latest valid one at or before `at`. Invalid
+// ones (corrupted, truncated, another configuration's, another format version) are never used:
+// each gets a one-line warning and an earlier one is tried, as `mxlab run` does when resuming.
+int64_t pick_checkpoint(const std::string& dir, const std::string& run_id, int at) {
+  std::vector<int64_t> steps;
+  for (int64_t s : list_checkpoints(dir, run_id))
+    if (s <= at) steps.push_back(s);
+  int refused = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    try {
+      checkpoint_step(checkpoint_path(dir, run_id, *it), run_id);
+      return *it;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mxlab: warning: %s; trying an earlier one\n", e.what());
+      ++refused;
+    }
+  }
+  if (refused > 0)
+    throw Error(msg("no valid checkpoint of run ", run_id, " at or before step ", at, " in ", dir, " (", refused,
+                    " refused, see the warnings above): run the experiment again with checkpoint_every set, "
+                    "or choose a later --at"));
+  throw Error(msg("no checkpoint of run ", run_id, " at or before step ", at, " in ", dir,
+                  " (set checkpoint_every in the experiment, or interventions at this step, and run it again)"));
+}
+
 int do_branch(const BranchArgs& a) {
   const std::string run_id = RunFile::peek_root_str(a.file, "run_id");
   const std::string yaml = RunFile::peek_root_str(a.file, "config_yaml");
   const std::string run_status = RunFile::peek_root_str(a.file, "status");
   if (run_id.empty() || yaml.empty()) throw Error(msg(a.file, " is not an mxlab run file (no run_id/config_yaml)"));
+  // Resuming an unfinished run truncates every group at its checkpoint and recomputes only the
+  // branches its configuration names, so a branch added now would be silently cut short.
+  if (run_status != "complete" && run_status != "diverged")
+    throw Error(msg(a.file, " has status '", run_status, "': finish the run first (run the same `mxlab run` "
+                    "command again to resume it), then add branches"));
   RunConfig cfg = config_from_yaml_string(yaml, a.file, {});
   for (const auto& iv : cfg.interventions)
-    if (iv.name == a.name) throw Error(msg("branch '", a.name, "' already exists in ", a.file, "; choose another --name"));
+    if (iv.name == a.name)
+      throw Error(msg("branch '", a.name, "' is one of the run's interventions in ", a.file, "; choose another --name"));
+  // Opening checks the whole file and, if an earlier write into it was killed, restores it from
+  // its snapshot (run_file.h).
+  std::unique_ptr<RunFile> file = RunFile::open(a.file);
+  const std::string group = "branches/" + a.name;
+  bool redo = false;  // an earlier `mxlab branch` of this name was interrupted: recompute it
+  if (file->has_group(group)) {
+    if (file->group_has_attr(group, "state"))
+      throw Error(msg("branch '", a.name, "' already exists in ", a.file, " (added earlier); choose another --name"));
+    redo = true;
+  }
   InterventionConfig iv;
   iv.name = a.name;
   iv.at = a.at;
@@ -46,18 +88,28 @@ int do_branch(const BranchArgs& a) {
     iv.set[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   if (iv.at <= 0 || iv.at >= cfg.steps) throw Error(msg("--at must be in [1, ", cfg.steps, "), got ", iv.at));
+  if (iv.apply.empty() && iv.set.empty()) throw Error("the branch changes nothing: give --apply PRESET and/or --set k=v");
   apply_intervention(cfg.precision, iv);  // validates the preset and fields before any work
   cfg.interventions.push_back(iv);
+  // Every other rule of an `interventions:` entry (name, impossible shapes): parse it as YAML.
+  const std::string origin = "branch";
+  try {
+    cfg = config_from_yaml_string(dump_config(cfg), origin, {});
+  } catch (const Error& e) {
+    std::string why = e.what();  // "branch:LINE: problem": the line is of generated text
+    const auto colon = why.find(": ");
+    if (why.rfind(origin + ":", 0) == 0 && colon != std::string::npos) why = why.substr(colon + 2);
+    throw Error(msg("invalid branch: ", why));
+  }
 
   const std::string dir = dir_of(a.file);
-  int64_t best = -1;
-  for (int64_t s : list_checkpoints(dir, run_id))
-    if (s <= iv.at) best = s;
-  if (best < 0)
-    throw Error(msg("no checkpoint of run ", run_id, " at or before step ", iv.at, " in ", dir,
-                    " (set checkpoint_every in the experiment, or interventions at this step, and run it again)"));
+  const int64_t best = pick_checkpoint(dir, run_id, iv.at);
   std::unique_ptr<Backend> be = make_backend(a.device.empty() ? cfg.device : a.device);
-  std::unique_ptr<RunFile> file = RunFile::open(a.file);
+  if (redo) {
+    std::fprintf(stderr, "mxlab: branch '%s' in %s is incomplete (an interrupted mxlab branch): computing it again\n",
+                 a.name.c_str(), a.file.c_str());
+    file->clear_group(group);
+  }
   Trainer tr(cfg, *be, *file);
   tr.restrict_output({iv.name});
   load_checkpoint(tr, run_id, checkpoint_path(dir, run_id, best));
@@ -69,7 +121,8 @@ int do_branch(const BranchArgs& a) {
   ctl.stop_requested = [stop] { return stop->load(); };
   const std::string status = tr.run(ctl);
   if (status == "interrupted") {
-    std::fprintf(stderr, "mxlab: interrupted; the branch is incomplete in %s\n", a.file.c_str());
+    std::fprintf(stderr, "mxlab: interrupted; branch '%s' is incomplete in %s: run the same command again\n",
+                 a.name.c_str(), a.file.c_str());
     file->flush();
     return 130;
   }

@@ -1,16 +1,23 @@
-// `mxlab run EXP.yaml`: run an experiment's configuration(s) and write one HDF5 file each.
+// `mxlab run EXP.yaml`: run every run of an experiment that is not complete yet - N at once
+// (--jobs), over the GPUs of a host (--gpus), or one shard of it (--shard i/n or a Slurm array)
+// - writing <out>/<run_id>.h5 each, then rebuild <out>/index.csv and print what happened.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
-#include "lab/train/config_io.h"
+#include "lab/train/checkpoint.h"
+#include "lab/train/index.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/run_file.h"
+#include "lab/train/sweep.h"
+#include "lab/train/sweep_runner.h"
 
 namespace mxlab::cli {
 namespace {
@@ -19,44 +26,113 @@ struct RunArgs {
   std::string exp;
   std::string out = "runs";
   std::string device;
+  std::string gpus;
+  std::string shard;
+  int jobs = 0;  // 0: 1, or one per GPU with --gpus
   int steps = 0;
   std::vector<std::string> sets;
   bool quiet = false;
+  bool dry_run = false;
 };
+
+// What a run would do, without doing it (--dry-run).
+std::string pending_state(const ExpandedRun& r, const std::string& out) {
+  const std::string path = out + "/" + r.id + ".h5";
+  if (::access(path.c_str(), F_OK) != 0) return "run";
+  const std::string holder = live_lock_holder(out, r.id);
+  if (!holder.empty()) return "busy (locked by " + holder + ")";
+  const std::string status = RunFile::peek_root_str(path, "status");
+  if (status == "complete" || status == "diverged") return "skip (" + status + ")";
+  const std::vector<int64_t> ck = list_checkpoints(out, r.id);
+  if (!ck.empty()) return msg("resume (", status.empty() ? "unreadable" : status, ", checkpoint at step ", ck.back(), ")");
+  return msg("run again (", status.empty() ? "unreadable" : status, ", no checkpoint)");
+}
 
 int do_run(const RunArgs& a) {
   std::vector<std::string> overrides = a.sets;
   if (a.steps > 0) overrides.push_back("steps=" + std::to_string(a.steps));
-  const RunConfig cfg = load_config(a.exp, overrides);
-  RunOptions opt;
+  const std::vector<ExpandedRun> all = expand_experiment(a.exp, overrides);
+
+  std::optional<ShardSpec> shard;
+  if (!a.shard.empty()) shard = parse_shard(a.shard);
+  else shard = shard_from_env([](const char* name) { return std::getenv(name); });
+  const std::vector<ExpandedRun> runs = shard ? select_shard(all, *shard) : all;
+  if (shard)
+    std::fprintf(stderr, "mxlab: shard %d/%d (%s): %zu of %zu runs\n", shard->index, shard->count,
+                 shard->origin.c_str(), runs.size(), all.size());
+
+  SweepOptions opt;
   opt.out_dir = a.out;
   opt.device = a.device;
-  opt.progress = !a.quiet && ::isatty(STDERR_FILENO) && cfg.log.progress;
-  opt.stop = install_stop_handlers();
-  opt.make_backend = [](const std::string& dev) { return make_backend(dev); };
-  const RunOutcome r = run_one(cfg, opt);
-  if (r.status == "skipped") {
-    std::printf("%s: already complete (%s), skipped\n", r.run_id.c_str(), r.path.c_str());
+  if (!a.gpus.empty()) {
+    opt.gpus = parse_gpu_list(a.gpus);
+    if (!a.device.empty()) throw Error("--gpus and --device exclude each other (--gpus 0,1 runs on cuda:0 and cuda:1)");
+  }
+  opt.jobs = a.jobs > 0 ? a.jobs : (opt.gpus.empty() ? 1 : static_cast<int>(opt.gpus.size()));
+  if (!opt.gpus.empty() && opt.jobs < static_cast<int>(opt.gpus.size()))
+    std::fprintf(stderr, "mxlab: warning: --jobs %d < %zu GPUs: only the first %d are used\n", opt.jobs,
+                 opt.gpus.size(), opt.jobs);
+
+  if (a.dry_run) {
+    for (const ExpandedRun& r : runs) {
+      std::string sw;
+      for (const auto& [k, v] : r.swept) sw += "  " + k + "=" + v;
+      std::printf("%d %s %s%s\n", r.index, r.id.c_str(), pending_state(r, a.out).c_str(), sw.c_str());
+    }
+    std::printf("%zu runs in this shard, %zu in the experiment\n", runs.size(), all.size());
     return 0;
   }
-  std::printf("%s: %s -> %s%s\n", r.run_id.c_str(), r.status.c_str(), r.path.c_str(),
-              r.resumed ? msg(" (resumed from step ", r.resumed_from, ")").c_str() : "");
-  if (r.status == "interrupted") {
-    std::fprintf(stderr, "mxlab: interrupted; run the same command again to resume\n");
-    return 130;
+  if (runs.empty()) {
+    std::printf("no runs in this shard (%zu runs in the experiment, %d shards): nothing to do\n", all.size(),
+                shard ? shard->count : 1);
+    return 0;
   }
-  return 0;
+
+  // A device that cannot be opened would fail every run the same way: say it once, up front.
+  std::set<std::string> devices;
+  if (!opt.gpus.empty()) {
+    for (int j = 0; j < opt.jobs; ++j) devices.insert("cuda:" + std::to_string(opt.gpus[static_cast<size_t>(j) % opt.gpus.size()]));
+  } else if (!opt.device.empty()) {
+    devices.insert(opt.device);
+  } else {
+    for (const ExpandedRun& r : runs) devices.insert(r.cfg.device);
+  }
+  for (const std::string& d : devices) make_backend(d);  // throws mxlab::Error with the fix
+
+  bool show_progress = true;
+  for (const ExpandedRun& r : runs) show_progress = show_progress && r.cfg.log.progress;
+  opt.live = !a.quiet && show_progress && ::isatty(STDERR_FILENO);
+  opt.stop = install_stop_handlers();
+  opt.make_backend = [](const std::string& dev) { return make_backend(dev); };
+  const SweepResult result = run_sweep(runs, opt);
+
+  try {
+    rebuild_index(a.out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mxlab: warning: could not rebuild %s/index.csv: %s\n", a.out.c_str(), e.what());
+  }
+  const std::string report = format_sweep_report(result);
+  std::fwrite(report.data(), 1, report.size(), stdout);
+  std::fflush(stdout);
+  return result.exit_code;
 }
 
 const Registrar reg(20, [](CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  CLI::App* c = app.add_subcommand("run", "Train the paired FP32/MX trajectories of an experiment YAML");
+  CLI::App* c = app.add_subcommand("run", "Train the paired FP32/MX runs of an experiment YAML (every run not yet complete)");
   c->add_option("experiment", a->exp, "experiment YAML file")->required()->check(CLI::ExistingFile);
-  c->add_option("--out", a->out, "output directory for <run_id>.h5 files")->capture_default_str();
+  c->add_option("--out", a->out, "output directory for <run_id>.h5 files and index.csv")->capture_default_str();
   c->add_option("--device", a->device, "cpu | auto | cuda | cuda:N (overrides the YAML's device)");
-  c->add_option("--steps", a->steps, "override the number of steps");
-  c->add_option("--set", a->sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
-  c->add_flag("--quiet", a->quiet, "no progress line");
+  c->add_option("--jobs,-j", a->jobs, "runs at once (threads; on one GPU they share it through concurrent streams); "
+                                      "default 1, or one per GPU with --gpus");
+  c->add_option("--gpus", a->gpus, "spread the runs over these GPUs of this host, e.g. 0,1,2,3 (job j uses the "
+                                   "(j mod n)-th)");
+  c->add_option("--shard", a->shard, "run only runs with index % n == i (0-based), e.g. --shard 3/16; default: "
+                                     "from SLURM_ARRAY_TASK_ID/COUNT (or MIN/MAX) when set");
+  c->add_option("--steps", a->steps, "override the number of steps of every run");
+  c->add_option("--set", a->sets, "override a config key of every run: --set optimizer.lr=3e-4 (repeatable)");
+  c->add_flag("--quiet", a->quiet, "no live progress line");
+  c->add_flag("--dry-run", a->dry_run, "list this shard's runs and what would happen to each, run nothing");
   c->callback([a] { set_exit_code(do_run(*a)); });
 });
 

@@ -138,13 +138,19 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
   const RunConfig& cfg = tr.config();
   const size_t np = static_cast<size_t>(tr.shape().num_params);
   const size_t steps = static_cast<size_t>(std::max(cfg.steps, 1));
+  // Branches that have not started hold only the initial weights: leaving them out keeps the
+  // checkpoints before the intervention steps small. (A branch whose baseline stopped before
+  // its `at` never starts but is marked stopped: it is kept, that mark is state.)
+  std::vector<Trajectory*> saved;
+  for (size_t i = 0; i < tr.num_trajectories(); ++i)
+    if (tr.trajectory(i).started || tr.trajectory(i).stopped) saved.push_back(&tr.trajectory(i));
   std::ostringstream h;
   h << "config_hash=" << config_hash << "\nstep=" << tr.step() << "\nsteps=" << cfg.steps
     << "\nnum_params=" << np << "\ntrajectories=";
-  for (size_t i = 0; i < tr.num_trajectories(); ++i) h << (i ? "," : "") << tr.trajectory(i).name;
+  for (size_t i = 0; i < saved.size(); ++i) h << (i ? "," : "") << saved[i]->name;
   h << "\n";
-  for (size_t i = 0; i < tr.num_trajectories(); ++i) {
-    const Trajectory& t = tr.trajectory(i);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const Trajectory& t = *saved[i];
     const std::string k = msg("t", i, ".");
     h << k << "name=" << t.name << "\n" << k << "started=" << t.started << "\n" << k << "stopped=" << t.stopped
       << "\n" << k << "start_step=" << t.start_step << "\n" << k << "bias_avg=" << hexfloat(t.bias_avg) << "\n"
@@ -157,8 +163,8 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
   b.put_pod<uint32_t>(kCheckpointVersion);
   b.put_pod<uint32_t>(static_cast<uint32_t>(header.size()));
   b.put(header.data(), header.size());
-  for (size_t i = 0; i < tr.num_trajectories(); ++i) {
-    Trajectory& t = tr.trajectory(i);
+  for (Trajectory* tp : saved) {
+    Trajectory& t = *tp;
     for (const float* p : {t.params, t.m, t.v}) {
       const std::vector<float> host = tr.download(p, np);
       b.put(host.data(), np * sizeof(float));

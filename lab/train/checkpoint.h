@@ -7,8 +7,11 @@
 //   u64 FNV-1a-64 checksum of every preceding byte | "MXLABEND"
 // Header keys: config_hash, step, steps, num_params, trajectories (comma list), and per
 // trajectory t<i>.{name,started,stopped,start_step,bias_avg,bias_avg_weight,rows_logged,last_loss}
-// (doubles written as hex floats, exact). A file whose checksum, size, version or config hash
-// does not match is refused with a message saying which and what to do.
+// (doubles written as hex floats, exact). Only trajectories that have started (or were marked
+// stopped) by the checkpoint's step are saved: a branch that has not started yet is rebuilt from
+// the baseline at its `at`. Size: (3 * num_params + steps) * 4 bytes per saved trajectory.
+// A file whose checksum, size, version or config hash does not match is refused with a message
+// saying which and what to do.
 #pragma once
 #include <cstdint>
 #include <string>

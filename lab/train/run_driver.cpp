@@ -1,17 +1,21 @@
-// run_one: one configuration from start (or its latest checkpoint) to its final file.
+// run_one: one configuration from start (or its latest checkpoint) to its final file, under a
+// per-run lock so that several processes can share one results directory.
 #include "lab/train/run_driver.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "lab/core/error.h"
+#include "lab/io/h5file.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/run_file.h"
@@ -26,10 +30,22 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_stop_signal(int) { g_stop.store(true); }
 
+// A lock file with no content yet is being written by its creator; one that stays empty this
+// long belonged to a process that died between creating and writing it.
+constexpr int kStaleEmptyLockSeconds = 60;
+// A `.break` file (held for microseconds while a stale lock is replaced) older than this is
+// left over from a process that died in that window.
+constexpr int kStaleBreakSeconds = 30;
+// O_EXCL attempts before giving up on a contended lock (each after a short sleep).
+constexpr int kLockAttempts = 50;
+constexpr auto kLockRetrySleep = std::chrono::milliseconds(10);
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
   char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
 
@@ -55,7 +71,229 @@ std::string format_duration(double s) {
   return buf;
 }
 
+// ---- lock files ----
+
+struct LockInfo {
+  bool exists = false;
+  std::string raw;
+  long pid = -1;
+  std::string host;
+  std::time_t mtime = 0;
+};
+
+LockInfo read_lock(const std::string& path) {
+  LockInfo info;
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return info;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) info.mtime = st.st_mtime;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  info.exists = true;
+  if (n > 0) info.raw.assign(buf, static_cast<size_t>(n));
+  // "pid=<pid> host=<host> time=<utc>"
+  const auto p = info.raw.find("pid=");
+  const auto h = info.raw.find(" host=");
+  if (p != std::string::npos && h != std::string::npos && h > p) {
+    info.pid = std::strtol(info.raw.c_str() + p + 4, nullptr, 10);
+    const auto end = info.raw.find(' ', h + 6);
+    info.host = info.raw.substr(h + 6, end == std::string::npos ? std::string::npos : end - h - 6);
+    while (!info.host.empty() && (info.host.back() == '\n' || info.host.back() == '\r')) info.host.pop_back();
+  }
+  return info;
+}
+
+std::string describe_holder(const LockInfo& info) {
+  if (info.pid < 0) return "a process that is still writing the lock file";
+  return msg("pid ", info.pid, " on host ", info.host.empty() ? "?" : info.host);
+}
+
+// Whether the holder of a lock is alive; when not, `why` says why the lock is stale.
+enum class Holder { alive, being_written, stale };
+Holder judge(const LockInfo& info, std::string* why) {
+  const std::time_t now = std::time(nullptr);
+  const long age = static_cast<long>(now - info.mtime);
+  if (info.pid < 0) {
+    if (age > kStaleEmptyLockSeconds) {
+      *why = msg("it has held no owner for ", age, " s");
+      return Holder::stale;
+    }
+    return Holder::being_written;
+  }
+  if (info.host == host_name()) {
+    if (info.pid == static_cast<long>(::getpid())) return Holder::alive;  // another thread of ours
+    if (::kill(static_cast<pid_t>(info.pid), 0) == 0 || errno == EPERM) return Holder::alive;
+    *why = msg("pid ", info.pid, " on this host (", info.host, ") is gone");
+    return Holder::stale;
+  }
+  if (age > kStaleRemoteLockSeconds) {
+    *why = msg("its holder, pid ", info.pid, " on host ", info.host, ", has not refreshed it for ", age / 60, " min");
+    return Holder::stale;
+  }
+  return Holder::alive;
+}
+
+// Remove the stale lock `path` (whose content was `seen`) unless someone replaced it meanwhile.
+// The `.break` file makes the check-and-remove atomic among processes doing the same.
+void break_stale_lock(const std::string& path, const LockInfo& seen, const std::string& why) {
+  const std::string brk = path + ".break";
+  const int fd = ::open(brk.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    struct stat st {};
+    if (errno == EEXIST && ::stat(brk.c_str(), &st) == 0 && std::time(nullptr) - st.st_mtime > kStaleBreakSeconds)
+      ::unlink(brk.c_str());
+    return;
+  }
+  ::close(fd);
+  const LockInfo now = read_lock(path);
+  if (now.exists && now.raw == seen.raw && now.mtime == seen.mtime) {
+    ::unlink(path.c_str());
+    std::fprintf(stderr, "mxlab: taking over the stale lock %s: %s\n", path.c_str(), why.c_str());
+  }
+  ::unlink(brk.c_str());
+}
+
+// ---- the run file behind the HDF5 mutex ----
+
+// Forwards to a RunFile, holding hdf5_mutex() for each call (and for closing the file).
+class LockedRunFile : public MetricSink {
+ public:
+  explicit LockedRunFile(std::unique_ptr<RunFile> f) : f_(std::move(f)) {}
+  ~LockedRunFile() override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_.reset();
+  }
+  void open_group(const std::string& path, const Attrs& attrs, const std::map<std::string, Attrs>& da) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->open_group(path, attrs, da);
+  }
+  void append(const std::string& group, const MetricRow& row) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->append(group, row);
+  }
+  void set_group_attrs(const std::string& group, const Attrs& attrs) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->set_group_attrs(group, attrs);
+  }
+  void set_root_attrs(const Attrs& attrs) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->set_root_attrs(attrs);
+  }
+  void write_loss_history(const std::string& group, const std::vector<float>& loss) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->write_loss_history(group, loss);
+  }
+  void flush() override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->flush();
+  }
+  void truncate_from(int64_t step) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->truncate_from(step);
+  }
+
+ private:
+  std::unique_ptr<RunFile> f_;
+};
+
+std::string peek(const std::string& path, const std::string& attr) {
+  std::lock_guard<std::mutex> g(hdf5_mutex());
+  return RunFile::peek_root_str(path, attr);
+}
+
+// Divergence step of the MX trajectory recorded in a finished file (-1 if absent).
+int64_t recorded_divergence(const std::string& path) {
+  std::lock_guard<std::mutex> g(hdf5_mutex());
+  try {
+    h5::H5File f(path, h5::H5File::Mode::read);
+    const char* grp = "trajectories/mx";
+    if (f.is_group(grp) && f.has_attr(grp, "divergence_step")) return f.get_attr_int64(grp, "divergence_step");
+  } catch (const Error&) {
+  }
+  return -1;
+}
+
 }  // namespace
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+std::string RunLock::lock_path(const std::string& dir, const std::string& run_id) {
+  return dir + "/" + run_id + ".lock";
+}
+
+bool RunLock::try_acquire(const std::string& dir, const std::string& run_id) {
+  release();
+  const std::string path = lock_path(dir, run_id);
+  const std::string content = msg("pid=", ::getpid(), " host=", host_name(), " time=", utc_now(), "\n");
+  holder_.clear();
+  for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+      const ssize_t n = ::write(fd, content.data(), content.size());
+      ::close(fd);
+      if (n != static_cast<ssize_t>(content.size())) {
+        ::unlink(path.c_str());
+        throw Error(msg("cannot write lock file ", path, " (disk full?)"));
+      }
+      path_ = path;
+      content_ = content;
+      last_beat_ = static_cast<int64_t>(std::time(nullptr));
+      return true;
+    }
+    if (errno != EEXIST)
+      throw Error(msg("cannot create lock file ", path, ": ", std::strerror(errno), " (is the output directory writable?)"));
+    const LockInfo info = read_lock(path);
+    if (!info.exists) continue;  // released between our open and read: try again
+    std::string why;
+    switch (judge(info, &why)) {
+      case Holder::alive:
+        holder_ = describe_holder(info);
+        return false;
+      case Holder::being_written:
+        holder_ = describe_holder(info);
+        std::this_thread::sleep_for(kLockRetrySleep);
+        break;
+      case Holder::stale:
+        break_stale_lock(path, info, why);
+        break;
+    }
+  }
+  if (holder_.empty()) holder_ = "another process (the lock stayed contended)";
+  return false;
+}
+
+void RunLock::heartbeat() {
+  if (path_.empty()) return;
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (now - last_beat_ < kLockHeartbeatSeconds) return;
+  last_beat_ = now;
+  ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+}
+
+void RunLock::release() {
+  if (path_.empty()) return;
+  const LockInfo info = read_lock(path_);
+  if (info.exists && info.raw == content_) ::unlink(path_.c_str());
+  path_.clear();
+  content_.clear();
+}
+
+std::string live_lock_holder(const std::string& dir, const std::string& run_id) {
+  const LockInfo info = read_lock(RunLock::lock_path(dir, run_id));
+  if (!info.exists) return "";
+  std::string why;
+  return judge(info, &why) == Holder::stale ? "" : describe_holder(info);
+}
 
 const std::atomic<bool>* install_stop_handlers() {
   struct sigaction sa {};
@@ -75,89 +313,123 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
   make_dirs(opt.out_dir);
   out.path = opt.out_dir + "/" + out.run_id + ".h5";
 
+  // The lock comes before any look at the file: a process that finished the run just before
+  // we got the lock has set its final status by then.
+  RunLock lock;
+  try {
+    if (opt.lock && !lock.try_acquire(opt.out_dir, out.run_id)) {
+      out.status = "busy";
+      out.error = "locked by " + lock.holder();
+      return out;
+    }
+  } catch (const std::exception& e) {
+    out.status = "failed";
+    out.error = e.what();
+    return out;
+  }
+
   // A finished file of the same configuration is a result: never recompute it.
   if (file_exists(out.path)) {
-    const std::string status = RunFile::peek_root_str(out.path, "status");
-    const std::string id = RunFile::peek_root_str(out.path, "run_id");
+    const std::string status = peek(out.path, "status");
+    const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
       out.status = "skipped";
+      out.divergence_step = recorded_divergence(out.path);
       return out;
     }
   }
 
-  std::unique_ptr<Backend> be = opt.make_backend(cfg.device);
+  std::unique_ptr<LockedRunFile> file;
+  try {
+    std::unique_ptr<Backend> be = opt.make_backend(cfg.device);
 
-  // Resume from the latest valid checkpoint of an unfinished file of this configuration.
-  std::unique_ptr<RunFile> file;
-  int64_t resume_step = 0;
-  std::string resume_ckpt;
-  if (file_exists(out.path) && RunFile::peek_root_str(out.path, "run_id") == out.run_id) {
-    const std::vector<int64_t> steps = list_checkpoints(opt.out_dir, out.run_id);
-    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-      const std::string p = checkpoint_path(opt.out_dir, out.run_id, *it);
-      try {
-        checkpoint_step(p, out.run_id);
-        resume_step = *it;
-        resume_ckpt = p;
-        break;
-      } catch (const Error& e) {
-        std::fprintf(stderr, "mxlab: warning: %s; trying an earlier one\n", e.what());
+    // Resume from the latest valid checkpoint of an unfinished file of this configuration.
+    int64_t resume_step = 0;
+    std::string resume_ckpt;
+    if (file_exists(out.path) && peek(out.path, "run_id") == out.run_id) {
+      const std::vector<int64_t> steps = list_checkpoints(opt.out_dir, out.run_id);
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const std::string p = checkpoint_path(opt.out_dir, out.run_id, *it);
+        try {
+          checkpoint_step(p, out.run_id);
+          resume_step = *it;
+          resume_ckpt = p;
+          break;
+        } catch (const Error& e) {
+          std::fprintf(stderr, "mxlab: warning: %s; trying an earlier one\n", e.what());
+        }
+      }
+      if (!resume_ckpt.empty()) {
+        try {
+          std::lock_guard<std::mutex> g(hdf5_mutex());
+          file = std::make_unique<LockedRunFile>(RunFile::open(out.path));
+        } catch (const Error& e) {
+          std::fprintf(stderr, "mxlab: warning: cannot reopen %s (%s): starting the run again\n", out.path.c_str(),
+                       e.what());
+          file.reset();
+          resume_ckpt.clear();
+          resume_step = 0;
+        }
       }
     }
-    if (!resume_ckpt.empty()) {
-      try {
-        file = RunFile::open(out.path);
-      } catch (const Error& e) {
-        std::fprintf(stderr, "mxlab: warning: cannot reopen %s (%s): starting the run again\n", out.path.c_str(), e.what());
-        file.reset();
-        resume_ckpt.clear();
-        resume_step = 0;
-      }
+    if (!file) {
+      Attrs root;
+      root.ints["schema_version"] = kSchemaVersion;
+      root.str["mxlab_version"] = MXLAB_VERSION;
+      root.str["git_commit"] = MXLAB_GIT_COMMIT;
+      root.str["build_type"] = MXLAB_BUILD_TYPE;
+      root.str["device"] = be->name();
+      root.str["math_mode"] = be->math_mode();
+      for (const auto& [k, v] : be->describe()) root.str[k] = v;
+      root.ints["seed"] = static_cast<int64_t>(cfg.seed);
+      root.str["run_id"] = out.run_id;
+      root.str["config_yaml"] = dump_config(cfg);
+      root.str["start_time"] = utc_now();
+      root.str["status"] = "running";
+      root.ints["steps"] = cfg.steps;
+      std::lock_guard<std::mutex> g(hdf5_mutex());
+      file = std::make_unique<LockedRunFile>(RunFile::create(out.path, root));
     }
-  }
-  if (!file) {
-    Attrs root;
-    root.ints["schema_version"] = kSchemaVersion;
-    root.str["mxlab_version"] = MXLAB_VERSION;
-    root.str["git_commit"] = MXLAB_GIT_COMMIT;
-    root.str["build_type"] = MXLAB_BUILD_TYPE;
-    root.str["device"] = be->name();
-    root.str["math_mode"] = be->math_mode();
-    for (const auto& [k, v] : be->describe()) root.str[k] = v;
-    root.ints["seed"] = static_cast<int64_t>(cfg.seed);
-    root.str["run_id"] = out.run_id;
-    root.str["config_yaml"] = dump_config(cfg);
-    root.str["start_time"] = utc_now();
-    root.str["status"] = "running";
-    root.ints["steps"] = cfg.steps;
-    file = RunFile::create(out.path, root);
-  }
 
-  Trainer trainer(cfg, *be, *file);
-  if (resume_ckpt.empty()) {
-    trainer.open_output();
-  } else {
-    load_checkpoint(trainer, out.run_id, resume_ckpt);
-    file->truncate_from(resume_step);
-    Attrs a;
-    a.str["status"] = "running";
-    file->set_root_attrs(a);
-    out.resumed = true;
-    out.resumed_from = resume_step;
-    if (opt.progress) std::fprintf(stderr, "%s resuming %s from step %lld\n", opt.label.c_str(), out.run_id.c_str(), static_cast<long long>(resume_step));
-  }
-  file->flush();
+    Trainer trainer(cfg, *be, *file);
+    if (resume_ckpt.empty()) {
+      trainer.open_output();
+    } else {
+      load_checkpoint(trainer, out.run_id, resume_ckpt);
+      file->truncate_from(resume_step);
+      Attrs a;
+      a.str["status"] = "running";
+      a.str["error"] = "";  // a failed run that is run again starts with a clean slate
+      file->set_root_attrs(a);
+      out.resumed = true;
+      out.resumed_from = resume_step;
+      if (opt.progress)
+        std::fprintf(stderr, "%s resuming %s from step %lld\n", opt.label.c_str(), out.run_id.c_str(),
+                     static_cast<long long>(resume_step));
+    }
+    file->flush();
 
-  RunControl ctl;
-  ctl.stop_requested = [&] { return opt.stop && opt.stop->load(); };
-  ctl.checkpoint = [&](int64_t step) {
-    file->flush();  // every row before the checkpoint is on disk before the checkpoint is
-    save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, step));
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t first = trainer.step();
-  if (opt.progress) {
+    RunControl ctl;
+    ctl.stop_requested = [&] {
+      lock.heartbeat();
+      return opt.stop && opt.stop->load();
+    };
+    ctl.checkpoint = [&](int64_t step) {
+      file->flush();  // every row before the checkpoint is on disk before the checkpoint is
+      save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, step));
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t first = trainer.step();
     ctl.progress = [&](int64_t step, const std::string& losses) {
+      if (opt.on_progress) {
+        RunProgress p;
+        p.run_id = out.run_id;
+        p.step = step + 1;
+        p.steps = cfg.steps;
+        p.losses = losses;
+        opt.on_progress(p);
+      }
+      if (!opt.progress) return;
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double rate = el > 0 ? static_cast<double>(step + 1 - first) / el : 0.0;
       const double eta = rate > 0 ? static_cast<double>(cfg.steps - step - 1) / rate : -1.0;
@@ -166,19 +438,37 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
                    format_duration(eta).c_str());
       std::fflush(stderr);
     };
-  }
-  std::string status = trainer.run(ctl);
-  if (opt.progress) std::fprintf(stderr, "\n");
-  if (status == "interrupted") {
+    std::string status = trainer.run(ctl);
+    if (opt.progress) std::fprintf(stderr, "\n");
+    if (status == "interrupted") {
+      file->flush();
+      save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, trainer.step()));
+    }
+    trainer.finish(status);
+    Attrs end;
+    end.str["end_time"] = utc_now();
+    file->set_root_attrs(end);
     file->flush();
-    save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, trainer.step()));
+    out.status = status;
+    out.steps_run = trainer.step() - first;
+    out.divergence_step = trainer.summary(1).divergence_step;
+  } catch (const std::exception& e) {
+    if (opt.progress) std::fprintf(stderr, "\n");
+    out.status = "failed";
+    out.error = e.what();
+    if (file) {
+      try {
+        Attrs a;
+        a.str["status"] = "failed";
+        a.str["error"] = out.error;
+        a.str["end_time"] = utc_now();
+        file->set_root_attrs(a);
+        file->flush();
+      } catch (const std::exception& e2) {
+        out.error += msg(" (and the file could not be marked failed: ", e2.what(), ")");
+      }
+    }
   }
-  trainer.finish(status);
-  Attrs end;
-  end.str["end_time"] = utc_now();
-  file->set_root_attrs(end);
-  file->flush();
-  out.status = status;
   return out;
 }
 

@@ -1,10 +1,12 @@
-// Running one configuration end to end: output file, resume from checkpoints, signals,
-// progress. `mxlab run` (and sweeps) call run_one for each expanded run.
+// Running one configuration end to end: per-run lock, output file, resume from checkpoints,
+// signals, progress, failures. `mxlab run` (through lab/train/sweep_runner.h) calls run_one for
+// each expanded run; several threads and several processes may call it on one directory.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "lab/model/backend.h"
@@ -12,26 +14,94 @@
 
 namespace mxlab {
 
+// Where a run stands, as run_one reports it on a log step.
+struct RunProgress {
+  std::string run_id;
+  int64_t step = 0;   // steps done (the step just logged + 1)
+  int64_t steps = 0;  // steps configured
+  std::string losses; // e.g. "fp32 0.0152  mx 0.0165"
+};
+
 struct RunOptions {
   std::string out_dir = "runs";
   std::string device;                  // overrides cfg.device when not empty
-  bool progress = false;               // live progress line (on a terminal)
+  bool progress = false;               // print a live progress line to stderr (a terminal, one run)
   std::string label;                   // prefix of progress lines, e.g. "[3/8]"
   const std::atomic<bool>* stop = nullptr;  // set by SIGINT/SIGTERM handlers
   // Backend factory (make_backend from lab/model/backend.h; passed in so that this library
-  // does not depend on the CUDA one).
+  // does not depend on the CUDA one). Called once per run: a backend frees its buffers only
+  // when destroyed, so each run gets its own.
   std::function<std::unique_ptr<Backend>(const std::string&)> make_backend;
+  // Called on every log step (from the thread running the run). An exception thrown here fails
+  // the run like any other error (the tests use it to inject one).
+  std::function<void(const RunProgress&)> on_progress;
+  // Take the per-run lock <out>/<run_id>.lock so that no two processes run the same run at once.
+  bool lock = true;
 };
 
 struct RunOutcome {
-  std::string run_id, path, status;  // status: complete | diverged | interrupted | skipped
+  // complete | diverged | interrupted | skipped (already complete) | failed | busy (locked by
+  // another live process)
+  std::string run_id, path, status;
+  std::string error;  // failed: the message (also stored in the file's `error` attribute);
+                      // busy: who holds the lock
   bool resumed = false;
   int64_t resumed_from = 0;
+  int64_t divergence_step = -1;  // of the MX trajectory (-1: none or unknown)
+  int64_t steps_run = 0;         // steps trained by this call
 };
 
+// Never throws for a problem of the run itself (bad device, I/O or numeric error inside the
+// trainer): the outcome is `failed`, with the message, and the run file, when one was opened,
+// gets status `failed` and attribute `error`. Throws mxlab::Error only when the output
+// directory cannot be created or no backend factory is given.
 RunOutcome run_one(const RunConfig& cfg, const RunOptions& opt);
 
 // Install SIGINT/SIGTERM handlers that set the returned flag (idempotent).
 const std::atomic<bool>* install_stop_handlers();
+
+// HDF5 calls of this library are serialised by this mutex: the HDF5 C library is not
+// thread-safe in every build (Ubuntu's serial build need not be). It is held only around the
+// file calls of a log step, never around computation.
+std::mutex& hdf5_mutex();
+
+// ---- per-run lock ----
+// <dir>/<run_id>.lock, created with O_EXCL and holding "pid=<pid> host=<host> time=<utc>".
+// The holder refreshes its modification time while it runs (heartbeat). A lock is stale, and
+// is taken over with a message on stderr, when its pid is gone on this host, or when it comes
+// from another host and has not been refreshed for kStaleRemoteLockSeconds.
+constexpr int kLockHeartbeatSeconds = 60;
+constexpr int kStaleRemoteLockSeconds = 15 * 60;
+
+class RunLock {
+ public:
+  RunLock() = default;
+  ~RunLock() { release(); }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+  // True when this object now holds the lock. False when a live holder has it; `holder()` then
+  // says who ("pid 123 on host node7"). Throws mxlab::Error when the directory is not writable.
+  bool try_acquire(const std::string& dir, const std::string& run_id);
+  // Refresh the modification time (at most once per kLockHeartbeatSeconds; cheap otherwise).
+  void heartbeat();
+  // Remove the lock file if it is still ours.
+  void release();
+  bool held() const { return !path_.empty(); }
+  const std::string& holder() const { return holder_; }
+  static std::string lock_path(const std::string& dir, const std::string& run_id);
+
+ private:
+  std::string path_, content_, holder_;
+  int64_t last_beat_ = 0;
+};
+
+// "pid 123 on host node7" for a lock file that exists and is held by a live process, "" when
+// there is no such file or its holder is gone (summaries use it to tell a run in progress
+// from an abandoned file).
+std::string live_lock_holder(const std::string& dir, const std::string& run_id);
+
+// Hostname of this machine ("" if unknown).
+std::string host_name();
 
 }  // namespace mxlab

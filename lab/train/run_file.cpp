@@ -1,9 +1,16 @@
 // RunFile: the HDF5 layout of lab/train/SCHEMA.md on top of lab/io/h5file.h.
 #include "lab/train/run_file.h"
 
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
@@ -24,6 +31,94 @@ void write_attrs(h5::H5Object& o, const Attrs& a) {
   for (const auto& [k, v] : a.num) o.set_attr(k, v);
   for (const auto& [k, v] : a.ints) o.set_attr(k, v);
   for (const auto& [k, v] : a.lists) o.set_attr(k, v);
+}
+
+// Copies `from` over `to` so that `to` is either the old file or the complete copy: through
+// `to.tmp` and a rename. No fsync: this guards against killed processes, not power loss.
+void copy_atomically(const std::string& from, const std::string& to) {
+  const std::string tmp = to + ".tmp";
+  std::FILE* in = std::fopen(from.c_str(), "rb");
+  if (!in) throw Error(msg("cannot read ", from, ": ", std::strerror(errno)));
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (!out) {
+    std::fclose(in);
+    throw Error(msg("cannot write ", tmp, ": ", std::strerror(errno), " (is the output directory writable?)"));
+  }
+  constexpr size_t kBuffer = 1 << 20;
+  std::vector<char> buf(kBuffer);
+  bool ok = true;
+  size_t n;
+  while (ok && (n = std::fread(buf.data(), 1, buf.size(), in)) > 0) ok = std::fwrite(buf.data(), 1, n, out) == n;
+  ok = ok && !std::ferror(in);
+  std::fclose(in);
+  ok = std::fclose(out) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), to.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(msg("cannot write ", to, " (disk full? directory not writable?)"));
+  }
+}
+
+void read_all_attrs(const h5::H5File& f, const std::string& path) {
+  const h5::H5Object o = f.object(path);
+  for (const std::string& a : o.attr_names()) {
+    try {
+      o.get_attr_strings(a);
+    } catch (const Error&) {
+      o.get_attr_doubles(a);  // numeric, or damaged: then this throws too
+    }
+  }
+}
+
+// Opens every object below `group`, following every link (h5file's listings skip links that
+// cannot be opened, which is exactly what damage looks like), and reads every attribute and
+// dataset back. Throws mxlab::Error at the first failure.
+void check_group(const h5::H5File& f, const std::string& group) {
+  read_all_attrs(f, group);
+  const hid_t g = H5Gopen2(f.id(), group.c_str(), H5P_DEFAULT);
+  if (g < 0) throw Error(msg("cannot open group '", group, "'"));
+  std::vector<std::string> names;
+  H5G_info_t info;
+  bool ok = H5Gget_info(g, &info) >= 0;
+  for (hsize_t i = 0; ok && i < info.nlinks; ++i) {
+    const ssize_t len = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    ok = len >= 0;
+    if (!ok) break;
+    std::string name(static_cast<size_t>(len) + 1, '\0');
+    ok = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) >= 0;
+    name.resize(static_cast<size_t>(len));
+    names.push_back(name);
+  }
+  H5Gclose(g);
+  if (!ok) throw Error(msg("cannot list group '", group, "'"));
+  for (const std::string& n : names) {
+    const std::string child = group == "/" ? n : group + "/" + n;
+    const hid_t o = H5Oopen(f.id(), child.c_str(), H5P_DEFAULT);
+    if (o < 0) throw Error(msg("cannot open '", child, "'"));
+    const H5I_type_t kind = H5Iget_type(o);
+    H5Oclose(o);
+    if (kind == H5I_GROUP) {
+      check_group(f, child);
+    } else if (kind == H5I_DATASET) {
+      read_all_attrs(f, child);
+      f.read_doubles(child);
+    }
+  }
+}
+
+// Why `path` is not a readable run file ("" if it is). A file locked by another process is an
+// error, not damage: repairing it would clobber a live run.
+std::string damage_of(const std::string& path) {
+  try {
+    const h5::H5File f(path, h5::H5File::Mode::read);
+    check_group(f, "/");
+    return "";
+  } catch (const Error& e) {
+    const std::string why = e.what();
+    if (why.find("unable to lock") != std::string::npos)
+      throw Error(msg(path, " is in use by another process (", why, "): wait for it or stop it"));
+    H5Eclear2(H5E_DEFAULT);
+    return why;
+  }
 }
 
 }  // namespace
@@ -56,23 +151,50 @@ std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& r
   impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::create);
   h5::H5Object r = impl->file->object("/");
   write_attrs(r, root);
-  impl->file->flush();
-  return std::unique_ptr<RunFile>(new RunFile(std::move(impl)));
+  std::unique_ptr<RunFile> rf(new RunFile(std::move(impl)));
+  rf->flush();  // also replaces a snapshot left by an earlier attempt
+  return rf;
 }
 
 std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
+  const std::string damage = damage_of(path);
+  if (!damage.empty()) {
+    const std::string snap = snapshot_path(path);
+    const std::string snap_damage = ::access(snap.c_str(), F_OK) == 0 ? damage_of(snap) : "there is none";
+    if (!snap_damage.empty())
+      throw Error(msg(path, " is damaged (", damage, ") and its snapshot ", snap, " cannot replace it (", snap_damage, ")"));
+    std::fprintf(stderr,
+                 "mxlab: warning: %s is damaged (%s), likely by a process killed while writing it; restored from "
+                 "%s (its state at the last completed flush)\n",
+                 path.c_str(), damage.c_str(), snap.c_str());
+    copy_atomically(snap, path);
+  }
   auto impl = std::make_unique<Impl>();
   impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::append);
-  return std::unique_ptr<RunFile>(new RunFile(std::move(impl)));
+  std::unique_ptr<RunFile> rf(new RunFile(std::move(impl)));
+  copy_atomically(path, snapshot_path(path));  // the state this session starts from
+  return rf;
 }
 
 std::string RunFile::peek_root_str(const std::string& path, const std::string& name) {
-  try {
-    h5::H5File f(path, h5::H5File::Mode::read);
-    return f.has_attr("/", name) ? f.get_attr_string("/", name) : "";
-  } catch (const Error&) {
-    return "";
+  for (const std::string& p : {path, snapshot_path(path)}) {
+    try {
+      h5::H5File f(p, h5::H5File::Mode::read);
+      return f.has_attr("/", name) ? f.get_attr_string("/", name) : "";
+    } catch (const Error&) {
+    }
   }
+  return "";
+}
+
+std::string RunFile::root_str(const std::string& name) const {
+  return impl_->file->has_attr("/", name) ? impl_->file->get_attr_string("/", name) : "";
+}
+
+bool RunFile::has_group(const std::string& group) const { return impl_->file->is_group(group); }
+
+bool RunFile::group_has_attr(const std::string& group, const std::string& name) const {
+  return impl_->file->is_group(group) && impl_->file->has_attr(group, name);
 }
 
 void RunFile::open_group(const std::string& path, const Attrs& attrs, const std::map<std::string, Attrs>& da) {
@@ -112,7 +234,10 @@ void RunFile::write_loss_history(const std::string& group, const std::vector<flo
   if (!loss.empty()) s.append_rows(loss.data(), loss.size());
 }
 
-void RunFile::flush() { impl_->file->flush(); }
+void RunFile::flush() {
+  impl_->file->flush();
+  copy_atomically(impl_->file->path(), snapshot_path(impl_->file->path()));
+}
 
 void RunFile::truncate_from(int64_t step) {
   h5::H5File& f = *impl_->file;
@@ -121,16 +246,27 @@ void RunFile::truncate_from(int64_t step) {
     if (f.is_group(top))
       for (const auto& g : f.list_groups(top)) groups.push_back(std::string(top) + "/" + g);
   for (const auto& g : groups) {
+    // Rows before `step` were flushed before its checkpoint was written, so every dataset has
+    // them; rows after it may be on disk in some datasets and not others (a kill inside a
+    // flush), which is why all are cut to the `step` dataset's count. A group without a `step`
+    // dataset has no row from before the checkpoint at all.
     const std::string sp = g + "/" + kStep;
-    if (!f.is_dataset(sp)) continue;
-    const std::vector<int64_t> steps = f.read_int64s(sp);
     size_t keep = 0;
-    while (keep < steps.size() && steps[keep] < step) ++keep;
+    if (f.is_dataset(sp)) {
+      const std::vector<int64_t> steps = f.read_int64s(sp);
+      while (keep < steps.size() && steps[keep] < step) ++keep;
+    }
     for (const auto& d : f.list_datasets(g)) {
       if (d == kLossAll) continue;  // rewritten whole at the end
       impl_->get(g, d, h5::DType::f64, 0).truncate(keep);
     }
   }
+}
+
+void RunFile::clear_group(const std::string& group) {
+  h5::H5File& f = *impl_->file;
+  if (!f.is_group(group)) return;
+  for (const auto& d : f.list_datasets(group)) impl_->get(group, d, h5::DType::f64, 0).truncate(0);
 }
 
 }  // namespace mxlab

@@ -188,15 +188,21 @@ void Trainer::compute_phase(bool log, bool shadow) {
   if (cfg_.data.label_noise > 0.0f)
     be_.add_randn(target_, static_cast<size_t>(B * d), cfg_.seed, Stream::label_noise, cfg_.data.label_noise);
 
-  for (size_t i = 0; i < traj_.size(); ++i) {
+  // MX trajectories (and their shadow passes) fork off lane 0 right after the data, so they
+  // overlap with the FP32 trajectory, which is issued last on lane 0.
+  auto train_pass = [&](size_t i) {
     Trajectory& tr = *traj_[i];
-    if (!live(tr)) continue;
-    be_.set_lane(tr.is_mx ? kLaneMx : kLaneMain);
     const PassPolicy pol = pass_policy(tr, log, static_cast<int>(i));
     forward(be_, shape_, tr.params, x_, tr.ws, pol);
     loss_and_grad(be_, cfg_, target_, tr.ws, pol, tr.loss_hist);
     backward(be_, shape_, tr.params, x_, tr.ws, tr.grads, pol);
-    if (tr.is_mx && shadow) {
+  };
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    Trajectory& tr = *traj_[i];
+    if (!live(tr) || !tr.is_mx) continue;
+    be_.set_lane(kLaneMx);
+    train_pass(i);
+    if (shadow) {
       // The shadow pass: FP32 gradient at the MX weights on the same batch.
       be_.set_lane(kLaneShadow);
       forward(be_, shape_, tr.params, x_, shadow_ws_, fp32_pol);
@@ -204,6 +210,9 @@ void Trainer::compute_phase(bool log, bool shadow) {
       backward(be_, shape_, tr.params, x_, shadow_ws_, tr.shadow, fp32_pol);
     }
   }
+  be_.set_lane(kLaneMain);
+  for (size_t i = 0; i < traj_.size(); ++i)
+    if (live(*traj_[i]) && !traj_[i]->is_mx) train_pass(i);
   be_.set_lane(kLaneMain);
   be_.join();
 }
@@ -431,6 +440,9 @@ void Trainer::step_once(bool log) {
 
 std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
   const int64_t end = to_step < 0 ? cfg_.steps : std::min<int64_t>(to_step, cfg_.steps);
+  // A resumed run skips open_output(); without it, datasets first created after the checkpoint
+  // (a branch that had not logged yet) would lack their attributes.
+  if (!output_open_) open_output();
   while (step_ < end) {
     if (ctl.stop_requested && ctl.stop_requested()) return "interrupted";
     if (ctl.checkpoint && checkpoint_due(step_)) ctl.checkpoint(step_);
@@ -526,6 +538,7 @@ std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const 
 void Trainer::open_output() {
   for (auto& t : traj_)
     if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
+  output_open_ = true;
 }
 
 void Trainer::finish(const std::string& status) {
@@ -551,6 +564,9 @@ void Trainer::finish(const std::string& status) {
     const int64_t n = std::max<int64_t>(0, step_ - tr.start_step);
     sink_.write_loss_history(tr.h5_group, download(tr.loss_hist + tr.start_step, static_cast<size_t>(n)));
   }
+  // Everything is on disk before the status says so: a kill inside this flush leaves a file
+  // that still says `running` (and resumes), never a `complete` one with missing data.
+  sink_.flush();
   Attrs root;
   root.str["status"] = status;
   sink_.set_root_attrs(root);

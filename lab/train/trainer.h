@@ -35,7 +35,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Declare groups and root attributes in the sink (a fresh run; a resumed run skips it).
+  // Declare every (unmuted) group with its attributes and the attributes its datasets get when
+  // they are created. Idempotent; run() calls it if nobody has, so that a resumed run whose
+  // branch datasets did not exist yet at its checkpoint still creates them with their attributes.
   void open_output();
   // Write only the named trajectories (a branch added to a finished run): the FP32 trajectory
   // still trains (cross metrics), the MX baseline until the last selected branch has started,
@@ -89,6 +91,7 @@ class Trainer {
   std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1: mx, 2..: branches
   int64_t step_ = 0;
   int bias_every_ = 1;
+  bool output_open_ = false;  // open_output() has declared the groups in the sink
 };
 
 }  // namespace mxlab

@@ -1,0 +1,547 @@
+// The CUDA backend (lab/model/backend.h): device buffers, lanes (streams), CUDA-graph capture
+// of whole steps, and dispatch of every op to the launchers of kernels/*.cuh and to the
+// GEMM runner of kernels/gemm.cuh.
+//
+// Design points (DESIGN.md sections 9, 10):
+//   - Memory: cudaMalloc only (never managed memory), owned by the backend, freed at
+//     destruction. Scratch for reductions is per lane (lanes run concurrently) and grows
+//     only outside graph capture; a growth invalidates recorded graphs, since they hold
+//     the old addresses.
+//   - StepScalars: set_step copies them from a ring of pinned host slots into one device
+//     struct on lane 0; kernels read step/lr/bc1/bc2 from that struct, so a captured step
+//     replays with the current step's values. A ring (not one pinned slot) because the host
+//     may run several steps ahead of the device: a slot is rewritten only after its copy ran.
+//   - Lanes: set_lane(i) forks lane i from lane 0 (an event), so work on lane i sees all
+//     work enqueued on lane 0 before; join() makes lane 0 wait for every forked lane.
+//   - Capture: the first begin_capture(key) returns false and the region runs eagerly (so
+//     every scratch buffer and GEMM workspace reaches its size before any capture); the
+//     second records the region into a graph (lane 0 in thread-local capture mode, other
+//     lanes joining through the fork events) and end_capture instantiates it; replay(key)
+//     launches it (the caller replays right after recording, see backend.h).
+//   - No float atomics anywhere; the statistics counters are integer atomics.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_backend.h"
+#include "kernels/cuda_backend_internal.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_info.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/layernorm.cuh"
+#include "kernels/loss.cuh"
+#include "kernels/optim.cuh"
+#include "kernels/quantize.cuh"
+#include "kernels/reduce.cuh"
+
+namespace mxlab {
+
+namespace cuda {
+namespace {
+
+constexpr int kLanes = 4;          // streams: enough for the paired step's concurrent passes
+constexpr int kStepRing = 16;      // pinned StepScalars slots (steps the host may run ahead)
+constexpr int kMinStatSlots = 64;  // statistics counters allocated at least this many slots
+
+// A device allocation owned by one object (grow-only scratch).
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() const { return p_; }
+  int64_t size() const { return n_; }
+  // Reallocate to hold n elements (contents are not kept). The caller synchronises first.
+  void reset(int64_t n) {
+    cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+    MXLAB_CUDA_CHECK(cudaMalloc(&p_, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
+    n_ = n;
+  }
+
+ private:
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+struct Lane {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;  // lane 0: fork point; others: join point
+  std::unique_ptr<GemmRunner> gemm;
+  int64_t gemm_reserved = 0;
+  DeviceArray<double> scratch;  // reduction partials
+  bool forked = false;          // has work since the last join
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    info_ = device_info(device);  // throws for a bad index
+    name_ = msg("cuda:", device, " (", info_.name, ")");
+    MXLAB_CUDA_CHECK(cudaSetDevice(device));
+    for (Lane& l : lanes_) {
+      MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+      MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&l.event, cudaEventDisableTiming));
+      l.gemm = std::make_unique<GemmRunner>(l.stream);
+    }
+    MXLAB_CUDA_CHECK(cudaMalloc(&d_step_, sizeof(StepScalars)));
+    MXLAB_CUDA_CHECK(cudaMallocHost(&h_step_ring_, kStepRing * sizeof(StepScalars)));
+    for (cudaEvent_t& e : step_events_) MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    MXLAB_CUDA_CHECK(cudaMallocHost(&h_results_, kHostResults * sizeof(double)));
+    results_.reset(kHostResults);
+    stats_.reset(static_cast<int64_t>(kMinStatSlots) * kStatWords);
+    stat_capacity_ = kMinStatSlots;
+    set_step(StepScalars{});  // kernels may read the struct before the first set_step
+    MXLAB_CUDA_CHECK(cudaMemsetAsync(stats_.get(), 0, sizeof(unsigned long long) * stats_.size(), lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(lanes_[0].stream));
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    if (capturing_) {  // an op threw inside a captured region: drop the partial capture
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(lanes_[0].stream, &g);
+      if (g) cudaGraphDestroy(g);
+    }
+    for (Lane& l : lanes_) cudaStreamSynchronize(l.stream);
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    for (void* p : buffers_) cudaFree(p);
+    cudaFree(d_step_);
+    cudaFreeHost(h_step_ring_);
+    cudaFreeHost(h_results_);
+    for (cudaEvent_t e : step_events_) cudaEventDestroy(e);
+    for (Lane& l : lanes_) {
+      l.gemm.reset();
+      cudaEventDestroy(l.event);
+      cudaStreamDestroy(l.stream);
+    }
+  }
+
+  std::string name() const override { return name_; }
+  std::string math_mode() const override { return lanes_[0].gemm->math_mode(); }
+  std::vector<std::pair<std::string, std::string>> describe() const override {
+    return {{"gpu", info_.name},
+            {"cuda_runtime", info_.cuda_runtime},
+            {"cuda_driver", info_.cuda_driver},
+            {"cublas", info_.cublas}};
+  }
+
+  cudaStream_t stream_of(int lane) const {
+    if (lane < 0 || lane >= kLanes) throw Error(msg("lane ", lane, " out of range [0, ", kLanes, ")"));
+    return lanes_[lane].stream;
+  }
+
+  // ---- memory ----
+  float* alloc(size_t n) override {
+    ctx();
+    refuse_in_capture("alloc");
+    void* p = nullptr;
+    MXLAB_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+    buffers_.push_back(p);
+    return static_cast<float*>(p);
+  }
+  void upload(float* dst, const float* src, size_t n) override {
+    ctx();
+    refuse_in_capture("upload");
+    if (n == 0) return;
+    // The source is pageable host memory the caller may reuse at once: copy synchronously
+    // with respect to the host, ordered on the current lane.
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cur()));
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(cur()));
+  }
+  void download(float* dst, const float* src, size_t n) override {
+    ctx();
+    refuse_in_capture("download");
+    join();
+    if (n == 0) return;
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, cur()));
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(cur()));
+  }
+  void copy(float* dst, const float* src, size_t n) override {
+    ctx();
+    if (n == 0 || dst == src) return;
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cur()));
+  }
+  void fill(float* dst, float value, size_t n) override {
+    ctx();
+    launch_fill(dst, value, static_cast<int64_t>(n), cur());
+  }
+
+  // ---- step control ----
+  void set_step(const StepScalars& s) override {
+    ctx();
+    refuse_in_capture("set_step");
+    // Every lane must be done reading the previous values before lane 0 overwrites them;
+    // lanes forked afterwards see the new ones.
+    join();
+    const int slot = step_slot_;
+    step_slot_ = (step_slot_ + 1) % kStepRing;
+    if (step_slot_used_[slot]) MXLAB_CUDA_CHECK(cudaEventSynchronize(step_events_[slot]));
+    h_step_ring_[slot] = s;
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(d_step_, &h_step_ring_[slot], sizeof(StepScalars), cudaMemcpyHostToDevice,
+                                     lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaEventRecord(step_events_[slot], lanes_[0].stream));
+    step_slot_used_[slot] = true;
+    step_ = s;
+  }
+
+  void set_lane(int lane) override {
+    ctx();
+    if (lane < 0 || lane >= kLanes) throw Error(msg("lane ", lane, " out of range [0, ", kLanes, ")"));
+    if (lane == cur_) return;
+    cur_ = lane;
+    if (lane == 0) return;
+    // Fork: lane `lane` continues after everything enqueued on lane 0 so far.
+    MXLAB_CUDA_CHECK(cudaEventRecord(lanes_[0].event, lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream, lanes_[0].event, 0));
+    lanes_[lane].forked = true;
+  }
+
+  void join() override {
+    ctx();
+    for (int i = 1; i < kLanes; ++i) {
+      Lane& l = lanes_[i];
+      if (!l.forked) continue;
+      MXLAB_CUDA_CHECK(cudaEventRecord(l.event, l.stream));
+      MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, l.event, 0));
+      l.forked = false;
+    }
+    cur_ = 0;
+  }
+
+  bool replay(int key) override {
+    ctx();
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    refuse_in_capture("replay");
+    join();
+    MXLAB_CUDA_CHECK(cudaGraphLaunch(it->second, lanes_[0].stream));
+    return true;
+  }
+
+  bool begin_capture(int key) override {
+    ctx();
+    refuse_in_capture("begin_capture");
+    if (seen_.insert(key).second) return false;  // first time: run eagerly, sizing every buffer
+    drop_graph(key);
+    join();
+    MXLAB_CUDA_CHECK(cudaStreamBeginCapture(lanes_[0].stream, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    capture_key_ = key;
+    return true;
+  }
+
+  void end_capture(int key) override {
+    ctx();
+    if (!capturing_) {  // the eager first pass: leave the lanes as a recorded region would
+      join();
+      return;
+    }
+    if (key != capture_key_)
+      throw Error(msg("end_capture(", key, ") does not match begin_capture(", capture_key_, ")"));
+    join();  // every forked lane must rejoin lane 0 before the capture ends
+    cudaGraph_t graph = nullptr;
+    capturing_ = false;
+    MXLAB_CUDA_CHECK(cudaStreamEndCapture(lanes_[0].stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    MXLAB_CUDA_CHECK(err);
+    graphs_[key] = exec;  // recorded, not run: the caller runs it with replay(key)
+  }
+
+  void synchronize() override {
+    ctx();
+    refuse_in_capture("synchronize");
+    for (Lane& l : lanes_) MXLAB_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  }
+
+  // ---- random numbers ----
+  void randn(float* out, size_t n, uint64_t seed, Stream stream, float scale) override {
+    ctx();
+    launch_randn(out, static_cast<int64_t>(n), seed, stream, scale, false, d_step_, cur());
+  }
+  void add_randn(float* out, size_t n, uint64_t seed, Stream stream, float scale) override {
+    ctx();
+    launch_randn(out, static_cast<int64_t>(n), seed, stream, scale, true, d_step_, cur());
+  }
+
+  // ---- quantization ----
+  void quantize(const float* in, float* out, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
+                int stats_slot) override {
+    ctx();
+    QuantLaunch l;
+    l.in = in;
+    l.rows = rows;
+    l.cols = cols;
+    l.axis = axis;
+    l.q = q;
+    l.stats_q = q;              // the statistics of this very quantization (same pass)
+    l.d_step = &d_step_->step;  // stochastic-rounding salt = StepScalars.step, read on the device
+    l.d_stats = stats_slot >= 0 ? slot_counters(stats_slot) : nullptr;
+    if (out) {
+      quantize_f32(l, out, cur());
+    } else if (l.d_stats) {
+      quant_stats(l, cur());
+    }
+  }
+  void round_bf16(float* x, size_t n, Rounding mode) override {
+    ctx();
+    launch_round_bf16(x, static_cast<int64_t>(n), mode, cur());
+  }
+
+  // ---- GEMM ----
+  void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
+            const ElementwiseRound& out) override {
+    ctx();
+    if (a.stats_slot >= 0) slot_counters(a.stats_slot);  // validates the slot
+    if (b.stats_slot >= 0) slot_counters(b.stats_slot);
+    Lane& l = lanes_[cur_];
+    const int64_t need = std::max(M * K, N * K);
+    if (need > l.gemm_reserved) {
+      refuse_in_capture("a GEMM larger than any run before (the first pass of a captured region runs eagerly "
+                        "to size its workspaces)");
+      synchronize_all();
+      l.gemm->reserve(need);
+      l.gemm_reserved = need;
+      invalidate_graphs();
+    }
+    l.gemm->run(M, N, K, a, b, C, beta, out, &d_step_->step, stats_.get());
+  }
+
+  // ---- vector ops ----
+  void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+    ctx();
+    MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
+    launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur());
+  }
+  void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(layernorm_bwd_scratch_doubles(rows, d));
+    launch_layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta, rows, d, r, scratch, cur());
+  }
+  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r) override {
+    ctx();
+    launch_act_fwd(act, h, a, rows, cols, r, cur());
+  }
+  void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+               const ElementwiseRound& r) override {
+    ctx();
+    launch_act_bwd(act, h, da, dh, rows, cols, r, cur());
+  }
+  void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                    const ElementwiseRound& r) override {
+    ctx();
+    launch_residual_add(x, y, bias, rows, d, r, cur());
+  }
+  void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
+    ctx();
+    double* scratch = lane_scratch(col_sum_scratch_doubles(rows, d, 1));
+    launch_col_sum(x, out, rows, d, scratch, cur());
+  }
+  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r) override {
+    ctx();
+    launch_add(dst, a, b, static_cast<int64_t>(n), r, cur());
+  }
+
+  // ---- loss ----
+  void loss_mse(const float* out, const float* target, float* dout, float* loss_out, float* loss_history,
+                int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(loss_scratch_doubles(rows, d));
+    launch_loss_mse(out, target, dout, loss_out, loss_history, rows, d, r, d_step_, scratch, cur());
+  }
+  void loss_kl(const float* out, const float* target, float* dout, float* loss_out, float* loss_history,
+               int64_t rows, int64_t d, float temperature, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(loss_scratch_doubles(rows, d));
+    launch_loss_kl(out, target, dout, loss_out, loss_history, rows, d, temperature, r, d_step_, scratch, cur());
+  }
+
+  // ---- optimizers ----
+  void adam(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h) override {
+    ctx();
+    launch_adam(p, g, m, v, static_cast<int64_t>(n), h, d_step_, cur());
+  }
+  void sgd(float* p, const float* g, float* buf, size_t n, float momentum, float weight_decay) override {
+    ctx();
+    MXLAB_ASSERT(buf != nullptr || momentum == 0.0f, "sgd with momentum needs a buffer");
+    launch_sgd(p, g, buf, static_cast<int64_t>(n), momentum, weight_decay, d_step_, cur());
+  }
+
+  // ---- reductions and statistics (synchronising; run on lane 0 after a join) ----
+  void reduce(const Reduction* reqs, size_t count, double* results) override {
+    ctx();
+    refuse_in_capture("reduce");
+    join();
+    for (size_t first = 0; first < count; first += kHostResults) {
+      const size_t m = std::min<size_t>(kHostResults, count - first);
+      double* scratch = lane_scratch(reduce_scratch_doubles(reqs + first, m));
+      launch_reduce(reqs + first, m, scratch, results_.get(), cur());
+      read_results(m, results + first);
+    }
+  }
+  float read_scalar(const float* p) override {
+    float v = 0.0f;
+    download(&v, p, 1);
+    return v;
+  }
+  void moments(const float* x, size_t n, double out[4]) override {
+    ctx();
+    refuse_in_capture("moments");
+    join();
+    double* scratch = lane_scratch(moments_scratch_doubles(static_cast<int64_t>(n)));
+    launch_moments(x, static_cast<int64_t>(n), scratch, results_.get(), cur());
+    read_results(4, out);
+  }
+  void reset_stats(int slots) override {
+    ctx();
+    refuse_in_capture("reset_stats");
+    join();
+    slots = std::max(slots, 0);
+    if (slots > stat_capacity_) {
+      synchronize_all();
+      stat_capacity_ = std::max(slots, 2 * stat_capacity_);
+      stats_.reset(static_cast<int64_t>(stat_capacity_) * kStatWords);
+      invalidate_graphs();  // they hold the old counters' address
+    }
+    stat_slots_ = slots;
+    MXLAB_CUDA_CHECK(cudaMemsetAsync(stats_.get(), 0, sizeof(unsigned long long) * kStatWords * stat_capacity_,
+                                     lanes_[0].stream));
+  }
+  std::vector<QuantStats> read_stats() override {
+    ctx();
+    refuse_in_capture("read_stats");
+    join();
+    std::vector<unsigned long long> raw(static_cast<size_t>(stat_slots_) * kStatWords);
+    if (!raw.empty()) {
+      MXLAB_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_.get(), raw.size() * sizeof(unsigned long long),
+                                       cudaMemcpyDeviceToHost, lanes_[0].stream));
+    }
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(lanes_[0].stream));
+    std::vector<QuantStats> out(static_cast<size_t>(stat_slots_));
+    for (size_t i = 0; i < out.size(); ++i) {
+      const unsigned long long* w = raw.data() + i * kStatWords;
+      out[i].n = w[0];
+      out[i].lastbin = w[1];
+      out[i].clamped = w[2];
+      out[i].nan_blocks = w[3];
+      out[i].blocks = w[4];
+    }
+    return out;
+  }
+
+ private:
+  static constexpr size_t kHostResults = 1024;  // doubles per reduce batch read back
+
+  // Make this backend's device current for the calling thread (runs on several GPUs of one
+  // host may live in one process).
+  void ctx() const {
+    int dev = -1;
+    MXLAB_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev != device_) MXLAB_CUDA_CHECK(cudaSetDevice(device_));
+  }
+  cudaStream_t cur() const { return lanes_[cur_].stream; }
+
+  void refuse_in_capture(const char* what) const {
+    if (capturing_)
+      throw Error(msg(what, " inside a captured region (begin_capture(", capture_key_,
+                      ")): capture only a step's device work; synchronising and allocating calls go outside"));
+  }
+
+  void synchronize_all() {
+    for (Lane& l : lanes_) MXLAB_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  }
+
+  // Scratch of the current lane, grown (outside capture) to at least n doubles.
+  double* lane_scratch(int64_t n) {
+    Lane& l = lanes_[cur_];
+    if (l.scratch.size() < n) {
+      refuse_in_capture("growing reduction scratch (the first pass of a captured region runs eagerly to size it)");
+      synchronize_all();
+      l.scratch.reset(std::max<int64_t>(n, 2 * l.scratch.size()));
+      invalidate_graphs();
+    }
+    return l.scratch.get();
+  }
+
+  unsigned long long* slot_counters(int slot) {
+    if (slot >= stat_slots_)
+      throw Error(msg("statistics slot ", slot, " used but reset_stats(", stat_slots_,
+                      ") sized fewer: call reset_stats with enough slots first"));
+    return stats_.get() + static_cast<int64_t>(slot) * kStatWords;
+  }
+
+  void read_results(size_t m, double* out) {
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(h_results_, results_.get(), m * sizeof(double), cudaMemcpyDeviceToHost,
+                                     lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(lanes_[0].stream));
+    std::copy(h_results_, h_results_ + m, out);
+  }
+
+  void drop_graph(int key) {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return;
+    synchronize_all();
+    cudaGraphExecDestroy(it->second);
+    graphs_.erase(it);
+  }
+
+  // A buffer a graph refers to was reallocated: forget every graph. Keys stay "seen": each
+  // of them has run eagerly at least once, and buffers only grow, so recording it again
+  // needs no allocation.
+  void invalidate_graphs() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
+  int device_;
+  DeviceInfo info_;
+  std::string name_;
+  Lane lanes_[kLanes];
+  int cur_ = 0;
+
+  StepScalars step_;
+  StepScalars* d_step_ = nullptr;
+  StepScalars* h_step_ring_ = nullptr;
+  cudaEvent_t step_events_[kStepRing] = {};
+  bool step_slot_used_[kStepRing] = {};
+  int step_slot_ = 0;
+
+  std::vector<void*> buffers_;
+  DeviceArray<double> results_;
+  double* h_results_ = nullptr;
+  DeviceArray<unsigned long long> stats_;
+  int stat_capacity_ = 0;
+  int stat_slots_ = 0;
+
+  std::map<int, cudaGraphExec_t> graphs_;
+  std::set<int> seen_;
+  bool capturing_ = false;
+  int capture_key_ = -1;
+};
+
+}  // namespace
+
+cudaStream_t lane_stream(Backend& be, int lane) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) throw Error(msg("backend '", be.name(), "' is not a CUDA backend"));
+  return cb->stream_of(lane);
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+}  // namespace mxlab

@@ -1,0 +1,285 @@
+// Element-wise kernels of the CUDA backend (see elementwise.cuh). One pattern throughout: a
+// functor with `vec(v)` (four consecutive elements 4v..4v+3, float4 loads and stores) and
+// `one(i)` (a single element); ew_kernel runs vec over [0, n/4) when every pointer is 16-byte
+// aligned, and one() over the rest. Each element is computed by exactly the scalar function
+// the CPU backend calls, in the same order, so vectorisation never changes a bit.
+// Pointers are not __restrict__: the model calls add(dst, dst, b) and in-place rounding.
+#include "kernels/elementwise.cuh"
+
+#include "kernels/launch_util.cuh"
+#include "lab/model/elementwise.h"
+
+namespace mxlab::cuda {
+
+namespace {
+
+__device__ __forceinline__ float4 ld4(const float* p, int64_t v) { return reinterpret_cast<const float4*>(p)[v]; }
+__device__ __forceinline__ void st4(float* p, int64_t v, float4 x) { reinterpret_cast<float4*>(p)[v] = x; }
+
+template <class Op>
+__global__ void __launch_bounds__(kBlock) ew_kernel(Op op, int64_t nvec, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t v = t; v < nvec; v += stride) op.vec(v);
+  for (int64_t i = nvec * 4 + t; i < n; i += stride) op.one(i);
+}
+
+// Launch `op` over n elements; the float4 path only when `vec_ok` (all pointers aligned and
+// any row structure compatible with groups of four).
+template <class Op>
+void launch_ew(const Op& op, int64_t n, bool vec_ok, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t nvec = vec_ok ? n / 4 : 0;
+  const int64_t items = std::max<int64_t>(nvec, n - nvec * 4);
+  ew_kernel<<<grid_for(items), kBlock, 0, s>>>(op, nvec, n);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+// ---- fill / round ----
+
+struct FillOp {
+  float* dst;
+  float value;
+  __device__ void vec(int64_t v) const { st4(dst, v, make_float4(value, value, value, value)); }
+  __device__ void one(int64_t i) const { dst[i] = value; }
+};
+
+struct RoundOp {
+  float* x;
+  Rounding mode;
+  __device__ void vec(int64_t v) const {
+    float4 a = ld4(x, v);
+    a.x = round_bf16(a.x, mode);
+    a.y = round_bf16(a.y, mode);
+    a.z = round_bf16(a.z, mode);
+    a.w = round_bf16(a.w, mode);
+    st4(x, v, a);
+  }
+  __device__ void one(int64_t i) const { x[i] = round_bf16(x[i], mode); }
+};
+
+// ---- Gaussian samples ----
+// One Philox call yields the pair (2p, 2p+1); the float4 path computes two pairs. Same
+// values as randn_elem (elementwise.h), which the CPU calls per element.
+struct RandnOp {
+  float* out;
+  uint64_t seed;
+  Stream stream;
+  float scale;
+  bool accumulate;
+  const StepScalars* d_step;
+  __device__ void pair(uint64_t p, float& z0, float& z1) const {
+    const U32x4 w = philox(seed, stream, d_step->step, p);
+    det_box_muller(w.v[0], w.v[1], z0, z1);
+  }
+  __device__ float put(float old, float z) const { return accumulate ? old + scale * z : scale * z; }
+  __device__ void vec(int64_t v) const {
+    float z0, z1, z2, z3;
+    pair(static_cast<uint64_t>(2 * v), z0, z1);
+    pair(static_cast<uint64_t>(2 * v + 1), z2, z3);
+    float4 o = accumulate ? ld4(out, v) : make_float4(0.f, 0.f, 0.f, 0.f);
+    o.x = put(o.x, z0);
+    o.y = put(o.y, z1);
+    o.z = put(o.z, z2);
+    o.w = put(o.w, z3);
+    st4(out, v, o);
+  }
+  __device__ void one(int64_t i) const {
+    const float z = randn_elem(seed, stream, d_step->step, static_cast<uint64_t>(i));
+    out[i] = accumulate ? out[i] + scale * z : scale * z;
+  }
+};
+
+// ---- activations (ACT a compile-time constant: act_value's switch folds away) ----
+
+template <Act ACT>
+struct ActFwdOp {
+  const float* h;
+  float* a;
+  bool rb;
+  Rounding rm;
+  __device__ void vec(int64_t v) const {
+    float4 x = ld4(h, v);
+    x.x = act_fwd_elem(ACT, x.x, rb, rm);
+    x.y = act_fwd_elem(ACT, x.y, rb, rm);
+    x.z = act_fwd_elem(ACT, x.z, rb, rm);
+    x.w = act_fwd_elem(ACT, x.w, rb, rm);
+    st4(a, v, x);
+  }
+  __device__ void one(int64_t i) const { a[i] = act_fwd_elem(ACT, h[i], rb, rm); }
+};
+
+template <Act ACT>
+struct ActBwdOp {
+  const float* h;
+  const float* da;
+  float* dh;
+  bool rb;
+  Rounding rm;
+  __device__ void vec(int64_t v) const {
+    const float4 x = ld4(h, v), g = ld4(da, v);
+    float4 o;
+    o.x = act_bwd_elem(ACT, x.x, g.x, rb, rm);
+    o.y = act_bwd_elem(ACT, x.y, g.y, rb, rm);
+    o.z = act_bwd_elem(ACT, x.z, g.z, rb, rm);
+    o.w = act_bwd_elem(ACT, x.w, g.w, rb, rm);
+    st4(dh, v, o);
+  }
+  __device__ void one(int64_t i) const { dh[i] = act_bwd_elem(ACT, h[i], da[i], rb, rm); }
+};
+
+// SwiGLU: element i of a (rows, cols) reads u = h[r, c] and gate = h[r, cols + c] of the
+// (rows, 2*cols) pre-activation. The float4 path needs cols % 4 == 0 (a group of four never
+// straddles a row).
+struct SwigluFwdOp {
+  const float* h;
+  float* a;
+  int64_t cols;
+  bool rb;
+  Rounding rm;
+  __device__ void vec(int64_t v) const {
+    const int64_t i = 4 * v, r = i / cols, c = i - r * cols;
+    const int64_t base = r * 2 * cols + c;
+    const float4 u = *reinterpret_cast<const float4*>(h + base);
+    const float4 g = *reinterpret_cast<const float4*>(h + base + cols);
+    float4 o;
+    o.x = swiglu_fwd_elem(u.x, g.x, rb, rm);
+    o.y = swiglu_fwd_elem(u.y, g.y, rb, rm);
+    o.z = swiglu_fwd_elem(u.z, g.z, rb, rm);
+    o.w = swiglu_fwd_elem(u.w, g.w, rb, rm);
+    st4(a, v, o);
+  }
+  __device__ void one(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols, base = r * 2 * cols + c;
+    a[i] = swiglu_fwd_elem(h[base], h[base + cols], rb, rm);
+  }
+};
+
+struct SwigluBwdOp {
+  const float* h;
+  const float* da;
+  float* dh;
+  int64_t cols;
+  bool rb;
+  Rounding rm;
+  __device__ void vec(int64_t v) const {
+    const int64_t i = 4 * v, r = i / cols, c = i - r * cols;
+    const int64_t base = r * 2 * cols + c;
+    const float4 u = *reinterpret_cast<const float4*>(h + base);
+    const float4 g = *reinterpret_cast<const float4*>(h + base + cols);
+    const float4 d = ld4(da, v);
+    float4 du, dg;
+    swiglu_bwd_elem(u.x, g.x, d.x, du.x, dg.x, rb, rm);
+    swiglu_bwd_elem(u.y, g.y, d.y, du.y, dg.y, rb, rm);
+    swiglu_bwd_elem(u.z, g.z, d.z, du.z, dg.z, rb, rm);
+    swiglu_bwd_elem(u.w, g.w, d.w, du.w, dg.w, rb, rm);
+    *reinterpret_cast<float4*>(dh + base) = du;
+    *reinterpret_cast<float4*>(dh + base + cols) = dg;
+  }
+  __device__ void one(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols, base = r * 2 * cols + c;
+    swiglu_bwd_elem(h[base], h[base + cols], da[i], dh[base], dh[base + cols], rb, rm);
+  }
+};
+
+// ---- residual add / add ----
+
+struct ResidualOp {
+  float* x;
+  const float* y;
+  const float* bias;  // (d) or null
+  int64_t d;
+  bool rb;
+  Rounding rm;
+  __device__ float b_at(int64_t c) const { return bias ? bias[c] : 0.0f; }
+  __device__ void vec(int64_t v) const {
+    const int64_t c = (4 * v) % d;  // d % 4 == 0 on this path: c..c+3 lie in one row
+    float4 a = ld4(x, v);
+    const float4 b = ld4(y, v);
+    const bool hb = bias != nullptr;
+    a.x = residual_elem(a.x, b.x, b_at(c), hb, rb, rm);
+    a.y = residual_elem(a.y, b.y, b_at(c + 1), hb, rb, rm);
+    a.z = residual_elem(a.z, b.z, b_at(c + 2), hb, rb, rm);
+    a.w = residual_elem(a.w, b.w, b_at(c + 3), hb, rb, rm);
+    st4(x, v, a);
+  }
+  __device__ void one(int64_t i) const { x[i] = residual_elem(x[i], y[i], b_at(i % d), bias != nullptr, rb, rm); }
+};
+
+struct AddOp {
+  float* dst;
+  const float* a;
+  const float* b;
+  bool rb;
+  Rounding rm;
+  __device__ void vec(int64_t v) const {
+    const float4 x = ld4(a, v), y = ld4(b, v);
+    float4 o;
+    o.x = add_elem(x.x, y.x, rb, rm);
+    o.y = add_elem(x.y, y.y, rb, rm);
+    o.z = add_elem(x.z, y.z, rb, rm);
+    o.w = add_elem(x.w, y.w, rb, rm);
+    st4(dst, v, o);
+  }
+  __device__ void one(int64_t i) const { dst[i] = add_elem(a[i], b[i], rb, rm); }
+};
+
+template <template <Act> class OpT, class... Args>
+void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args) {
+  switch (act) {
+    case Act::relu: launch_ew(OpT<Act::relu>{args...}, n, vec_ok, s); break;
+    case Act::gelu: launch_ew(OpT<Act::gelu>{args...}, n, vec_ok, s); break;
+    case Act::gelu_tanh: launch_ew(OpT<Act::gelu_tanh>{args...}, n, vec_ok, s); break;
+    case Act::linear: launch_ew(OpT<Act::linear>{args...}, n, vec_ok, s); break;
+    default: throw Error(msg("activation ", static_cast<int>(act), " has no element-wise kernel"));
+  }
+}
+
+}  // namespace
+
+void launch_fill(float* dst, float value, int64_t n, cudaStream_t s) {
+  launch_ew(FillOp{dst, value}, n, aligned16(dst), s);
+}
+
+void launch_round_bf16(float* x, int64_t n, Rounding mode, cudaStream_t s) {
+  launch_ew(RoundOp{x, mode}, n, aligned16(x), s);
+}
+
+void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float scale, bool accumulate,
+                  const StepScalars* d_step, cudaStream_t s) {
+  launch_ew(RandnOp{out, seed, stream, scale, accumulate, d_step}, n, aligned16(out), s);
+}
+
+void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+                    cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (act == Act::swiglu) {
+    const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(a);
+    launch_ew(SwigluFwdOp{h, a, cols, r.bf16, r.mode}, n, vec_ok, s);
+    return;
+  }
+  dispatch_act<ActFwdOp>(act, n, aligned16(h) && aligned16(a), s, h, a, r.bf16, r.mode);
+}
+
+void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+                    const ElementwiseRound& r, cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (act == Act::swiglu) {
+    const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(da) && aligned16(dh);
+    launch_ew(SwigluBwdOp{h, da, dh, cols, r.bf16, r.mode}, n, vec_ok, s);
+    return;
+  }
+  dispatch_act<ActBwdOp>(act, n, aligned16(h) && aligned16(da) && aligned16(dh), s, h, da, dh, r.bf16, r.mode);
+}
+
+void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                         const ElementwiseRound& r, cudaStream_t s) {
+  const bool vec_ok = d % 4 == 0 && aligned16(x) && aligned16(y);  // bias read per element
+  launch_ew(ResidualOp{x, y, bias, d, r.bf16, r.mode}, rows * d, vec_ok, s);
+}
+
+void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s) {
+  launch_ew(AddOp{dst, a, b, r.bf16, r.mode}, n, aligned16(dst) && aligned16(a) && aligned16(b), s);
+}
+
+}  // namespace mxlab::cuda

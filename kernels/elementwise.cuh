@@ -1,0 +1,40 @@
+// Launchers of the element-wise ops of the CUDA backend (fill, bf16 rounding, Gaussian
+// samples, activations, residual add, add). Each element evaluates the shared scalar code of
+// lab/model/elementwise.h, so the results equal the CPU backend's bit for bit. Every launcher
+// enqueues on `s`, checks the launch, and reads step-dependent scalars from the device copy
+// of StepScalars (`d_step`), never by value, so a captured graph stays valid across steps.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lab/model/backend.h"
+
+namespace mxlab::cuda {
+
+// dst[0..n) = value.
+void launch_fill(float* dst, float value, int64_t n, cudaStream_t s);
+
+// x = round_bf16(x, mode), in place.
+void launch_round_bf16(float* x, int64_t n, Rounding mode, cudaStream_t s);
+
+// out[i] (= or +=) scale * N(0,1) sample i of (seed, stream, d_step->step).
+void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float scale, bool accumulate,
+                  const StepScalars* d_step, cudaStream_t s);
+
+// a = R(act(h)); h: (rows, cols), or (rows, 2*cols) = [u | gate] for swiglu; a: (rows, cols).
+void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+                    cudaStream_t s);
+
+// dh = R(da * act'(h)); for swiglu dh is (rows, 2*cols) = [du | dgate].
+void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+                    const ElementwiseRound& r, cudaStream_t s);
+
+// x (rows, d) = R(x + R(y + bias)) (bias (d) broadcast over rows; without bias R(x + y)).
+void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                         const ElementwiseRound& r, cudaStream_t s);
+
+// dst = R(a + b).
+void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s);
+
+}  // namespace mxlab::cuda

@@ -1,0 +1,185 @@
+// Layernorm kernels (see layernorm.cuh): one warp per row. The row is read three times
+// (sum, centred square sum, output); the second and third reads hit L1/L2 (a d = 512 row is
+// 2 KB), so device memory sees one read of x and one write of y and xhat. With d % 4 == 0 and
+// aligned pointers the warp moves float4s; the summation order is the same either way
+// (lane l owns the same elements), so the results do not depend on alignment.
+#include "kernels/layernorm.cuh"
+
+#include "kernels/launch_util.cuh"
+#include "kernels/reduce.cuh"
+#include "lab/model/elementwise.h"
+
+namespace mxlab::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // warps per block, one row each
+
+// Calls f(j, v) for the elements j of row `xr` owned by this lane. VEC: lane owns the float4
+// groups lane, lane + 32, ...; scalar: elements lane, lane + 32, ... (a different order than
+// VEC, but which path runs depends only on d and the pointers, fixed for a given call site).
+template <bool VEC, class F>
+__device__ __forceinline__ void for_row(const float* xr, int64_t d, int lane, F f) {
+  if (VEC) {
+    for (int64_t v = lane; v < d / 4; v += kWarp) {
+      const float4 q = reinterpret_cast<const float4*>(xr)[v];
+      f(4 * v, q.x);
+      f(4 * v + 1, q.y);
+      f(4 * v + 2, q.z);
+      f(4 * v + 3, q.w);
+    }
+  } else {
+    for (int64_t j = lane; j < d; j += kWarp) f(j, xr[j]);
+  }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                  int64_t rows, int64_t d, float eps, bool rb, Rounding rm) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;  // whole warp
+  const float* xr = x + row * d;
+  double sum = 0.0;
+  for_row<VEC>(xr, d, lane, [&](int64_t, float v) { sum += static_cast<double>(v); });
+  sum = warp_sum(sum);
+  const float mean = ew_round(mean_from_sum(sum, d), rb, rm);
+  double sq = 0.0;
+  for_row<VEC>(xr, d, lane, [&](int64_t, float v) {
+    const float xc = ln_center(v, mean, rb, rm);
+    sq += dot_term(xc, xc);
+  });
+  sq = warp_sum(sq);
+  const float var = ew_round(mean_from_sum(sq, d), rb, rm);
+  const float rs = ln_rstd(var, eps, rb, rm);
+  if (lane == 0) rstd[row] = rs;
+  float* yr = y + row * d;
+  float* hr = xhat + row * d;
+  if (VEC) {
+    for (int64_t v = lane; v < d / 4; v += kWarp) {
+      const float4 q = reinterpret_cast<const float4*>(xr)[v];
+      float4 h, o;
+      h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
+      h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
+      h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
+      h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
+      if (gamma) {
+        const float4 g = reinterpret_cast<const float4*>(gamma)[v];
+        const float4 b = reinterpret_cast<const float4*>(beta)[v];
+        o.x = ln_affine(h.x, g.x, b.x, rb, rm);
+        o.y = ln_affine(h.y, g.y, b.y, rb, rm);
+        o.z = ln_affine(h.z, g.z, b.z, rb, rm);
+        o.w = ln_affine(h.w, g.w, b.w, rb, rm);
+      } else {
+        o = h;
+      }
+      reinterpret_cast<float4*>(hr)[v] = h;
+      reinterpret_cast<float4*>(yr)[v] = o;
+    }
+  } else {
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const float h = ln_xhat(ln_center(xr[j], mean, rb, rm), rs, rb, rm);
+      hr[j] = h;
+      yr[j] = gamma ? ln_affine(h, gamma[j], beta[j], rb, rm) : h;
+    }
+  }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    ln_bwd_kernel(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx, int64_t rows,
+                  int64_t d, bool rb, Rounding rm) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const float* dyr = dy + row * d;
+  const float* hr = xhat + row * d;
+  double sg = 0.0, sgx = 0.0;
+  auto accumulate = [&](float dyv, float gm, float h) {
+    const float g = gamma ? ln_bwd_g(dyv, gm, rb, rm) : dyv;
+    sg += static_cast<double>(g);
+    sgx += dot_term(g, h);
+  };
+  if (VEC) {  // float4 loads of dy, xhat and gamma
+    for (int64_t v = lane; v < d / 4; v += kWarp) {
+      const float4 q = reinterpret_cast<const float4*>(dyr)[v];
+      const float4 h = reinterpret_cast<const float4*>(hr)[v];
+      const float4 gm = gamma ? reinterpret_cast<const float4*>(gamma)[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+      accumulate(q.x, gm.x, h.x);
+      accumulate(q.y, gm.y, h.y);
+      accumulate(q.z, gm.z, h.z);
+      accumulate(q.w, gm.w, h.w);
+    }
+  } else {
+    for (int64_t j = lane; j < d; j += kWarp) accumulate(dyr[j], gamma ? gamma[j] : 0.0f, hr[j]);
+  }
+  sg = warp_sum(sg);
+  sgx = warp_sum(sgx);
+  const float mg = mean_from_sum(sg, d), mgx = mean_from_sum(sgx, d);
+  const float rs = rstd[row];
+  float* dxr = dx + row * d;
+  if (VEC) {
+    for (int64_t v = lane; v < d / 4; v += kWarp) {
+      const float4 q = reinterpret_cast<const float4*>(dyr)[v];
+      const float4 h = reinterpret_cast<const float4*>(hr)[v];
+      float4 g = q, o;
+      if (gamma) {
+        const float4 gm = reinterpret_cast<const float4*>(gamma)[v];
+        g.x = ln_bwd_g(q.x, gm.x, rb, rm);
+        g.y = ln_bwd_g(q.y, gm.y, rb, rm);
+        g.z = ln_bwd_g(q.z, gm.z, rb, rm);
+        g.w = ln_bwd_g(q.w, gm.w, rb, rm);
+      }
+      o.x = ln_bwd_dx(rs, g.x, mg, h.x, mgx, rb, rm);
+      o.y = ln_bwd_dx(rs, g.y, mg, h.y, mgx, rb, rm);
+      o.z = ln_bwd_dx(rs, g.z, mg, h.z, mgx, rb, rm);
+      o.w = ln_bwd_dx(rs, g.w, mg, h.w, mgx, rb, rm);
+      reinterpret_cast<float4*>(dxr)[v] = o;
+    }
+  } else {
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const float g = gamma ? ln_bwd_g(dyr[j], gamma[j], rb, rm) : dyr[j];
+      dxr[j] = ln_bwd_dx(rs, g, mg, hr[j], mgx, rb, rm);
+    }
+  }
+}
+
+int grid_rows(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+}  // namespace
+
+void launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                          int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return;
+  const bool vec = d % 4 == 0 && aligned16(x) && aligned16(gamma) && aligned16(beta) && aligned16(y) &&
+                   aligned16(xhat);
+  if (vec)
+    ln_fwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d, eps,
+                                                                           r.bf16, r.mode);
+  else
+    ln_fwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
+                                                                            eps, r.bf16, r.mode);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d) { return col_sum_scratch_doubles(rows, d, 2); }
+
+void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                          float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                          double* scratch, cudaStream_t s) {
+  if (d <= 0) return;
+  if (rows > 0) {
+    const bool vec = d % 4 == 0 && aligned16(dy) && aligned16(xhat) && aligned16(gamma) && aligned16(dx);
+    if (vec)
+      ln_bwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
+                                                                             r.bf16, r.mode);
+    else
+      ln_bwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
+                                                                              r.bf16, r.mode);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+  launch_col_sum_ln(dy, xhat, dgamma, dbeta, rows, d, scratch, s);
+}
+
+}  // namespace mxlab::cuda

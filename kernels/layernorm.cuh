@@ -1,0 +1,27 @@
+// Launchers of layernorm forward and backward over the last axis of (rows, d) tensors, with
+// the exact per-element steps of lab/model/elementwise.h (ln_center, ln_rstd, ln_xhat,
+// ln_affine, ln_bwd_g, ln_bwd_dx). Row sums are double, in a fixed order (per-lane strided
+// sums, then a warp butterfly), so they may differ from the CPU's sequential sums in the
+// last bits of a double only; the parameter gradients use the deterministic column sums of
+// reduce.cuh.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lab/model/backend.h"
+
+namespace mxlab::cuda {
+
+// y, xhat (rows, d); rstd (rows). gamma and beta (d) are both set or both null.
+void launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                          int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s);
+
+// dx (rows, d); dgamma, dbeta (d) written (not accumulated), either may be null.
+// Scratch: layernorm_bwd_scratch_doubles(rows, d) doubles.
+int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d);
+void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                          float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                          double* scratch, cudaStream_t s);
+
+}  // namespace mxlab::cuda
