@@ -16,10 +16,10 @@ ctest --test-dir build -L gpu --output-on-failure -j1 > "$OUT/gpu_ctest.log" 2>&
 grep -E "tests passed|tests failed|Failed|\(Failed\)" "$OUT/gpu_ctest.log" | head -20
 ./build/mxlab bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 > "$OUT/bench.log" 2>&1
 tail -14 "$OUT/bench.log"
-start=$(date +%s.%N)
+start=$(date +%s)
 ./build/mxlab run experiments/paper/fig4_baseline.yaml --device cuda --out "$OUT/fig4" --set log.bias_every=1 --quiet > "$OUT/fig4_run.log" 2>&1
-end=$(date +%s.%N)
-echo "fig4 paired run, 10000 steps, shadow every step: $(echo "$end - $start" | bc) s wall" | tee -a "$OUT/fig4_run.log"
+end=$(date +%s)
+echo "fig4 paired run, 10000 steps, shadow every step: $((end - start)) s wall" | tee -a "$OUT/fig4_run.log"
 cat "$OUT/fig4_run.log" | tail -3
 ./build/mxlab summarize "$OUT/fig4" > "$OUT/fig4_summary.txt" 2>&1; cat "$OUT/fig4_summary.txt"
 if [ -f .peer/peer_proxy.py ]; then

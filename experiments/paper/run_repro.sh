@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the paper-reproduction experiments on a GPU machine and draws their figures there.
+#   bash experiments/paper/run_repro.sh A OUTDIR   # interventions (seed 0), seeds 1-4, no-LN
+#   bash experiments/paper/run_repro.sh B OUTDIR   # scale rules rceil / floor_bump x 5 seeds
+# Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
+# figures (PNG) and summaries (CSV/text) to OUTDIR.
+set -uo pipefail
+PART=${1:?usage: run_repro.sh A|B OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B OUTDIR}
+RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
+MX=./build/mxlab
+export PYTHONPATH=analysis
+mkdir -p "$OUT" "$RUNS"
+t0=$(date +%s)
+case "$PART" in
+  A)
+    $MX run experiments/paper/repro_seed0_interventions.yaml --device cuda --out "$RUNS/seed0" --quiet
+    $MX run experiments/paper/repro_seeds.yaml --device cuda --out "$RUNS/seeds" --quiet --jobs 2
+    $MX run experiments/paper/repro_fig2b_no_ln.yaml --device cuda --out "$RUNS/noln" --quiet --jobs 2
+    F=$(ls "$RUNS"/seed0/*.h5 | head -n 1)
+    python3 -m mxlab_analysis panel "$F" -o "$OUT/fig3_fig5_panel_seed0.png"
+    python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_seed0.png"
+    for d in seed0 seeds noln; do $MX summarize "$RUNS/$d" --csv > "$OUT/summary_$d.csv"; done
+    python3 -m mxlab_analysis curves "$RUNS/noln" -o "$OUT/fig2b_no_ln.png" 2>&1 | tail -1
+    ;;
+  B)
+    $MX run experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
+    $MX summarize "$RUNS/scale" --csv > "$OUT/summary_scale.csv"
+    ;;
+esac
+echo "part $PART: $(( $(date +%s) - t0 )) s"
