@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs the paper-reproduction experiments on a GPU machine and draws their figures there.
 #   bash experiments/paper/run_repro.sh A OUTDIR   # interventions (seed 0), seeds 1-4, no-LN
-#   bash experiments/paper/run_repro.sh B OUTDIR   # scale rules rceil / floor_bump x 5 seeds
+#   bash experiments/paper/run_repro.sh B OUTDIR   # scale rules rceil / floor_bump x 5 seeds (lr 6e-4)
+#   bash experiments/paper/run_repro.sh C OUTDIR   # floor vs rceil x 5 seeds at lr 3e-4
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=./build/mxlab
 export PYTHONPATH=analysis
@@ -26,6 +27,11 @@ case "$PART" in
   B)
     $MX run experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
     $MX summarize "$RUNS/scale" --csv > "$OUT/summary_scale.csv"
+    ;;
+  C)
+    $MX run experiments/paper/repro_lr3e-4.yaml --device cuda --out "$RUNS/lr3e-4" --quiet --jobs 2
+    $MX summarize "$RUNS/lr3e-4" --csv > "$OUT/summary_lr3e-4.csv"
+    python3 -m mxlab_analysis curves "$RUNS/lr3e-4" --row precision.scale_rule -o "$OUT/lr3e-4_curves.png" 2>&1 | tail -1
     ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
