@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "lab/core/text_table.h"
 #include "lab/cli/commands.h"
 #include "lab/train/sweep.h"
 
@@ -20,25 +21,6 @@ struct Args {
   std::vector<std::string> sets;
 };
 
-// A table with left-aligned columns separated by two spaces.
-std::string table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& r : rows)
-    for (size_t c = 0; c < r.size(); ++c) {
-      if (width.size() <= c) width.push_back(0);
-      width[c] = std::max(width[c], r[c].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      line += r[c];
-      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
-    }
-    out += line + "\n";
-  }
-  return out;
-}
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto args = std::make_shared<Args>();
@@ -57,7 +39,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       for (const auto& kv : r.swept) row.push_back(kv.second);
       rows.push_back(row);
     }
-    const std::string out = table(rows) + "total: " + std::to_string(runs.size()) + (runs.size() == 1 ? " run\n" : " runs\n");
+    const std::string out = aligned_table(rows) + "total: " + std::to_string(runs.size()) + (runs.size() == 1 ? " run\n" : " runs\n");
     std::fwrite(out.data(), 1, out.size(), stdout);
   });
 });

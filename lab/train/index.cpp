@@ -24,6 +24,7 @@
 #include "lab/train/run_driver.h"
 #include "lab/train/summary.h"
 #include "lab/train/yaml_tree.h"
+#include "lab/core/text_table.h"
 
 namespace mxlab {
 
@@ -230,25 +231,6 @@ std::string csv_line(const std::vector<std::string>& cells) {
   return line + "\n";
 }
 
-std::string aligned(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& r : rows)
-    for (size_t c = 0; c < r.size(); ++c) {
-      if (width.size() <= c) width.push_back(0);
-      width[c] = std::max(width[c], r[c].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      line += r[c];
-      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
-  return out;
-}
 
 // Cells of the summary table.
 struct Cell {
@@ -426,7 +408,7 @@ std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
       rows.push_back(row);
     }
   }
-  if (!csv) return aligned(rows);
+  if (!csv) return aligned_table(rows);
   std::string out;
   for (const auto& row : rows) out += csv_line(row);
   return out;

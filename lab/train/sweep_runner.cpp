@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "lab/core/error.h"
+#include "lab/core/text_table.h"
 
 namespace mxlab {
 
@@ -53,26 +54,6 @@ size_t terminal_width() {
   return kDefaultTerminalWidth;
 }
 
-// Left-aligned columns separated by two spaces.
-std::string table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& r : rows)
-    for (size_t c = 0; c < r.size(); ++c) {
-      if (width.size() <= c) width.push_back(0);
-      width[c] = std::max(width[c], r[c].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      line += r[c];
-      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
-  return out;
-}
 
 // What one job is doing, for the live line. Written by the job on log steps, read by the
 // monitor; the mutex is per job, so jobs never wait for each other.
@@ -351,7 +332,7 @@ std::string format_sweep_report(const SweepResult& result) {
     rows.push_back(row);
     ++counts[r.status];
   }
-  std::string out = table(rows);
+  std::string out = aligned_table(rows);
   out += msg(result.runs.size(), result.runs.size() == 1 ? " run:" : " runs:");
   bool first = true;
   for (const char* s : {"complete", "diverged", "skipped", "interrupted", "not_run", "failed", "busy"}) {
