@@ -155,7 +155,8 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     h << k << "name=" << t.name << "\n" << k << "started=" << t.started << "\n" << k << "stopped=" << t.stopped
       << "\n" << k << "start_step=" << t.start_step << "\n" << k << "bias_avg=" << hexfloat(t.bias_avg) << "\n"
       << k << "bias_avg_weight=" << hexfloat(t.bias_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
-      << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n";
+      << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n" << k << "max_bias_ratio="
+      << hexfloat(t.max_bias_ratio) << "\n" << k << "max_gamma_lastbin=" << hexfloat(t.max_gamma_lastbin) << "\n";
   }
   const std::string header = h.str();
   Buffer b;
@@ -222,6 +223,8 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     t.bias_avg_weight = std::strtod(h[k + "bias_avg_weight"].c_str(), nullptr);
     t.rows_logged = std::stoll(h[k + "rows_logged"]);
     t.last_loss = std::strtod(h[k + "last_loss"].c_str(), nullptr);
+    t.max_bias_ratio = std::strtod(h[k + "max_bias_ratio"].c_str(), nullptr);
+    t.max_gamma_lastbin = std::strtod(h[k + "max_gamma_lastbin"].c_str(), nullptr);
     tr.upload(t.params, take(np));
     tr.upload(t.m, take(np));
     tr.upload(t.v, take(np));

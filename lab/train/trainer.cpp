@@ -339,6 +339,7 @@ void Trainer::log_metrics(bool shadow_step) {
           tr.bias_avg_weight = beta * tr.bias_avg_weight + (1.0 - beta);
         }
       }
+      if (std::isfinite(br) && !(br <= tr.max_bias_ratio)) tr.max_bias_ratio = br;
       row.add("bias_ratio", br);
       row.add("cosine", cs);
       row.add("bias_ratio_avg", tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN);
@@ -364,6 +365,9 @@ void Trainer::log_metrics(bool shadow_step) {
         }
       }
       const std::string nm = name(static_cast<StatTensor>(t));
+      if (static_cast<StatTensor>(t) == StatTensor::gamma)
+        for (double f : lastbin)
+          if (std::isfinite(f) && !(f <= tr.max_gamma_lastbin)) tr.max_gamma_lastbin = f;
       row.add(nm + "_lastbin", lastbin);
       row.add(nm + "_clamped", clamped);
     }
@@ -559,6 +563,8 @@ void Trainer::finish(const std::string& status) {
     a.num["spike_score"] = s.spike_score;
     a.num["final_loss"] = s.final_loss;
     a.num["min_loss"] = s.min_loss;
+    if (tr.is_mx) a.num["max_bias_ratio"] = tr.max_bias_ratio;
+    a.num["max_gamma_lastbin"] = tr.max_gamma_lastbin;
     a.str["state"] = tr.stopped ? "stopped_nonfinite" : "ran";
     sink_.set_group_attrs(tr.h5_group, a);
     const int64_t n = std::max<int64_t>(0, step_ - tr.start_step);

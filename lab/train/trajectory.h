@@ -39,6 +39,9 @@ struct Trajectory {
   double bias_avg_weight = 0.0; // 1 - beta^k for debiasing
   int64_t rows_logged = 0;
   double last_loss = std::numeric_limits<double>::quiet_NaN();  // of the last logged step
+  // Largest logged bias_ratio and gamma last-bin fraction (summary attributes; NaN = none yet).
+  double max_bias_ratio = std::numeric_limits<double>::quiet_NaN();
+  double max_gamma_lastbin = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace mxlab

@@ -2,6 +2,7 @@
 // metrics present and sane, branches, checkpoint resume, summaries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -183,6 +184,16 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
   // MX run: the bias ratio is positive (quantization changes the gradient) and cosine < 1.
   const auto br = s.series("trajectories/mx", "bias_ratio");
   for (double b : br) EXPECT_GT(b, 0.0);
+  // Summary attributes: the largest logged bias ratio and gamma last-bin fraction.
+  const auto& mx_attrs = s.groups.at("trajectories/mx").attrs.num;
+  EXPECT_EQ(mx_attrs.at("max_bias_ratio"), *std::max_element(br.begin(), br.end()));
+  double gmax = 0.0;
+  for (const MetricRow& r : s.groups.at("trajectories/mx").rows)
+    for (const auto& [name, v] : r.cols)
+      if (name == "gamma_lastbin")
+        for (double x : v) gmax = std::max(gmax, x);
+  EXPECT_EQ(mx_attrs.at("max_gamma_lastbin"), gmax);
+  EXPECT_EQ(s.groups.at("trajectories/fp32").attrs.num.count("max_bias_ratio"), 0u);
   // Quantized tensors are marked as such; the fp32 trajectory's statistics are diagnostics.
   EXPECT_EQ(s.groups.at("trajectories/mx").dataset_attrs.at("gamma_lastbin").ints.at("quantized"), 1);
   EXPECT_EQ(s.groups.at("trajectories/fp32").dataset_attrs.at("gamma_lastbin").ints.at("quantized"), 0);
