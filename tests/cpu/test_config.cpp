@@ -21,6 +21,7 @@
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
 #include "lab/train/sweep.h"
+#include "tests/cpu/temp_dir.h"
 
 using namespace mxlab;
 
@@ -33,24 +34,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// A scratch directory removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() / ("mxlab_test_config_" + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = (path / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-};
+using mxlab::test::TempDir;
 
 // Runs a shell command, returns its exit status and combined output.
 std::pair<int, std::string> run_command(const std::string& cmd) {

@@ -24,24 +24,13 @@
 #include "lab/train/index.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/config_io.h"
+#include "tests/cpu/temp_dir.h"
 
 using namespace mxlab;
 
 namespace {
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() / ("mxlab_test_export_" + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
+using mxlab::test::TempDir;
 
 std::pair<int, std::string> run_command(const std::string& cmd) {
   std::string out;

@@ -17,6 +17,7 @@
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
 #include "lab/train/sweep.h"
+#include "tests/cpu/temp_dir.h"
 
 using namespace mxlab;
 
@@ -24,24 +25,7 @@ namespace {
 
 using Swept = std::vector<std::pair<std::string, std::string>>;
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() / ("mxlab_test_sweep_" + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::filesystem::path p = path / name;
-    std::filesystem::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-};
+using mxlab::test::TempDir;
 
 std::vector<ExpandedRun> expand(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   return expand_experiment_string(yaml, "exp.yaml", overrides);

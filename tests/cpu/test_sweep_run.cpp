@@ -37,6 +37,7 @@
 #include "lab/train/run_driver.h"
 #include "lab/train/sweep.h"
 #include "lab/train/sweep_runner.h"
+#include "tests/cpu/temp_dir.h"
 
 using namespace mxlab;
 
@@ -61,24 +62,7 @@ sweep:
 )";
 constexpr size_t kSweepRuns = 8;
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() / ("mxlab_test_sweep_run_" + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::filesystem::path p = path / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-};
+using mxlab::test::TempDir;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
