@@ -16,22 +16,19 @@
 
 #include "lab/io/npy.h"
 #include "lab/mx/quantize.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
 namespace {
+
+using mxlab::test::read_file;
 
 struct Result {
   int rc;
   std::string out, err;
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 // Per-test, per-process file names: ctest runs the tests of this file in parallel.
 std::string tmp(const std::string& name) {
@@ -45,8 +42,8 @@ Result run(const std::string& args) {
   const int status = std::system(cmd.c_str());
   Result r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(o);
-  r.err = slurp(e);
+  r.out = read_file(o);
+  r.err = read_file(e);
   return r;
 }
 

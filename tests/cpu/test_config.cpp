@@ -21,32 +21,17 @@
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
 #include "lab/train/sweep.h"
-#include "tests/cpu/temp_dir.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 using mxlab::test::TempDir;
+using mxlab::test::read_file;
+using mxlab::test::run_command;
 
-// Runs a shell command, returns its exit status and combined output.
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 // The message of the mxlab::Error thrown by f, or "" (and a test failure) if none.
 template <typename F>

@@ -24,24 +24,15 @@
 #include "lab/train/index.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/config_io.h"
-#include "tests/cpu/temp_dir.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
 namespace {
 
 using mxlab::test::TempDir;
+using mxlab::test::run_command;
 
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 std::vector<std::vector<std::string>> read_csv(const std::string& path) {
   std::ifstream in(path);

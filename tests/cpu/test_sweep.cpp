@@ -17,7 +17,7 @@
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
 #include "lab/train/sweep.h"
-#include "tests/cpu/temp_dir.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
@@ -26,6 +26,7 @@ namespace {
 using Swept = std::vector<std::pair<std::string, std::string>>;
 
 using mxlab::test::TempDir;
+using mxlab::test::run_command;
 
 std::vector<ExpandedRun> expand(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   return expand_experiment_string(yaml, "exp.yaml", overrides);
@@ -42,16 +43,6 @@ std::string error_of(F f) {
   return "";
 }
 
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 }  // namespace
 

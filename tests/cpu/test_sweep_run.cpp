@@ -37,7 +37,7 @@
 #include "lab/train/run_driver.h"
 #include "lab/train/sweep.h"
 #include "lab/train/sweep_runner.h"
-#include "tests/cpu/temp_dir.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
@@ -63,13 +63,8 @@ sweep:
 constexpr size_t kSweepRuns = 8;
 
 using mxlab::test::TempDir;
+using mxlab::test::read_file;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<ExpandedRun> sweep_runs() { return expand_experiment_string(kSweepYaml, "sweep.yaml"); }
 
@@ -298,7 +293,7 @@ TEST(SweepShard, BinaryShardsBySlurmVariablesAndByOption) {
   // --dry-run lines: "<index> <run_id> run ..."
   auto ids_of = [&](const std::string& log) {
     std::set<std::string> ids;
-    std::istringstream in(read_text(log));
+    std::istringstream in(read_file(log));
     std::string line;
     while (std::getline(in, line)) {
       std::istringstream ls(line);
@@ -314,14 +309,14 @@ TEST(SweepShard, BinaryShardsBySlurmVariablesAndByOption) {
       ASSERT_EQ(run_binary({"run", exp, "--out", out, "--dry-run"}, log,
                            {{"SLURM_ARRAY_TASK_ID", std::to_string(t)}, {"SLURM_ARRAY_TASK_COUNT", std::to_string(n)}}),
                 0)
-          << read_text(log);
-      EXPECT_NE(read_text(log).find("SLURM_ARRAY_TASK_ID=" + std::to_string(t)), std::string::npos) << read_text(log);
+          << read_file(log);
+      EXPECT_NE(read_file(log).find("SLURM_ARRAY_TASK_ID=" + std::to_string(t)), std::string::npos) << read_file(log);
       for (const auto& id : ids_of(log)) by_env.insert(id);
       // --shard wins over the environment.
       ASSERT_EQ(run_binary({"run", exp, "--out", out, "--dry-run", "--shard", std::to_string(t) + "/" + std::to_string(n)},
                            log, {{"SLURM_ARRAY_TASK_ID", "0"}, {"SLURM_ARRAY_TASK_COUNT", "1"}}),
                 0)
-          << read_text(log);
+          << read_file(log);
       for (const auto& id : ids_of(log)) by_opt.insert(id);
     }
     EXPECT_EQ(std::set<std::string>(by_env.begin(), by_env.end()), all) << "n=" << n;
@@ -380,7 +375,7 @@ TEST_F(SweepRun, StoppedSweepResumesToTheUninterruptedFiles) {
   // index.csv: one row per run, rebuilt from the files.
   EXPECT_EQ(rebuild_index(dir.str()).size(), kSweepRuns);
   EXPECT_FALSE(std::filesystem::exists(dir.str() + "/index.lock"));
-  const std::string index = read_text(dir.str() + "/index.csv");
+  const std::string index = read_file(dir.str() + "/index.csv");
   size_t lines = 0;
   for (char c : index) lines += c == '\n';
   EXPECT_EQ(lines, kSweepRuns + 1) << index;
@@ -478,7 +473,7 @@ TEST(SweepLock, OneHolderAtATimeAndStaleLocksAreTakenOver) {
   EXPECT_EQ(live_lock_holder(d, "r2"), "");
   RunLock c;
   EXPECT_TRUE(c.try_acquire(d, "r2"));
-  EXPECT_NE(read_text(path).find("pid=" + std::to_string(::getpid())), std::string::npos);
+  EXPECT_NE(read_file(path).find("pid=" + std::to_string(::getpid())), std::string::npos);
   c.release();
 
   // A lock of another host is respected while it is fresh, stale once not refreshed.
@@ -512,8 +507,8 @@ TEST(SweepLock, BinarySkipsLockedRunsAndTakesOverStaleOnes) {
   std::ofstream(out + "/" + runs[0].id + ".lock") << "pid=" << ::getpid() << " host=" << host << " time=x\n";
   std::ofstream(out + "/" + runs[1].id + ".lock") << "pid=" << child << " host=" << host << " time=x\n";
   const std::string log = dir.str() + "/log";
-  EXPECT_EQ(run_binary({"run", exp, "--out", out}, log), 0) << read_text(log);
-  const std::string text = read_text(log);
+  EXPECT_EQ(run_binary({"run", exp, "--out", out}, log), 0) << read_file(log);
+  const std::string text = read_file(log);
   EXPECT_EQ(reported(text, "busy"), std::set<std::string>{runs[0].id}) << text;
   EXPECT_EQ(reported(text, "complete").size(), kSweepRuns - 1) << text;
   EXPECT_NE(text.find("taking over the stale lock"), std::string::npos) << text;
@@ -532,9 +527,9 @@ TEST(SweepLock, TwoProcessesOnOneDirectoryNeverRunTheSameRun) {
   const std::vector<std::string> args = {MXLAB_BINARY, "run", exp, "--out", out};
   const Child a = spawn(args, dir.str() + "/a.log");
   const Child b = spawn(args, dir.str() + "/b.log");
-  EXPECT_EQ(wait_exit(a), 0) << read_text(a.log);
-  EXPECT_EQ(wait_exit(b), 0) << read_text(b.log);
-  const std::string la = read_text(a.log), lb = read_text(b.log);
+  EXPECT_EQ(wait_exit(a), 0) << read_file(a.log);
+  EXPECT_EQ(wait_exit(b), 0) << read_file(b.log);
+  const std::string la = read_file(a.log), lb = read_file(b.log);
   const std::set<std::string> ca = reported(la, "complete"), cb = reported(lb, "complete");
   std::set<std::string> both;
   for (const auto& id : ca)
@@ -568,10 +563,10 @@ sweep: {seeds: [0, 1]}
   };
   while (!started() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  ASSERT_TRUE(started()) << read_text(c.log);
+  ASSERT_TRUE(started()) << read_file(c.log);
   ::kill(c.pid, SIGINT);
   const int rc = wait_exit(c);
-  const std::string first = read_text(c.log);
+  const std::string first = read_file(c.log);
   std::set<std::string> interrupted;
   for (const auto& r : runs) {
     const std::string status = root_attr(out + "/" + r.id + ".h5", "status");
@@ -583,8 +578,8 @@ sweep: {seeds: [0, 1]}
   EXPECT_EQ(reported(first, "interrupted"), interrupted) << first;
 
   const std::string log2 = dir.str() + "/second.log";
-  EXPECT_EQ(run_binary({"run", exp, "--out", out, "--jobs", "2"}, log2), 0) << read_text(log2);
-  const std::string second = read_text(log2);
+  EXPECT_EQ(run_binary({"run", exp, "--out", out, "--jobs", "2"}, log2), 0) << read_file(log2);
+  const std::string second = read_file(log2);
   EXPECT_EQ(reported(second, "complete"), interrupted) << second;
   EXPECT_NE(second.find("resumed from step"), std::string::npos) << second;
 
@@ -644,11 +639,11 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   // The binary prints the same table (and rebuilds index.csv).
   TempDir tmp;
   const std::string log = tmp.str() + "/log";
-  ASSERT_EQ(run_binary({"summarize", dir, "--csv"}, log), 0) << read_text(log);
-  EXPECT_EQ(read_text(log), csv);
+  ASSERT_EQ(run_binary({"summarize", dir, "--csv"}, log), 0) << read_file(log);
+  EXPECT_EQ(read_file(log), csv);
   EXPECT_TRUE(std::filesystem::exists(dir + "/index.csv"));
   ASSERT_EQ(run_binary({"summarize", dir}, log), 0);
-  const std::string text = read_text(log);
+  const std::string text = read_file(log);
   std::istringstream words(text.substr(0, text.find('\n')));
   std::vector<std::string> head{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
   ASSERT_GE(head.size(), 7u) << text;

@@ -1,10 +1,17 @@
-// A scratch directory for one test, removed at the end of it (shared by the CPU tests).
+// Helpers shared by the CPU tests: a scratch directory removed at the end of the test,
+// reading a whole file, and running a shell command to capture its exit status and output.
 #pragma once
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace mxlab::test {
 
@@ -30,5 +37,26 @@ struct TempDir {
     return p.string();
   }
 };
+
+// The whole content of a file ("" if it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs a shell command; returns its exit status (-1 if it did not exit normally) and its
+// combined stdout + stderr.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return {-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 }  // namespace mxlab::test
