@@ -3,21 +3,28 @@
 #   bash experiments/paper/run_repro.sh A OUTDIR   # interventions (seed 0), seeds 1-4, no-LN
 #   bash experiments/paper/run_repro.sh B OUTDIR   # scale rules rceil / floor_bump x 5 seeds (lr 6e-4)
 #   bash experiments/paper/run_repro.sh C OUTDIR   # floor vs rceil x 5 seeds at lr 3e-4
+#   bash experiments/paper/run_repro.sh D OUTDIR   # lr 4e-4 / 5e-4 x 5 seeds (FP32 + MX floor)
+# MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
+# a rerun into the same OUTDIR resumes the others).
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=./build/mxlab
+# mxlab run, under the optional time limit.
+train() {
+  if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then timeout "$MXLAB_REPRO_LIMIT" $MX run "$@"; else $MX run "$@"; fi
+}
 export PYTHONPATH=analysis
 mkdir -p "$OUT" "$RUNS"
 t0=$(date +%s)
 case "$PART" in
   A)
-    $MX run experiments/paper/repro_seed0_interventions.yaml --device cuda --out "$RUNS/seed0" --quiet
-    $MX run experiments/paper/repro_seeds.yaml --device cuda --out "$RUNS/seeds" --quiet --jobs 2
-    $MX run experiments/paper/repro_fig2b_no_ln.yaml --device cuda --out "$RUNS/noln" --quiet --jobs 2
+    train experiments/paper/repro_seed0_interventions.yaml --device cuda --out "$RUNS/seed0" --quiet
+    train experiments/paper/repro_seeds.yaml --device cuda --out "$RUNS/seeds" --quiet --jobs 2
+    train experiments/paper/repro_fig2b_no_ln.yaml --device cuda --out "$RUNS/noln" --quiet --jobs 2
     F=$(ls "$RUNS"/seed0/*.h5 | head -n 1)
     python3 -m mxlab_analysis panel "$F" -o "$OUT/fig3_fig5_panel_seed0.png"
     python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_seed0.png"
@@ -25,13 +32,19 @@ case "$PART" in
     python3 -m mxlab_analysis curves "$RUNS/noln" -o "$OUT/fig2b_no_ln.png" 2>&1 | tail -1
     ;;
   B)
-    $MX run experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
+    train experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
     $MX summarize "$RUNS/scale" --csv > "$OUT/summary_scale.csv"
     ;;
   C)
-    $MX run experiments/paper/repro_lr3e-4.yaml --device cuda --out "$RUNS/lr3e-4" --quiet --jobs 2
+    train experiments/paper/repro_lr3e-4.yaml --device cuda --out "$RUNS/lr3e-4" --quiet --jobs 2
     $MX summarize "$RUNS/lr3e-4" --csv > "$OUT/summary_lr3e-4.csv"
     python3 -m mxlab_analysis curves "$RUNS/lr3e-4" --row precision.scale_rule -o "$OUT/lr3e-4_curves.png" 2>&1 | tail -1
     ;;
+  D)
+    train experiments/paper/repro_lr_search.yaml --device cuda --out "$RUNS/lr_search" --quiet --jobs 2
+    $MX summarize "$RUNS/lr_search" --csv > "$OUT/summary_lr_search.csv"
+    python3 -m mxlab_analysis curves "$RUNS/lr_search" --row optimizer.lr --color seed -o "$OUT/lr_search_curves.png" 2>&1 | tail -1
+    ;;
+  *) echo "unknown part $PART (A|B|C|D)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
