@@ -50,8 +50,16 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     # Column titles show only what differs between the recipes; the rest goes in the title.
     parts = [r.split(", ") for r in recipes]
     common = [p for p in parts[0] if all(p in q for q in parts)]
-    titles = [", ".join(p for p in q if p not in common) or "MX" for q in parts]
-    ncols = 1 + len(recipes)
+    titles = [", ".join(p for p in q if p not in common) for q in parts]
+    # A --row key that is itself part of the recipe (e.g. precision.scale_rule) gives one
+    # recipe per row: then one MX column, the row label naming the recipe.
+    per_row = {}
+    for r in runs:
+        per_row.setdefault(r.config[row] if row else None, set()).add(C.precision_text(r))
+    one_mx_column = len(recipes) > 1 and all(len(v) == 1 for v in per_row.values())
+    if one_mx_column:
+        titles = [""]
+    ncols = 1 + len(titles)
     fig = C.new_figure(3.6 * ncols + 1.0, 2.6 * len(rows) + 1.2)
     axes = fig.subplots(len(rows), ncols, sharex=True, sharey=True, squeeze=False)
     seen_fp32 = set()
@@ -60,7 +68,8 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
         shade = _label(run, color)
         targets = [(0, run.fp32)] if (i, shade) not in seen_fp32 else []
         seen_fp32.add((i, shade))
-        targets.append((1 + recipes.index(C.precision_text(run)), run.mx))
+        column = 1 if one_mx_column else 1 + recipes.index(C.precision_text(run))
+        targets.append((column, run.mx))
         for j, traj in targets:
             if traj is None:
                 continue
@@ -79,7 +88,8 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
             ax.set_yscale("log")
             ax.grid(True, alpha=0.25)
             if i == 0:
-                ax.set_title("FP32" if j == 0 else f"MX: {titles[j - 1]}", fontsize=9)
+                title = "FP32" if j == 0 else "MX" + (f": {titles[j - 1]}" if titles[j - 1] else "")
+                ax.set_title(title, fontsize=9)
             if i == len(rows) - 1:
                 ax.set_xlabel("step")
         ylabel = "loss" if value is None else f"{row} = {yamlcfg.format_value(value)}\nloss"

@@ -4,13 +4,15 @@
 #   bash experiments/paper/run_repro.sh B OUTDIR   # scale rules rceil / floor_bump x 5 seeds (lr 6e-4)
 #   bash experiments/paper/run_repro.sh C OUTDIR   # floor vs rceil x 5 seeds at lr 3e-4
 #   bash experiments/paper/run_repro.sh D OUTDIR   # lr 4e-4 / 5e-4 x 5 seeds (FP32 + MX floor)
+#   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
+#   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 3000/4200/4800
 # MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
 # a rerun into the same OUTDIR resumes the others).
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=./build/mxlab
 # mxlab run, under the optional time limit.
@@ -45,6 +47,18 @@ case "$PART" in
     $MX summarize "$RUNS/lr_search" --csv > "$OUT/summary_lr_search.csv"
     python3 -m mxlab_analysis curves "$RUNS/lr_search" --row optimizer.lr --color seed -o "$OUT/lr_search_curves.png" 2>&1 | tail -1
     ;;
-  *) echo "unknown part $PART (A|B|C|D)" >&2; exit 2 ;;
+  E)
+    train experiments/paper/repro_scale_rules_lr5e-4.yaml --device cuda --out "$RUNS/scale_lr5e-4" --quiet --jobs 2
+    $MX summarize "$RUNS/scale_lr5e-4" --csv > "$OUT/summary_scale_lr5e-4.csv"
+    python3 -m mxlab_analysis curves "$RUNS/scale_lr5e-4" --row precision.scale_rule --color seed -o "$OUT/scale_lr5e-4_curves.png" 2>&1 | tail -1
+    ;;
+  F)
+    train experiments/paper/repro_lr5e-4_interventions.yaml --device cuda --out "$RUNS/lr5e-4_interv" --quiet
+    F=$(ls "$RUNS"/lr5e-4_interv/*.h5 | head -n 1)
+    python3 -m mxlab_analysis panel "$F" -o "$OUT/fig3_fig5_panel_lr5e-4_seed0.png"
+    python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_lr5e-4_seed0.png"
+    $MX summarize "$RUNS/lr5e-4_interv" --csv > "$OUT/summary_lr5e-4_interventions.csv"
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
