@@ -230,6 +230,47 @@ TEST(ScaleRules, FloorBumpClampAndAlways) {
   EXPECT_EQ(st.lastbin, 0u);  // the element is 224, not 448: the bump left the last bin
 }
 
+// For every element format max_normal lies in [2^emax, 2^(emax+1)), so "floor, then +1 where the
+// block maximum would clamp" picks the smallest s with amax <= max_normal * 2^s: the round-up
+// scale. rceil computes that s as round_up(amax * float32(1/max_normal)), whose float32 rounding
+// can step across a power of two only for amax within a few ulp of max_normal * 2^k. (Why
+// results/README.md finds the rceil and floor_bump runs bit-identical.)
+TEST(ScaleRules, FloorBumpIsTheRoundUpScaleAndRceilDiffersOnlyAtPowerOfTwoEdges) {
+  for (int e = 0; e < static_cast<int>(Elem::kCount); ++e) {
+    const ElemSpec& es = elem_spec(static_cast<Elem>(e));
+    const double maxn = es.max_normal();
+    ASSERT_GE(maxn, std::ldexp(1.0, es.emax())) << es.name;
+    ASSERT_LT(maxn, std::ldexp(1.0, es.emax() + 1)) << es.name;
+    uint64_t edge_cases = 0, checked = 0;
+    // amax over [2^(emax-1), 2^(emax+2)) with a stride, and every float within 2^16 ulp of
+    // each max_normal * 2^k in that range (where the scale steps).
+    std::vector<uint32_t> amaxes;
+    const uint32_t lo = f32_bits(static_cast<float>(std::ldexp(1.0, es.emax() - 1)));
+    for (uint32_t bits = lo; bits < lo + (3u << 23); bits += 61) amaxes.push_back(bits);
+    for (int k = -1; k <= 1; ++k) {
+      const uint32_t edge = f32_bits(static_cast<float>(std::ldexp(maxn, k)));
+      for (uint32_t bits = edge - (1u << 16); bits <= edge + (1u << 16); ++bits) amaxes.push_back(bits);
+    }
+    for (const uint32_t bits : amaxes) {
+      const float amax = bits_f32(bits);
+      int exact = -130;  // smallest s with amax <= max_normal * 2^s (exact in double)
+      for (int s = -3; s <= 3; ++s)
+        if (static_cast<double>(amax) <= std::ldexp(maxn, s)) { exact = s; break; }
+      ASSERT_EQ(shared_exponent(amax, es, ScaleRule::floor_bump, Bump::clamp), exact) << es.name << " " << amax;
+      const int rc = shared_exponent(amax, es, ScaleRule::rceil, Bump::clamp);
+      ++checked;
+      if (rc != exact) {
+        ++edge_cases;
+        // Only where amax is within 2^-22 (relative) of max_normal * 2^k for some k.
+        const double nearest = std::ldexp(maxn, exact - (rc < exact ? 1 : 0));
+        ASSERT_LT(std::fabs(amax - nearest) / nearest, 0x1p-22) << es.name << " " << amax;
+        ASSERT_EQ(std::abs(rc - exact), 1) << es.name << " " << amax;
+      }
+    }
+    EXPECT_LT(edge_cases, checked / 1000) << es.name << ": rceil != floor_bump for " << edge_cases;
+  }
+}
+
 // ---- stochastic rounding ------------------------------------------------------------------------
 
 TEST(Stochastic, SameSeedSameBitsSaltAndSeedChangeThem) {

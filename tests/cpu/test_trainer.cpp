@@ -167,7 +167,9 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
           EXPECT_EQ(v.size(), static_cast<size_t>(L)) << name;
           for (double x : v) {
             EXPECT_TRUE(std::isfinite(x)) << name;
-            if (name.find("gamma_") != 0) EXPECT_TRUE(x >= 0.0 && x <= 1.0) << name << " = " << x;
+            if (name.find("gamma_") != 0) {
+              EXPECT_TRUE(x >= 0.0 && x <= 1.0) << name << " = " << x;
+            }
           }
         } else if (name == "bias_ratio_group" || name == "cosine_group") {
           EXPECT_EQ(v.size(), G);
@@ -177,8 +179,9 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
       }
       for (const auto& n : scalars_all) EXPECT_TRUE(seen.count(n)) << g << " lacks " << n;
       for (const auto& n : per_layer) EXPECT_TRUE(seen.count(n)) << g << " lacks " << n;
-      if (mx)
+      if (mx) {
         for (const auto& n : scalars_mx) EXPECT_TRUE(seen.count(n)) << g << " lacks " << n;
+      }
     }
   }
   // MX run: the bias ratio is positive (quantization changes the gradient) and cosine < 1.
