@@ -6,13 +6,14 @@
 #   bash experiments/paper/run_repro.sh D OUTDIR   # lr 4e-4 / 5e-4 x 5 seeds (FP32 + MX floor)
 #   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
 #   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 4200 / 4800
+#   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 3 seeds
 # MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
 # a rerun into the same OUTDIR resumes the others).
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D|E|F OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D|E|F OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=./build/mxlab
 # mxlab run, under the optional time limit.
@@ -59,6 +60,12 @@ case "$PART" in
     python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_lr5e-4_seed0.png"
     $MX summarize "$RUNS/lr5e-4_interv" --csv > "$OUT/summary_lr5e-4_interventions.csv"
     ;;
-  *) echo "unknown part $PART (A|B|C|D|E|F)" >&2; exit 2 ;;
+  G)
+    train experiments/paper/repro_rounding_lr5e-4.yaml --device cuda --out "$RUNS/rounding_lr5e-4" --quiet --jobs 2
+    train experiments/paper/repro_depth6_lr5e-4.yaml --device cuda --out "$RUNS/depth6_lr5e-4" --quiet --jobs 2
+    for d in rounding_lr5e-4 depth6_lr5e-4; do $MX summarize "$RUNS/$d" --csv > "$OUT/summary_$d.csv"; done
+    python3 -m mxlab_analysis curves "$RUNS/rounding_lr5e-4" "$RUNS/depth6_lr5e-4" --row model.depth --color seed -o "$OUT/knobs_lr5e-4_curves.png" 2>&1 | tail -1
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F|G)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
