@@ -6,7 +6,7 @@
 #   bash experiments/paper/run_repro.sh D OUTDIR   # lr 4e-4 / 5e-4 x 5 seeds (FP32 + MX floor)
 #   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
 #   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 4200 / 4800
-#   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 3 seeds
+#   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 2 seeds
 # MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
 # a rerun into the same OUTDIR resumes the others).
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
