@@ -50,15 +50,13 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     # Column titles show only what differs between the recipes; the rest goes in the title.
     parts = [r.split(", ") for r in recipes]
     common = [p for p in parts[0] if all(p in q for q in parts)]
-    titles = [", ".join(p for p in q if p not in common) for q in parts]
     # A --row key that is itself part of the recipe (e.g. precision.scale_rule) gives one
     # recipe per row: then one MX column, the row label naming the recipe.
     per_row = {}
     for r in runs:
         per_row.setdefault(r.config[row] if row else None, set()).add(C.precision_text(r))
     one_mx_column = len(recipes) > 1 and all(len(v) == 1 for v in per_row.values())
-    if one_mx_column:
-        titles = [""]
+    titles = [""] if one_mx_column else [", ".join(p for p in q if p not in common) for q in parts]
     ncols = 1 + len(titles)
     fig = C.new_figure(3.6 * ncols + 1.0, 2.6 * len(rows) + 1.2)
     axes = fig.subplots(len(rows), ncols, sharex=True, sharey=True, squeeze=False)

@@ -20,6 +20,17 @@ MX=./build/mxlab
 train() {
   if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then timeout "$MXLAB_REPRO_LIMIT" $MX run "$@"; else $MX run "$@"; fi
 }
+# OUT/summary_NAME.csv for each run directory RUNS/NAME.
+summaries() {
+  for d in "$@"; do $MX summarize "$RUNS/$d" --csv > "$OUT/summary_$d.csv"; done
+}
+# The panel (figures 3, 5) and interventions (figure 4) figures of the first run file in RUNS/$1.
+intervention_figures() {
+  local f
+  f=$(ls "$RUNS/$1"/*.h5 | head -n 1)
+  python3 -m mxlab_analysis panel "$f" -o "$OUT/fig3_fig5_panel_$2.png"
+  python3 -m mxlab_analysis interventions "$f" -o "$OUT/fig4_interventions_$2.png"
+}
 export PYTHONPATH=analysis
 mkdir -p "$OUT" "$RUNS"
 t0=$(date +%s)
@@ -28,42 +39,38 @@ case "$PART" in
     train experiments/paper/repro_seed0_interventions.yaml --device cuda --out "$RUNS/seed0" --quiet
     train experiments/paper/repro_seeds.yaml --device cuda --out "$RUNS/seeds" --quiet --jobs 2
     train experiments/paper/repro_fig2b_no_ln.yaml --device cuda --out "$RUNS/noln" --quiet --jobs 2
-    F=$(ls "$RUNS"/seed0/*.h5 | head -n 1)
-    python3 -m mxlab_analysis panel "$F" -o "$OUT/fig3_fig5_panel_seed0.png"
-    python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_seed0.png"
-    for d in seed0 seeds noln; do $MX summarize "$RUNS/$d" --csv > "$OUT/summary_$d.csv"; done
+    intervention_figures seed0 seed0
+    summaries seed0 seeds noln
     python3 -m mxlab_analysis curves "$RUNS/noln" -o "$OUT/fig2b_no_ln.png" 2>&1 | tail -1
     ;;
   B)
     train experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
-    $MX summarize "$RUNS/scale" --csv > "$OUT/summary_scale.csv"
+    summaries scale
     ;;
   C)
     train experiments/paper/repro_lr3e-4.yaml --device cuda --out "$RUNS/lr3e-4" --quiet --jobs 2
-    $MX summarize "$RUNS/lr3e-4" --csv > "$OUT/summary_lr3e-4.csv"
+    summaries lr3e-4
     python3 -m mxlab_analysis curves "$RUNS/lr3e-4" --row precision.scale_rule -o "$OUT/lr3e-4_curves.png" 2>&1 | tail -1
     ;;
   D)
     train experiments/paper/repro_lr_search.yaml --device cuda --out "$RUNS/lr_search" --quiet --jobs 2
-    $MX summarize "$RUNS/lr_search" --csv > "$OUT/summary_lr_search.csv"
+    summaries lr_search
     python3 -m mxlab_analysis curves "$RUNS/lr_search" --row optimizer.lr --color seed -o "$OUT/lr_search_curves.png" 2>&1 | tail -1
     ;;
   E)
     train experiments/paper/repro_scale_rules_lr5e-4.yaml --device cuda --out "$RUNS/scale_lr5e-4" --quiet --jobs 2
-    $MX summarize "$RUNS/scale_lr5e-4" --csv > "$OUT/summary_scale_lr5e-4.csv"
+    summaries scale_lr5e-4
     python3 -m mxlab_analysis curves "$RUNS/scale_lr5e-4" --row precision.scale_rule --color seed -o "$OUT/scale_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   F)
-    train experiments/paper/repro_lr5e-4_interventions.yaml --device cuda --out "$RUNS/lr5e-4_interv" --quiet
-    F=$(ls "$RUNS"/lr5e-4_interv/*.h5 | head -n 1)
-    python3 -m mxlab_analysis panel "$F" -o "$OUT/fig3_fig5_panel_lr5e-4_seed0.png"
-    python3 -m mxlab_analysis interventions "$F" -o "$OUT/fig4_interventions_lr5e-4_seed0.png"
-    $MX summarize "$RUNS/lr5e-4_interv" --csv > "$OUT/summary_lr5e-4_interventions.csv"
+    train experiments/paper/repro_lr5e-4_interventions.yaml --device cuda --out "$RUNS/lr5e-4_interventions" --quiet
+    intervention_figures lr5e-4_interventions lr5e-4_seed0
+    summaries lr5e-4_interventions
     ;;
   G)
     train experiments/paper/repro_rounding_lr5e-4.yaml --device cuda --out "$RUNS/rounding_lr5e-4" --quiet --jobs 2
     train experiments/paper/repro_depth6_lr5e-4.yaml --device cuda --out "$RUNS/depth6_lr5e-4" --quiet --jobs 2
-    for d in rounding_lr5e-4 depth6_lr5e-4; do $MX summarize "$RUNS/$d" --csv > "$OUT/summary_$d.csv"; done
+    summaries rounding_lr5e-4 depth6_lr5e-4
     python3 -m mxlab_analysis curves "$RUNS/rounding_lr5e-4" "$RUNS/depth6_lr5e-4" --row model.depth --color seed -o "$OUT/knobs_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   *) echo "unknown part $PART (A|B|C|D|E|F|G)" >&2; exit 2 ;;
