@@ -158,6 +158,10 @@ struct Leaf {
   Getter get;
   Checker check;               // may be empty
   bool presentation = false;   // changes no number a run produces: left out of the run id
+  // Added after run ids were first published (schema 1): left out of the canonical text (and
+  // so of the run id) while it holds its default, so that every earlier run id stays valid and
+  // `mxlab run` still finds the finished runs of an existing results directory.
+  bool since_v2 = false;
 };
 
 struct Item {
@@ -638,6 +642,14 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
 
 // ---- printing --------------------------------------------------------------------------
 
+// Whether the canonical text (the run id's input) leaves leaf `l` out.
+bool omitted(const Leaf& l, const RunConfig& cfg, bool canonical) {
+  if (!canonical) return false;
+  if (l.presentation) return true;
+  static const RunConfig defaults;
+  return l.since_v2 && l.get(cfg) == l.get(defaults);
+}
+
 std::string dump_impl(const RunConfig& cfg, bool canonical) {
   std::string out;
   for (const Item& item : schema()) {
@@ -659,12 +671,15 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
     }
     if (!item.section) {
       const Leaf& l = item.leaves[0];
-      if (!(canonical && l.presentation)) out += l.key + ": " + l.get(cfg) + "\n";
+      if (!omitted(l, cfg, canonical)) out += l.key + ": " + l.get(cfg) + "\n";
       continue;
     }
-    out += item.key + ":\n";
+    std::string body;
     for (const Leaf& l : item.leaves)
-      if (!(canonical && l.presentation)) out += "  " + l.key + ": " + l.get(cfg) + "\n";
+      if (!omitted(l, cfg, canonical)) body += "  " + l.key + ": " + l.get(cfg) + "\n";
+    // A section whose every leaf is left out (one added after schema 1, at its defaults)
+    // leaves no header either: the canonical text is then exactly the schema-1 text.
+    if (!body.empty() || !canonical) out += item.key + ":\n" + body;
   }
   return out;
 }

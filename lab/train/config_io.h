@@ -35,7 +35,9 @@ std::string dump_config(const RunConfig& cfg);
 // change no number a run produces; leaving out `device` lets a sweep started with
 // `--device cuda` resume with `--device cpu` (or on another GPU) and find its finished runs.
 // Fields are hashed as written (`weight_bwd: same` and an explicit equal format give different
-// ids: they differ once an intervention changes `weight`).
+// ids: they differ once an intervention changes `weight`). Keys added after schema 1 (leaves
+// marked since_v2 in config.cpp, and list-valued keys such as `arms`) are left out while they
+// hold their default, so every run id published before them is still the id of that run.
 std::string config_hash(const RunConfig& cfg);
 std::string canonical_config_text(const RunConfig& cfg);  // the text config_hash hashes
 

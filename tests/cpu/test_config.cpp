@@ -335,6 +335,18 @@ TEST(Config, FilesAreNamedInMessages) {
   EXPECT_EQ(load_config(ok, {"model.width=64"}).model.width, 64);
 }
 
+// Run ids published before keys were added (results/, earlier run directories) stay the ids of
+// those runs: new keys at their defaults are left out of the hashed text. The ids below were
+// printed by `mxlab dump-config FILE --id` at 0ad91cd, before any such key existed.
+TEST(Config, RunIdsOfSchemaOneConfigsAreStable) {
+  const std::string src = MXLAB_SOURCE_DIR;
+  EXPECT_EQ(config_hash(RunConfig{}), "2f848def76bf");
+  EXPECT_EQ(config_hash(load_config(src + "/experiments/quickstart.yaml")), "df348d1f4b0d");
+  EXPECT_EQ(config_hash(load_config(src + "/experiments/paper/fig4_interventions.yaml")), "e30552693b92");
+  // The printed configuration still shows every key (dump-config), only the hash input omits.
+  EXPECT_NE(dump_config(RunConfig{}), canonical_config_text(RunConfig{}));
+}
+
 TEST(Config, RunIdIgnoresPresentationFieldsOnly) {
   const RunConfig base;
   const std::string id = config_hash(base);
