@@ -45,7 +45,7 @@ namespace mxlab {
 namespace cuda {
 namespace {
 
-constexpr int kLanes = 4;          // streams: enough for the paired step's concurrent passes
+constexpr int kLanes = 8;          // streams: data + FP32 on lane 0; MX arms and their shadow passes on 1..7
 constexpr int kStepRing = 16;      // pinned StepScalars slots (steps the host may run ahead)
 constexpr int kMinStatSlots = 64;  // statistics counters allocated at least this many slots
 
@@ -194,6 +194,7 @@ class CudaBackend final : public Backend {
     step_ = s;
   }
 
+  int lanes() const override { return kLanes; }
   void set_lane(int lane) override {
     ctx();
     if (lane < 0 || lane >= kLanes) throw Error(msg("lane ", lane, " out of range [0, ", kLanes, ")"));

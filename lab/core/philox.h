@@ -17,6 +17,7 @@ enum class Stream : uint32_t {
   stochastic_round = 4,
   validation = 5,
   teacher_init = 6,
+  probe = 7,        // the fixed probe batch of the curvature instrument and snapshots (x, then noise)
 };
 
 struct U32x4 {

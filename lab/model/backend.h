@@ -95,6 +95,8 @@ class Backend {
   // far, then takes the following ops. set_lane(0) returns to lane 0 without waiting.
   // join() makes lane 0 wait for all lanes. The CPU backend runs everything in order.
   virtual void set_lane(int lane) { (void)lane; }
+  // Number of lanes (set_lane takes 0 .. lanes()-1). 1: everything runs in order on lane 0.
+  virtual int lanes() const { return 1; }
   virtual void join() {}
   // Optional whole-step capture (CUDA graphs). The trainer runs a step's ops as
   //   if (!be.replay(key)) { bool rec = be.begin_capture(key); <ops>; be.end_capture(key); if (rec) be.replay(key); }

@@ -34,15 +34,18 @@ uint64_t op_id(int layer, OpId op) {
 // fractional part of 2*mult*width/3 is 0, 1/3 or 2/3).
 int swiglu_hidden(int mult, int width) { return (2 * mult * width + 1) / 3; }
 
-// The QuantSpec of a role with format f under policy p. Scalar formats (bf16/fp16) only
-// round to nearest, so they take the element-wise rounding mode.
-QuantSpec role_spec(const PrecisionConfig& p, NumFmt f, uint64_t seed) {
+using Role = PrecisionConfig::Role;
+
+// The QuantSpec of a role with format f under policy p. MX formats round elements with the
+// role's rounding mode; scalar formats (bf16/fp16) only round to nearest, so they take the
+// element-wise rounding mode.
+QuantSpec role_spec(const PrecisionConfig& p, NumFmt f, Role role, uint64_t seed) {
   QuantSpec s;
   s.fmt = f;
   s.block = p.block_size;
   s.rule = p.scale_rule;
   s.bump = p.bump;
-  s.rounding = is_mx(f) ? p.rounding : p.elementwise_rounding;
+  s.rounding = is_mx(f) ? p.rounding_of(role) : p.elementwise_rounding;
   s.seed = seed;
   return s;
 }
@@ -50,9 +53,9 @@ QuantSpec role_spec(const PrecisionConfig& p, NumFmt f, uint64_t seed) {
 // The spec the last-bin statistics of a role are counted under: the role's own MX spec, or
 // the diagnostic format for a role that is not MX-quantized (round to nearest even there:
 // a diagnostic must not depend on random bits).
-QuantSpec stats_spec(const PrecisionConfig& p, NumFmt f, uint64_t seed) {
-  if (is_mx(f)) return role_spec(p, f, seed);
-  QuantSpec s = role_spec(p, p.diagnostic_format, seed);
+QuantSpec stats_spec(const PrecisionConfig& p, NumFmt f, Role role, uint64_t seed) {
+  if (is_mx(f)) return role_spec(p, f, role, seed);
+  QuantSpec s = role_spec(p, p.diagnostic_format, role, seed);
   if (s.rounding == Rounding::stochastic) s.rounding = Rounding::nearest_even;
   return s;
 }
@@ -65,18 +68,18 @@ struct OperandRules {
   bool collect;              // fill statistics slots
   int stats_base;            // slot offset of this pass (PassPolicy::stats_base)
 
-  GemmOperand make(const float* data, bool k_contiguous, NumFmt fmt, int layer, OpId op,
+  GemmOperand make(const float* data, bool k_contiguous, NumFmt fmt, Role role, int layer, OpId op,
                    int slot = -1) const {
     GemmOperand o;
     o.p = data;
     o.k_contiguous = k_contiguous;
-    o.q = role_spec(*p, quantize ? fmt : NumFmt::fp32, seed);
+    o.q = role_spec(*p, quantize ? fmt : NumFmt::fp32, role, seed);
     o.round_bf16_first = quantize && p->elementwise_bf16;
     o.bf16_mode = p->elementwise_rounding;
     o.sr_op = op_id(layer, op);
     if (collect && slot >= 0) {
       o.stats_slot = stats_base + slot;
-      o.stats_q = stats_spec(*p, fmt, seed);
+      o.stats_q = stats_spec(*p, fmt, role, seed);
     }
     return o;
   }
@@ -109,13 +112,13 @@ void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int
     int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
     if (slot >= 0 && !is_mx(p.ln_affine)) {
       // Diagnostic only: `dst` serves as scratch and is overwritten just below.
-      be.quantize(src, it.dst, 1, s.d, Axis::contiguous, stats_spec(p, p.ln_affine, seed), slot);
+      be.quantize(src, it.dst, 1, s.d, Axis::contiguous, stats_spec(p, p.ln_affine, Role::ln_affine, seed), slot);
       slot = -1;
     }
     if (p.ln_affine == NumFmt::fp32)
       be.copy(it.dst, src, static_cast<size_t>(s.d));
     else
-      be.quantize(src, it.dst, 1, s.d, Axis::contiguous, role_spec(p, p.ln_affine, seed), slot);
+      be.quantize(src, it.dst, 1, s.d, Axis::contiguous, role_spec(p, p.ln_affine, Role::ln_affine, seed), slot);
   }
 }
 
@@ -322,13 +325,13 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     const float* W1 = params + group(s, k, ParamGroup::w1).offset;
     const float* W2 = params + group(s, k, ParamGroup::w2).offset;
     // h [B x H1] = y [B x d] . W1 [H1 x d]^T
-    be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
-            ops.make(W1, true, p.weight, k, OpId::fc1_w), ws.h[k], 0.0f, R);
+    be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
+            ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, R);
     be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R);
     // o [B x d] = a [B x H] . W2 [d x H]^T
     float* o = s.residual ? ws.y : next;
-    be.gemm(B, d, H, ops.make(ws.a[k], true, p.activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out)),
-            ops.make(W2, true, p.weight, k, OpId::fc2_w), o, 0.0f, R);
+    be.gemm(B, d, H, ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out)),
+            ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f, R);
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
       be.copy(next, A, static_cast<size_t>(B * d));
@@ -376,18 +379,18 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const float* W2 = params + g2.offset;
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
-    be.gemm(d, H, B, ops.make(dA, false, p.grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, k, OpId::dw2_x),
+    be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x),
             grads + g2.offset, 0.0f, R);
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]).
-    be.gemm(B, H, d, ops.make(dA, true, p.grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
-            ops.make(W2, false, w_bwd, k, OpId::da_w), ws.d_a, 0.0f, R);
+    be.gemm(B, H, d, ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
+            ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f, R);
     be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R);
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, k, OpId::dw1_dy),
-            ops.make(ws.ln_y[k], false, x_bwd, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
+    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
+            ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
-    be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
-            ops.make(W1, false, w_bwd, k, OpId::dy_w), ws.d_ln, 0.0f, R);
+    be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
+            ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f, R);
     const float* dx = ws.d_ln;
     if (s.layernorm) {
       const float* gq = nullptr;

@@ -154,7 +154,8 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     const std::string k = msg("t", i, ".");
     h << k << "name=" << t.name << "\n" << k << "started=" << t.started << "\n" << k << "stopped=" << t.stopped
       << "\n" << k << "start_step=" << t.start_step << "\n" << k << "bias_avg=" << hexfloat(t.bias_avg) << "\n"
-      << k << "bias_avg_weight=" << hexfloat(t.bias_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
+      << k << "bias_avg_weight=" << hexfloat(t.bias_avg_weight) << "\n" << k << "cross_sq_avg=" << hexfloat(t.cross_sq_avg)
+      << "\n" << k << "cross_sq_avg_weight=" << hexfloat(t.cross_sq_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
       << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n" << k << "max_bias_ratio="
       << hexfloat(t.max_bias_ratio) << "\n" << k << "max_gamma_lastbin=" << hexfloat(t.max_gamma_lastbin) << "\n";
   }
@@ -221,6 +222,10 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     t.stopped = h[k + "stopped"] == "1";
     t.bias_avg = std::strtod(h[k + "bias_avg"].c_str(), nullptr);
     t.bias_avg_weight = std::strtod(h[k + "bias_avg_weight"].c_str(), nullptr);
+    // Added after format 1's first files: a checkpoint without them starts the averages afresh.
+    t.cross_sq_avg = h.count(k + "cross_sq_avg") ? std::strtod(h[k + "cross_sq_avg"].c_str(), nullptr) : 0.0;
+    t.cross_sq_avg_weight =
+        h.count(k + "cross_sq_avg_weight") ? std::strtod(h[k + "cross_sq_avg_weight"].c_str(), nullptr) : 0.0;
     t.rows_logged = std::stoll(h[k + "rows_logged"]);
     t.last_loss = std::strtod(h[k + "last_loss"].c_str(), nullptr);
     t.max_bias_ratio = std::strtod(h[k + "max_bias_ratio"].c_str(), nullptr);

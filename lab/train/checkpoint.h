@@ -6,7 +6,9 @@
 //   per trajectory, in header order: params, m, v [num_params f32 each], loss history [steps f32] |
 //   u64 FNV-1a-64 checksum of every preceding byte | "MXLABEND"
 // Header keys: config_hash, step, steps, num_params, trajectories (comma list), and per
-// trajectory t<i>.{name,started,stopped,start_step,bias_avg,bias_avg_weight,rows_logged,last_loss}
+// trajectory t<i>.{name,started,stopped,start_step,bias_avg,bias_avg_weight,cross_sq_avg,
+// cross_sq_avg_weight,rows_logged,last_loss,max_bias_ratio,max_gamma_lastbin} (the cross_sq_avg
+// keys may be absent in files of earlier builds: the averages then start from zero)
 // (doubles written as hex floats, exact). Only trajectories that have started (or were marked
 // stopped) by the checkpoint's step are saved: a branch that has not started yet is rebuilt from
 // the baseline at its `at`. Size: (3 * num_params + steps) * 4 bytes per saved trajectory.

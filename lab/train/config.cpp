@@ -2,6 +2,7 @@
 // leaf knows its key, how to read a YAML scalar into the struct, how to print the field back
 // and its range check. The parser, dump_config, --set, intervention `set:` and the sweep's
 // key list all walk that table, so no field can be readable but unprinted, or the reverse.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -21,6 +22,21 @@
 #include "lab/train/yaml_tree.h"
 
 namespace mxlab {
+
+Rounding PrecisionConfig::rounding_of(Role r) const {
+  switch (r) {
+    case Role::weight: return rounding_weight.value_or(rounding);
+    case Role::activation: return rounding_activation.value_or(rounding);
+    case Role::grad: return rounding_grad.value_or(rounding);
+    case Role::ln_affine: return rounding_ln_affine.value_or(rounding);
+  }
+  return rounding;
+}
+
+bool PrecisionConfig::rounding_uniform() const {
+  const Rounding w = rounding_of(Role::weight);
+  return rounding_of(Role::activation) == w && rounding_of(Role::grad) == w && rounding_of(Role::ln_affine) == w;
+}
 
 PrecisionConfig PrecisionConfig::fp32() {
   InterventionConfig iv;
@@ -205,6 +221,39 @@ Leaf float_leaf(std::string key, F f, FRange r) {
           }};
 }
 
+// A leaf added after schema 1 (see Leaf::since_v2).
+Leaf since_v2(Leaf l) {
+  l.since_v2 = true;
+  return l;
+}
+
+// A list of step numbers (>= 0), e.g. `[100, 4200]`; printed in flow style, sorted as given.
+template <typename F>
+Leaf step_list_leaf(std::string key, F f) {
+  return {key,
+          [f](RunConfig& c, const YNode& n, const std::string& k) {
+            std::vector<int>& v = f(c);
+            v.clear();
+            if (n.is_null()) return;
+            if (n.is_scalar()) {  // one step without brackets
+              v.push_back(parse_int(n, k));
+              return;
+            }
+            if (!n.is_seq()) fail(n.loc, msg(k, ": expected a list of steps (e.g. [100, 4200]), got ", n.describe()));
+            for (size_t i = 0; i < n.seq.size(); ++i) v.push_back(parse_int(n.seq[i], msg(k, "[", i, "]")));
+          },
+          [f](const RunConfig& c) {
+            std::string s = "[";
+            for (size_t i = 0; i < field_of(f, c).size(); ++i) s += msg(i ? ", " : "", field_of(f, c)[i]);
+            return s + "]";
+          },
+          [f](const RunConfig& c) {
+            for (int v : field_of(f, c))
+              if (v < 0) return msg("must hold steps >= 0, got ", v);
+            return std::string();
+          }};
+}
+
 template <typename F>
 Leaf bool_leaf(std::string key, F f) {
   return {key, [f](RunConfig& c, const YNode& n, const std::string& k) { f(c) = parse_bool(n, k); },
@@ -257,6 +306,55 @@ std::vector<std::string> ln_affine_names() {
   std::vector<std::string> v = {"none", "bf16"};
   for (const std::string& s : mx_format_names()) v.push_back(s);
   return v;
+}
+
+// precision.rounding: one mode for every role, or a mapping of roles to modes (issue 12).
+const char* const kRoundingRoles[] = {"weight", "activation", "grad", "ln_affine"};
+constexpr PrecisionConfig::Role kRoles[] = {PrecisionConfig::Role::weight, PrecisionConfig::Role::activation,
+                                            PrecisionConfig::Role::grad, PrecisionConfig::Role::ln_affine};
+
+std::optional<Rounding>& role_override(PrecisionConfig& p, PrecisionConfig::Role r) {
+  switch (r) {
+    case PrecisionConfig::Role::weight: return p.rounding_weight;
+    case PrecisionConfig::Role::activation: return p.rounding_activation;
+    case PrecisionConfig::Role::grad: return p.rounding_grad;
+    case PrecisionConfig::Role::ln_affine: break;
+  }
+  return p.rounding_ln_affine;
+}
+
+std::vector<std::string> rounding_role_names() { return {std::begin(kRoundingRoles), std::end(kRoundingRoles)}; }
+
+// Index of a role name, or -1.
+int rounding_role_index(const std::string& role) {
+  for (int i = 0; i < 4; ++i)
+    if (role == kRoundingRoles[i]) return i;
+  return -1;
+}
+
+Rounding parse_rounding_mode(const YNode& n, const std::string& key) {
+  return static_cast<Rounding>(parse_choice(n, key, enum_names<Rounding>(), "rounding mode"));
+}
+
+void set_rounding(PrecisionConfig& p, const YNode& n, const std::string& key) {
+  if (!n.is_map()) {  // one mode: every role
+    p.rounding = parse_rounding_mode(n, key);
+    for (PrecisionConfig::Role r : kRoles) role_override(p, r).reset();
+    return;
+  }
+  for (const YEntry& e : n.map) {
+    const int i = rounding_role_index(e.key);
+    if (i < 0)
+      fail(e.key_loc, msg("unknown role '", e.key, "' in ", key, hint_with_list(e.key, rounding_role_names())));
+    role_override(p, kRoles[i]) = parse_rounding_mode(e.value, key + "." + e.key);
+  }
+}
+
+std::string rounding_text(const PrecisionConfig& p) {
+  if (p.rounding_uniform()) return name(p.rounding_of(PrecisionConfig::Role::weight));
+  std::string s = "{";
+  for (int i = 0; i < 4; ++i) s += msg(i ? ", " : "", kRoundingRoles[i], ": ", name(p.rounding_of(kRoles[i])));
+  return s + "}";
 }
 
 bool valid_device(const std::string& d) {
@@ -363,8 +461,8 @@ std::vector<Item> build_schema() {
        enum_leaf<ScaleRule>("scale_rule", [](RunConfig& c) -> ScaleRule& { return c.precision.scale_rule; },
                             enum_names<ScaleRule>(), "scale rule"),
        enum_leaf<Bump>("bump", [](RunConfig& c) -> Bump& { return c.precision.bump; }, enum_names<Bump>(), "bump mode"),
-       enum_leaf<Rounding>("rounding", [](RunConfig& c) -> Rounding& { return c.precision.rounding; },
-                           enum_names<Rounding>(), "rounding mode"),
+       {"rounding", [](RunConfig& c, const YNode& n, const std::string& k) { set_rounding(c.precision, n, k); },
+        [](const RunConfig& c) { return rounding_text(c.precision); }, {}},
        // bf16 vector ops round to nearest only (ties to even, or away as the reference emulator does).
        enum_leaf<Rounding>("elementwise_rounding",
                            [](RunConfig& c) -> Rounding& { return c.precision.elementwise_rounding; },
@@ -384,13 +482,22 @@ std::vector<Item> build_schema() {
            enum_leaf<OnNonfinite>("on_nonfinite", [](RunConfig& c) -> OnNonfinite& { return c.log.on_nonfinite; },
                                   {"stop", "continue"}, "on_nonfinite action"),
            int_leaf("flush_every", [](RunConfig& c) -> int& { return c.log.flush_every; }, 1),
-           bool_leaf("progress", [](RunConfig& c) -> bool& { return c.log.progress; })});
+           bool_leaf("progress", [](RunConfig& c) -> bool& { return c.log.progress; }),
+           since_v2(int_leaf("curvature_every", [](RunConfig& c) -> int& { return c.log.curvature_every; }, 0)),
+           since_v2(int_leaf("curvature_iters", [](RunConfig& c) -> int& { return c.log.curvature_iters; }, 1)),
+           since_v2(int_leaf("probe_batch", [](RunConfig& c) -> int& { return c.log.probe_batch; }, 0)),
+           since_v2(step_list_leaf("snapshot_steps", [](RunConfig& c) -> std::vector<int>& { return c.log.snapshot_steps; })),
+           since_v2(int_leaf("snapshot_every", [](RunConfig& c) -> int& { return c.log.snapshot_every; }, 0)),
+           since_v2(bool_leaf("snapshot_optimizer", [](RunConfig& c) -> bool& { return c.log.snapshot_optimizer; }))});
   // HDF5 flush period and the progress line change how a run reports, never what it computes.
+  // (Curvature and snapshots change no training number either, but they change what the file
+  // holds: a run asked for with them is a different run, with its own id.)
   for (Leaf& l : s.back().leaves)
     if (l.key == "flush_every" || l.key == "progress") l.presentation = true;
 
   top(int_leaf("checkpoint_every", [](RunConfig& c) -> int& { return c.checkpoint_every; }, 0));
-  s.push_back({"interventions", false, {}});  // a list: parsed and printed by its own code below
+  s.push_back({"arms", false, {}});           // lists: parsed and printed by their own code below
+  s.push_back({"interventions", false, {}});
   return s;
 }
 
@@ -429,7 +536,8 @@ const Item& precision_item() { return *find_item("precision"); }
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations"};
-const char* const kInterventionKeys[] = {"name", "at", "apply", "set"};
+const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
+const char* const kArmKeys[] = {"name", "apply", "set"};
 
 bool valid_branch_name(const std::string& s) {
   // Names become HDF5 group names (branches/<name>) and file names: keep them plain.
@@ -441,6 +549,14 @@ bool valid_branch_name(const std::string& s) {
 
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
 void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
+  if (key.rfind("rounding.", 0) == 0) {  // one role's rounding (issue 12)
+    const std::string role = key.substr(9);
+    const int i = rounding_role_index(role);
+    if (i < 0)
+      fail(value.loc, msg("unknown role '", role, "' in ", label, hint_with_list(role, rounding_role_names())));
+    role_override(p, kRoles[i]) = parse_rounding_mode(value, label);
+    return;
+  }
   const Leaf* leaf = find_leaf(precision_item(), key);
   if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, leaf_keys(precision_item()))));
   RunConfig tmp;
@@ -450,6 +566,7 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
 }
 
 std::string precision_field_text(const PrecisionConfig& p, const std::string& key) {
+  if (key.rfind("rounding.", 0) == 0) return name(p.rounding_of(kRoles[rounding_role_index(key.substr(9))]));
   RunConfig tmp;
   tmp.precision = p;
   return find_leaf(precision_item(), key)->get(tmp);
@@ -482,6 +599,8 @@ struct Parser {
       }
       if (item->key == "interventions") {
         parse_interventions(e.value);
+      } else if (item->key == "arms") {
+        parse_arms(e.value);
       } else if (!item->section) {
         set_leaf(item->leaves[0], e.value, e.key);
       } else {
@@ -502,6 +621,67 @@ struct Parser {
   void set_leaf(const Leaf& leaf, const YNode& value, const std::string& dotted) {
     leaf.set(cfg, value, dotted);
     where[dotted] = value.loc;
+  }
+
+  static std::string parse_preset(const YNode& value, const std::string& key) {
+    std::vector<std::string> names = {"none"};
+    for (const char* p : kPresets) names.emplace_back(p);
+    const size_t k = parse_choice(value, key, names, "preset");
+    return k == 0 ? "" : names[k];
+  }
+
+  // A patch's `set:` mapping of precision fields. Each value is validated now and stored as
+  // canonical text (so equal patches print and hash equally). `rounding: {grad: M}` is stored
+  // as the field `rounding.grad` (a role's rounding alone).
+  static void parse_patch_set(const YNode& value, const std::string& key, std::map<std::string, std::string>& set) {
+    if (value.is_null()) return;
+    if (!value.is_map())
+      fail(value.loc, msg(key, ": expected a mapping of precision fields (e.g. {activation: bf16}), got ",
+                          value.describe()));
+    for (const YEntry& f : value.map) {
+      if (f.key == "rounding" && f.value.is_map()) {
+        for (const YEntry& r : f.value.map) {
+          PrecisionConfig scratch;
+          const std::string field = "rounding." + r.key;
+          set_precision_field(scratch, field, r.value, key + "." + field);
+          set[field] = precision_field_text(scratch, field);
+        }
+        continue;
+      }
+      if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0)
+        fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
+                            hint_with_list(f.key, leaf_keys(precision_item()))));
+      PrecisionConfig scratch;
+      set_precision_field(scratch, f.key, f.value, key + "." + f.key);
+      set[f.key] = precision_field_text(scratch, f.key);
+    }
+  }
+
+  void parse_arms(const YNode& list) {
+    cfg.arms.clear();
+    if (list.is_null()) return;
+    if (!list.is_seq())
+      fail(list.loc, msg("arms: expected a list of {name, apply, set} entries, got ", list.describe()));
+    const std::vector<std::string> keys(std::begin(kArmKeys), std::end(kArmKeys));
+    for (size_t i = 0; i < list.seq.size(); ++i) {
+      const YNode& n = list.seq[i];
+      const std::string label = msg("arms[", i, "]");
+      if (!n.is_map())
+        fail(n.loc, msg(label, ": expected a mapping like {name: nearest_even, set: {rounding: nearest_even}}, got ",
+                        n.describe()));
+      ArmConfig arm;
+      where[label] = n.loc;
+      for (const YEntry& e : n.map) {
+        const std::string key = label + "." + e.key;
+        if (e.key == "name") arm.name = need_scalar(e.value, key, "a name");
+        else if (e.key == "apply") arm.apply = parse_preset(e.value, key);
+        else if (e.key == "set") parse_patch_set(e.value, key, arm.set);
+        else fail(e.key_loc, msg("unknown key '", e.key, "' in ", label, did_you_mean(e.key, keys)));
+        where[key] = e.value.loc;
+      }
+      if (!n.find("name")) fail(n.loc, msg(label, ": missing 'name' (it names the arm's group trajectories/<name>)"));
+      cfg.arms.push_back(std::move(arm));
+    }
   }
 
   void parse_interventions(const YNode& list) {
@@ -525,24 +705,11 @@ struct Parser {
         } else if (e.key == "at") {
           iv.at = parse_int(e.value, key);
         } else if (e.key == "apply") {
-          std::vector<std::string> names = {"none"};
-          for (const char* p : kPresets) names.emplace_back(p);
-          const size_t k = parse_choice(e.value, key, names, "preset");
-          iv.apply = k == 0 ? "" : names[k];
+          iv.apply = parse_preset(e.value, key);
         } else if (e.key == "set") {
-          if (e.value.is_null()) continue;
-          if (!e.value.is_map())
-            fail(e.value.loc, msg(key, ": expected a mapping of precision fields (e.g. {activation: bf16}), got ",
-                                  e.value.describe()));
-          for (const YEntry& f : e.value.map) {
-            if (!find_leaf(precision_item(), f.key))
-              fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
-                                  hint_with_list(f.key, leaf_keys(precision_item()))));
-            // Validate now, store the canonical text (so equal patches print and hash equally).
-            PrecisionConfig scratch;
-            set_precision_field(scratch, f.key, f.value, key + "." + f.key);
-            iv.set[f.key] = precision_field_text(scratch, f.key);
-          }
+          parse_patch_set(e.value, key, iv.set);
+        } else if (e.key == "from") {
+          iv.from = need_scalar(e.value, key, "an arm name");
         } else {
           fail(e.key_loc, msg("unknown key '", e.key, "' in ", label, did_you_mean(e.key, keys)));
         }
@@ -582,6 +749,20 @@ std::string shape_problem(int width, const PrecisionConfig& p) {
 // `find(key)` says where a dotted key was given, if it was; `origin` stands for the rest.
 using Finder = std::function<std::optional<YLoc>(const std::string&)>;
 
+// Range checks of the precision fields and the shape check, for a patched policy.
+void check_patched_policy(const RunConfig& cfg, const PrecisionConfig& patched, const std::string& who,
+                          const YLoc& where) {
+  RunConfig tmp = cfg;
+  tmp.precision = patched;
+  for (const Leaf& leaf : precision_item().leaves) {
+    if (!leaf.check) continue;
+    const std::string problem = leaf.check(tmp);
+    if (!problem.empty()) fail(where, msg(who, ": precision.", leaf.key, " ", problem));
+  }
+  const std::string problem = shape_problem(cfg.model.width, patched);
+  if (!problem.empty()) fail(where, msg(who, ": ", problem));
+}
+
 void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& origin) {
   auto locate = [&](const std::string& key) { return find(key).value_or(YLoc{origin, 0}); };
   for (const Item& item : schema())
@@ -601,6 +782,33 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
       fail(find("model.width").value_or(locate("precision.block_size")), problem);
     }
   }
+  for (int st : cfg.log.snapshot_steps)
+    if (st > cfg.steps)
+      fail(locate("log.snapshot_steps"), msg("log.snapshot_steps holds step ", st, ", after the run's last (steps = ",
+                                             cfg.steps, "): snapshots are taken at the start of a step, or at `steps` "
+                                             "for the final state"));
+  // Arms: plain unique names (they name groups), not `fp32`, patches that apply and give a
+  // possible shape.
+  std::map<std::string, std::string> taken;  // name -> "arms[i]" / "interventions[i]"
+  for (size_t i = 0; i < cfg.arms.size(); ++i) {
+    const ArmConfig& arm = cfg.arms[i];
+    const std::string label = msg("arms[", i, "]");
+    auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
+    if (!valid_branch_name(arm.name) || arm.name == "fp32")
+      fail(at_key("name"), msg(label, ".name '", arm.name, "' must be a name of letters, digits, '_', '-' or '.' other "
+                               "than 'fp32' (it names the group trajectories/<name>)"));
+    if (auto it = taken.find(arm.name); it != taken.end())
+      fail(at_key("name"), msg("duplicate arm name '", arm.name, "' (also ", it->second, "): arm names must be unique"));
+    taken[arm.name] = label;
+    PrecisionConfig patched;
+    try {
+      patched = apply_intervention(cfg.precision, {arm.name, 0, arm.apply, arm.set});
+    } catch (const Error& e) {
+      fail(locate(label), e.what());
+    }
+    check_patched_policy(cfg, patched, msg("arm '", arm.name, "'"), at_key("set"));
+  }
+  const std::vector<ResolvedArm> arms = resolved_arms(cfg);
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < cfg.interventions.size(); ++i) {
     const InterventionConfig& iv = cfg.interventions[i];
@@ -621,22 +829,23 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
                              "): a branch needs at least one step before and one after it"));
     if (iv.apply.empty() && iv.set.empty())
       fail(locate(label), msg("intervention '", iv.name, "' changes nothing: give `apply: PRESET` and/or `set: {...}`"));
+    if (auto it = taken.find(iv.name); it != taken.end())
+      fail(at_key("name"), msg("intervention name '", iv.name, "' is also the name of ", it->second,
+                               ": arms and branches share one namespace of trajectory names"));
+    const auto from = std::find_if(arms.begin(), arms.end(), [&](const ResolvedArm& a) { return a.name == iv.from; });
+    if (from == arms.end()) {
+      std::vector<std::string> names;
+      for (const ResolvedArm& a : arms) names.push_back(a.name);
+      fail(at_key("from"), msg("intervention '", iv.name, "' forks from arm '", iv.from, "', which this experiment ",
+                               "does not have (arms: ", join(names), "): set `from:` to one of them"));
+    }
     PrecisionConfig patched;
     try {
-      patched = apply_intervention(cfg.precision, iv);
+      patched = apply_intervention(from->policy, iv);
     } catch (const Error& e) {
       fail(locate(label), e.what());
     }
-    RunConfig tmp = cfg;
-    tmp.precision = patched;
-    for (const Leaf& leaf : precision_item().leaves) {
-      if (!leaf.check) continue;
-      const std::string problem = leaf.check(tmp);
-      if (!problem.empty())
-        fail(at_key("set"), msg("intervention '", iv.name, "': precision.", leaf.key, " ", problem));
-    }
-    const std::string problem = shape_problem(cfg.model.width, patched);
-    if (!problem.empty()) fail(at_key("set"), msg("intervention '", iv.name, "': ", problem));
+    check_patched_policy(cfg, patched, msg("intervention '", iv.name, "'"), at_key("set"));
   }
 }
 
@@ -652,7 +861,26 @@ bool omitted(const Leaf& l, const RunConfig& cfg, bool canonical) {
 
 std::string dump_impl(const RunConfig& cfg, bool canonical) {
   std::string out;
+  auto set_text = [](const std::map<std::string, std::string>& set) {
+    std::string t = "{";
+    for (const auto& [k, v] : set) t += (t.size() > 1 ? ", " : "") + k + ": " + YNode::scalar(v, {}).flow();
+    return t + "}";
+  };
   for (const Item& item : schema()) {
+    if (item.key == "arms") {
+      // Added after schema 1: an empty list is left out of the canonical text (run ids).
+      if (cfg.arms.empty()) {
+        if (!canonical) out += "arms: []\n";
+        continue;
+      }
+      out += "arms:\n";
+      for (const ArmConfig& a : cfg.arms) {
+        out += "  - name: " + yaml_quote(a.name) + "\n";
+        out += "    apply: " + (a.apply.empty() ? std::string("none") : a.apply) + "\n";
+        out += "    set: " + set_text(a.set) + "\n";
+      }
+      continue;
+    }
     if (item.key == "interventions") {
       if (cfg.interventions.empty()) {
         out += "interventions: []\n";
@@ -663,9 +891,8 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
         out += "  - name: " + yaml_quote(iv.name) + "\n";
         out += "    at: " + std::to_string(iv.at) + "\n";
         out += "    apply: " + (iv.apply.empty() ? std::string("none") : iv.apply) + "\n";
-        std::string set = "{";
-        for (const auto& [k, v] : iv.set) set += (set.size() > 1 ? ", " : "") + k + ": " + YNode::scalar(v, {}).flow();
-        out += "    set: " + set + "}\n";
+        out += "    set: " + set_text(iv.set) + "\n";
+        if (!canonical || iv.from != "mx") out += "    from: " + yaml_quote(iv.from) + "\n";
       }
       continue;
     }
@@ -691,6 +918,30 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
 const char* act_name(Act a) { return kActNames[static_cast<int>(a)]; }
 
 std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
+
+std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
+  if (cfg.arms.empty()) return {{"mx", cfg.precision}};
+  std::vector<ResolvedArm> v;
+  for (const ArmConfig& a : cfg.arms) v.push_back({a.name, apply_intervention(cfg.precision, {a.name, 0, a.apply, a.set})});
+  return v;
+}
+
+std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
+
+void set_config_path(YNode& root, const std::vector<std::string>& path, const YNode& value, const YLoc& loc) {
+  // precision.rounding.<role> under a one-mode `rounding: M`: spell M out per role first, so
+  // that the other roles keep M rather than falling back to the default.
+  if (path.size() == 3 && path[0] == "precision" && path[1] == "rounding" && root.is_map())
+    if (YEntry* prec = root.find("precision"); prec && prec->value.is_map())
+      if (YEntry* r = prec->value.find("rounding"); r && r->value.is_scalar()) {
+        YNode m;
+        m.kind = YNode::Kind::map;
+        m.loc = r->value.loc;
+        for (const char* role : kRoundingRoles) m.map.push_back({role, r->value.loc, r->value});
+        r->value = m;
+      }
+  yaml_set_path(root, path, value, loc);
+}
 
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv) {
   PrecisionConfig p = base;
@@ -750,6 +1001,7 @@ std::vector<std::string> config_keys() {
     }
     for (const Leaf& l : item.leaves) v.push_back(item.key + "." + l.key);
   }
+  for (const char* role : kRoundingRoles) v.push_back(std::string("precision.rounding.") + role);
   return v;
 }
 
@@ -765,15 +1017,17 @@ void apply_overrides(YNode& root, const std::vector<std::string>& overrides) {
       if (p.empty()) throw Error(msg(loc.str(), ": '", key, "' is not a dotted key (e.g. model.width)"));
     // Check the key here, where the whole dotted name can be suggested.
     const Item* item = find_item(path[0]);
-    const bool known = item && ((!item->section && path.size() == 1) ||
-                                (item->section && (path.size() == 1 || (path.size() == 2 && find_leaf(*item, path[1])))));
-    if (!known) throw Error(msg(loc.str(), ": unknown key '", key, "'", did_you_mean(key, config_keys())));
+    const std::vector<std::string> keys = config_keys();
+    const bool known = (item && ((!item->section && path.size() == 1) ||
+                                 (item->section && (path.size() == 1 || (path.size() == 2 && find_leaf(*item, path[1])))))) ||
+                       std::find(keys.begin(), keys.end(), key) != keys.end();
+    if (!known) throw Error(msg(loc.str(), ": unknown key '", key, "'", did_you_mean(key, keys)));
     if (root.is_null()) {
       root.kind = YNode::Kind::map;
       root.loc = loc;
     }
     if (!root.is_map()) return;  // the parser reports the malformed file itself
-    yaml_set_path(root, path, yaml_option_value(o.substr(eq + 1), loc), loc);
+    set_config_path(root, path, yaml_option_value(o.substr(eq + 1), loc), loc);
   }
 }
 
@@ -850,22 +1104,32 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
   return a.weight == b.weight && a.activation == b.activation && a.grad == b.grad && a.weight_bwd == b.weight_bwd &&
          a.activation_bwd == b.activation_bwd && a.ln_affine == b.ln_affine && a.elementwise_bf16 == b.elementwise_bf16 &&
          a.backward == b.backward && a.block_size == b.block_size && a.scale_rule == b.scale_rule && a.bump == b.bump &&
-         a.rounding == b.rounding && a.elementwise_rounding == b.elementwise_rounding &&
+         a.rounding_of(PrecisionConfig::Role::weight) == b.rounding_of(PrecisionConfig::Role::weight) &&
+         a.rounding_of(PrecisionConfig::Role::activation) == b.rounding_of(PrecisionConfig::Role::activation) &&
+         a.rounding_of(PrecisionConfig::Role::grad) == b.rounding_of(PrecisionConfig::Role::grad) &&
+         a.rounding_of(PrecisionConfig::Role::ln_affine) == b.rounding_of(PrecisionConfig::Role::ln_affine) &&
+         a.elementwise_rounding == b.elementwise_rounding &&
          a.diagnostic_format == b.diagnostic_format;
 }
 bool operator==(const LogConfig& a, const LogConfig& b) {
   return a.log_every == b.log_every && a.bias_every == b.bias_every && a.spike_factor == b.spike_factor &&
          a.divergence_factor == b.divergence_factor && a.bias_avg_beta == b.bias_avg_beta &&
-         a.on_nonfinite == b.on_nonfinite && a.flush_every == b.flush_every && a.progress == b.progress;
+         a.on_nonfinite == b.on_nonfinite && a.flush_every == b.flush_every && a.progress == b.progress &&
+         a.curvature_every == b.curvature_every && a.curvature_iters == b.curvature_iters &&
+         a.probe_batch == b.probe_batch && a.snapshot_steps == b.snapshot_steps &&
+         a.snapshot_every == b.snapshot_every && a.snapshot_optimizer == b.snapshot_optimizer;
 }
 bool operator==(const InterventionConfig& a, const InterventionConfig& b) {
-  return a.name == b.name && a.at == b.at && a.apply == b.apply && a.set == b.set;
+  return a.name == b.name && a.at == b.at && a.apply == b.apply && a.set == b.set && a.from == b.from;
+}
+bool operator==(const ArmConfig& a, const ArmConfig& b) {
+  return a.name == b.name && a.apply == b.apply && a.set == b.set;
 }
 bool operator==(const RunConfig& a, const RunConfig& b) {
   return a.name == b.name && a.seed == b.seed && a.steps == b.steps && a.device == b.device && a.model == b.model &&
          a.teacher == b.teacher && a.data == b.data && a.loss == b.loss && a.kl_temperature == b.kl_temperature &&
          a.optimizer == b.optimizer && a.schedule == b.schedule && a.precision == b.precision && a.log == b.log &&
-         a.checkpoint_every == b.checkpoint_every && a.interventions == b.interventions;
+         a.checkpoint_every == b.checkpoint_every && a.arms == b.arms && a.interventions == b.interventions;
 }
 
 }  // namespace mxlab

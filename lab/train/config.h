@@ -71,12 +71,20 @@ struct PrecisionConfig {
   int block_size = 32;
   ScaleRule scale_rule = ScaleRule::floor;
   Bump bump = Bump::clamp;                // floor_bump: clamp (only blocks that would clamp) | always
+  // Element rounding of the MX roles. `rounding` is the mode of every role; a role may
+  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M}`, issue 12):
+  // weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and wgrad GEMMs
+  // (activation, activation_bwd), grad = dY in both backward GEMMs, ln_affine = Q(gamma), Q(beta).
   Rounding rounding = Rounding::nearest_even;
+  std::optional<Rounding> rounding_weight, rounding_activation, rounding_grad, rounding_ln_affine;
   Rounding elementwise_rounding = Rounding::nearest_even;  // nearest_even | nearest_away
   NumFmt diagnostic_format = NumFmt::mxfp8_e4m3;  // last-bin statistics of tensors not quantized
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
+  enum class Role : uint8_t { weight = 0, activation, grad, ln_affine };
+  Rounding rounding_of(Role r) const;
+  bool rounding_uniform() const;  // every role rounds with the same mode
   // The all-FP32 policy of the reference trajectory and the shadow pass.
   static PrecisionConfig fp32();
 };
@@ -90,14 +98,34 @@ struct LogConfig {
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int flush_every = 100;       // HDF5 flush period in logged rows
   bool progress = true;        // progress line on a terminal
+  // Curvature instrument (issue 12): every N-th step (0 = off), the largest eigenvalue of the
+  // FP32 loss's Hessian and of the Adam-preconditioned one at each trajectory's weights, on a
+  // fixed probe batch of `probe_batch` rows (0 = data.batch), `curvature_iters` iterations.
+  int curvature_every = 0;
+  int curvature_iters = 20;
+  int probe_batch = 0;
+  // Parameter snapshots (issue 12): the state at the start of these steps / every N-th step.
+  std::vector<int> snapshot_steps;
+  int snapshot_every = 0;
+  bool snapshot_optimizer = false;  // also Adam's m and v
 };
 
-// One intervention (issue 5): a named patch of the MX policy from step `at` on.
+// One intervention (issue 5): a named patch of an arm's MX policy from step `at` on.
 struct InterventionConfig {
   std::string name;
   int at = 0;
   std::string apply;                         // preset name or empty
   std::map<std::string, std::string> set;    // policy field -> value (YAML scalars as text)
+  std::string from = "mx";                   // the arm it forks from
+};
+
+// One arm (issue 13): a named MX recipe, a patch of `precision` with an intervention's syntax.
+// All arms of a run train in lock-step with the one FP32 trajectory. No `arms:` = one arm `mx`
+// with `precision` unpatched.
+struct ArmConfig {
+  std::string name;
+  std::string apply;
+  std::map<std::string, std::string> set;
 };
 
 struct RunConfig {
@@ -115,7 +143,16 @@ struct RunConfig {
   PrecisionConfig precision;
   LogConfig log;
   int checkpoint_every = 0;     // 0 = only at intervention steps
+  std::vector<ArmConfig> arms;
   std::vector<InterventionConfig> interventions;
 };
+
+// An arm resolved: its name and policy (precision with its patch applied).
+struct ResolvedArm {
+  std::string name;
+  PrecisionConfig policy;
+};
+// The arms a run trains, in order: `arms:` resolved, or the single arm `mx` = `precision`.
+std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg);
 
 }  // namespace mxlab

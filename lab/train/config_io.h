@@ -56,8 +56,10 @@ std::vector<std::string> intervention_presets();
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv);
 // The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
 std::string describe_patch(const InterventionConfig& iv);
+std::string describe_patch(const ArmConfig& arm);
 
-// Every leaf key of the schema in dotted form ("model.width", ...) plus "interventions".
+// Every leaf key of the schema in dotted form ("model.width", ...), "arms", "interventions" and
+// the per-role roundings "precision.rounding.<role>".
 std::vector<std::string> config_keys();
 
 // Activation names (relu, gelu, gelu_tanh, swiglu, linear).
@@ -72,14 +74,19 @@ bool operator==(const ScheduleConfig& a, const ScheduleConfig& b);
 bool operator==(const PrecisionConfig& a, const PrecisionConfig& b);
 bool operator==(const LogConfig& a, const LogConfig& b);
 bool operator==(const InterventionConfig& a, const InterventionConfig& b);
+bool operator==(const ArmConfig& a, const ArmConfig& b);
 bool operator==(const RunConfig& a, const RunConfig& b);
 inline bool operator!=(const PrecisionConfig& a, const PrecisionConfig& b) { return !(a == b); }
 inline bool operator!=(const RunConfig& a, const RunConfig& b) { return !(a == b); }
 
 // ---- building blocks of the experiment loader (lab/train/sweep.cpp) ----
 struct YNode;
+struct YLoc;
 // Apply "dotted.key=value" options to a YAML tree (before parsing it).
 void apply_overrides(YNode& root, const std::vector<std::string>& overrides);
+// Set a dotted key in a YAML tree (overrides, sweep values): yaml_set_path, except that
+// `precision.rounding.<role>` under a one-mode `precision.rounding` keeps the other roles' mode.
+void set_config_path(YNode& root, const std::vector<std::string>& path, const YNode& value, const YLoc& loc);
 // Parse a tree holding run keys only into a validated RunConfig. `origin` names the source
 // in messages about the file as a whole.
 RunConfig config_from_tree(const YNode& root, const std::string& origin);

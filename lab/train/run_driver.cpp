@@ -184,6 +184,10 @@ class LockedRunFile : public MetricSink {
     std::lock_guard<std::mutex> g(hdf5_mutex());
     f_->write_loss_history(group, loss);
   }
+  void write_array(const std::string& path, int64_t rows, int64_t cols, const std::vector<float>& data) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->write_array(path, rows, cols, data);
+  }
   void flush() override {
     std::lock_guard<std::mutex> g(hdf5_mutex());
     f_->flush();
@@ -202,12 +206,16 @@ std::string peek(const std::string& path, const std::string& attr) {
   return RunFile::peek_root_str(path, attr);
 }
 
-// Divergence step of the MX trajectory recorded in a finished file (-1 if absent).
+// Divergence step of the first MX arm recorded in a finished file (-1 if absent).
 int64_t recorded_divergence(const std::string& path) {
   std::lock_guard<std::mutex> g(hdf5_mutex());
   try {
     h5::H5File f(path, h5::H5File::Mode::read);
-    const char* grp = "trajectories/mx";
+    std::string grp = "trajectories/mx";
+    if (f.has_attr("/", "arms")) {
+      const std::vector<std::string> arms = f.get_attr_strings("/", "arms");
+      if (!arms.empty()) grp = "trajectories/" + arms[0];
+    }
     if (f.is_group(grp) && f.has_attr(grp, "divergence_step")) return f.get_attr_int64(grp, "divergence_step");
   } catch (const Error&) {
   }

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -22,7 +23,14 @@ namespace {
 // Metrics stored as 1-D [n]; everything else a row holds is [n, width] (per layer / group).
 const std::set<std::string> kScalarMetrics = {"loss", "lr", "grad_norm", "update_norm", "weight_norm",
                                               "bias_ratio", "cosine", "bias_ratio_avg", "cross_ratio",
-                                              "cross_cosine", "weight_distance"};
+                                              "cross_cosine", "weight_distance",
+                                              // issue 17: the paper's metric and absolute norms
+                                              "cross_ratio_sq", "cross_ratio_sq_avg", "eps_norm", "gbar_norm",
+                                              "gtilde_norm", "eps_par", "eps_perp", "shadow_loss",
+                                              // issue 12: curvature
+                                              "hessian_lmax", "hessian_resid", "precond_lmax", "precond_resid",
+                                              "precond_threshold", "eq10_lhs"};
+constexpr const char* kAxisAttr = "axis";  // dataset attribute: the step dataset of its series
 constexpr const char* kStep = "step";
 constexpr const char* kLossAll = "loss_all";
 
@@ -205,10 +213,13 @@ void RunFile::open_group(const std::string& path, const Attrs& attrs, const std:
 }
 
 void RunFile::append(const std::string& group, const MetricRow& row) {
-  impl_->get(group, kStep, h5::DType::i64, 0).append(static_cast<int64_t>(row.step));
+  impl_->get(group, row.axis, h5::DType::i64, 0).append(static_cast<int64_t>(row.step));
   for (const auto& [name, values] : row.cols) {
-    if (name == kStep) continue;
-    const bool scalar = kScalarMetrics.count(name) > 0;
+    if (name == kStep || name == row.axis) continue;
+    // A series with its own axis: every one of its datasets is a scalar per row.
+    const bool scalar = kScalarMetrics.count(name) > 0 || row.axis != kStep;
+    if (row.axis != kStep && !impl_->file->is_dataset(group + "/" + name))
+      impl_->pending_dataset_attrs[group][name].str[kAxisAttr] = row.axis;
     h5::H5Series& s = impl_->get(group, name, h5::DType::f64, scalar ? 0 : values.size());
     if (s.row_length() != values.size())
       throw Error(msg("internal: metric ", group, "/", name, " has ", values.size(), " values, dataset width ",
@@ -234,6 +245,17 @@ void RunFile::write_loss_history(const std::string& group, const std::vector<flo
   if (!loss.empty()) s.append_rows(loss.data(), loss.size());
 }
 
+void RunFile::write_array(const std::string& path, int64_t rows, int64_t cols, const std::vector<float>& data) {
+  MXLAB_ASSERT(rows >= 0 && cols >= 0 && data.size() == static_cast<size_t>(rows * std::max<int64_t>(cols, 1)),
+               "write_array ", path, ": ", data.size(), " values for shape [", rows, ", ", cols, "]");
+  impl_->series.erase(path);
+  h5::H5Series s = impl_->file->is_dataset(path)
+                       ? h5::H5Series::open(*impl_->file, path)
+                       : h5::H5Series::create(*impl_->file, path, h5::DType::f32, static_cast<size_t>(cols));
+  s.truncate(0);
+  if (rows > 0) s.append_rows(data.data(), static_cast<size_t>(rows));
+}
+
 void RunFile::flush() {
   impl_->file->flush();
   copy_atomically(impl_->file->path(), snapshot_path(impl_->file->path()));
@@ -248,17 +270,27 @@ void RunFile::truncate_from(int64_t step) {
   for (const auto& g : groups) {
     // Rows before `step` were flushed before its checkpoint was written, so every dataset has
     // them; rows after it may be on disk in some datasets and not others (a kill inside a
-    // flush), which is why all are cut to the `step` dataset's count. A group without a `step`
-    // dataset has no row from before the checkpoint at all.
-    const std::string sp = g + "/" + kStep;
-    size_t keep = 0;
-    if (f.is_dataset(sp)) {
-      const std::vector<int64_t> steps = f.read_int64s(sp);
-      while (keep < steps.size() && steps[keep] < step) ++keep;
-    }
+    // flush), which is why all are cut to their axis dataset's count (`step`, or the `axis`
+    // attribute's series such as `curvature_step`). An axis dataset that does not exist has no
+    // row from before the checkpoint at all.
+    std::map<std::string, size_t> keep;  // axis dataset -> rows kept
+    auto rows_before = [&](const std::string& axis) {
+      auto it = keep.find(axis);
+      if (it != keep.end()) return it->second;
+      size_t k = 0;
+      if (f.is_dataset(g + "/" + axis)) {
+        const std::vector<int64_t> steps = f.read_int64s(g + "/" + axis);
+        while (k < steps.size() && steps[k] < step) ++k;
+      }
+      return keep[axis] = k;
+    };
     for (const auto& d : f.list_datasets(g)) {
       if (d == kLossAll) continue;  // rewritten whole at the end
-      impl_->get(g, d, h5::DType::f64, 0).truncate(keep);
+      const std::string path = g + "/" + d;
+      std::string axis = kStep;
+      if (f.has_attr(path, kAxisAttr)) axis = f.get_attr_string(path, kAxisAttr);
+      else if (d.size() > 5 && d.compare(d.size() - 5, 5, "_step") == 0) axis = d;  // an axis itself
+      impl_->get(g, d, h5::DType::f64, 0).truncate(rows_before(axis));
     }
   }
 }

@@ -39,6 +39,7 @@ class RunFile : public MetricSink {
   void set_group_attrs(const std::string& group, const Attrs& attrs) override;
   void set_root_attrs(const Attrs& attrs) override;
   void write_loss_history(const std::string& group, const std::vector<float>& loss) override;
+  void write_array(const std::string& path, int64_t rows, int64_t cols, const std::vector<float>& data) override;
   // Writes everything to disk, then refreshes the snapshot.
   void flush() override;
   void truncate_from(int64_t step) override;

@@ -13,6 +13,10 @@ namespace mxlab {
 // One logged row of a trajectory: metric name -> values (1 for scalars, L per-layer, G per group).
 struct MetricRow {
   int64_t step = 0;
+  // The dataset holding the row's step: "step" for logged rows; series with their own cadence
+  // (curvature, shadow steps) name theirs ("curvature_step", "shadow_step"). Their datasets carry
+  // the attribute `axis` = that name, so that a resumed run cuts each series by its own steps.
+  std::string axis = "step";
   std::vector<std::pair<std::string, std::vector<double>>> cols;
   void add(const std::string& name, double v) { cols.push_back({name, {v}}); }
   void add(const std::string& name, std::vector<double> v) { cols.push_back({name, std::move(v)}); }
@@ -38,6 +42,9 @@ class MetricSink {
   virtual void set_root_attrs(const Attrs& attrs) = 0;
   // Replace the per-step loss history dataset (loss_all) of a group.
   virtual void write_loss_history(const std::string& group, const std::vector<float>& loss) = 0;
+  // Write (or replace) a whole float32 array at `path` ("snapshots/mx/step_100/layer0.W1"):
+  // shape [rows, cols], or [rows] when cols == 0. Parameter snapshots and the probe batch.
+  virtual void write_array(const std::string& path, int64_t rows, int64_t cols, const std::vector<float>& data) = 0;
   virtual void flush() = 0;
   // Resume: drop rows with step >= `step` in every group (rows logged after a checkpoint).
   virtual void truncate_from(int64_t step) = 0;
@@ -52,7 +59,12 @@ class MemorySink : public MetricSink {
     std::vector<MetricRow> rows;
     std::vector<float> loss_all;
   };
+  struct Array {
+    int64_t rows = 0, cols = 0;
+    std::vector<float> data;
+  };
   std::map<std::string, Group> groups;
+  std::map<std::string, Array> arrays;
   Attrs root;
 
   void open_group(const std::string& path, const Attrs& attrs, const std::map<std::string, Attrs>& da) override {
@@ -69,9 +81,13 @@ class MemorySink : public MetricSink {
     for (auto& [k, v] : a.str) root.str[k] = v;
     for (auto& [k, v] : a.num) root.num[k] = v;
     for (auto& [k, v] : a.ints) root.ints[k] = v;
+    for (auto& [k, v] : a.lists) root.lists[k] = v;
   }
   void write_loss_history(const std::string& group, const std::vector<float>& loss) override {
     groups[group].loss_all = loss;
+  }
+  void write_array(const std::string& path, int64_t rows, int64_t cols, const std::vector<float>& data) override {
+    arrays[path] = {rows, cols, data};
   }
   void flush() override {}
   void truncate_from(int64_t step) override {
@@ -79,8 +95,10 @@ class MemorySink : public MetricSink {
       while (!g.rows.empty() && g.rows.back().step >= step) g.rows.pop_back();
     }
   }
-  // Values of one scalar metric of a group, in row order (NaN where absent).
-  std::vector<double> series(const std::string& group, const std::string& metric, size_t col = 0) const;
+  // Values of one scalar metric of a group, in row order (NaN where absent), over the rows of
+  // one axis (the logged rows by default).
+  std::vector<double> series(const std::string& group, const std::string& metric, size_t col = 0,
+                             const std::string& axis = "step") const;
 };
 
 }  // namespace mxlab

@@ -198,7 +198,7 @@ std::vector<ExpandedRun> expand(const Experiment& ex, const std::vector<std::str
     for (const SweepAxis* a : axes)
       for (const auto& [axis, i] : pick)
         if (axis == a) {
-          yaml_set_path(tree, split_dotted(a->key), a->values[i], a->key_loc);
+          set_config_path(tree, split_dotted(a->key), a->values[i], a->key_loc);
           if (a->varies) r.swept.emplace_back(a->key, a->values[i].flow());
         }
     r.cfg = config_from_tree(tree, origin);

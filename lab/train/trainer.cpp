@@ -1,8 +1,12 @@
 // The paired-run training loop (see trainer.h). One step t:
+//   0. branches whose `at` is t start from their arm's state; snapshots due at t are written
 //   1. data: x = N(0,1) from (seed, data, t); target = teacher(x) + sigma * N(0,1)(label_noise, t)
 //   2. every active trajectory: forward, loss, backward (its own policy; stats on log steps);
-//      MX trajectories on shadow steps also get the FP32 gradient at their weights (shadow)
-//   3. metrics from gradients (log steps; the bias-ratio average on every shadow step)
+//      MX trajectories (arms, branches) on shadow steps also get the FP32 gradient at their
+//      weights (shadow). The j-th MX trajectory runs on its own lane, its shadow pass on
+//      another, so that arms overlap each other and the FP32 trajectory on a GPU.
+//   3. metrics from gradients (log steps; the running averages and the shadow_* series on
+//      every shadow step)
 //   4. optimizer updates, then metrics from the new weights (log steps)
 // Steps that log nothing run as one captured unit (CUDA graphs on the GPU backend).
 #include "lab/train/trainer.h"
@@ -20,15 +24,21 @@ namespace mxlab {
 
 namespace {
 
-constexpr int kLaneMain = 0;    // data, teacher, FP32 trajectory
-constexpr int kLaneMx = 1;      // MX trajectory and branches
-constexpr int kLaneShadow = 2;  // shadow passes
+constexpr int kLaneMain = 0;    // data, teacher, FP32 trajectory (MX passes: train_lane/shadow_lane)
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double safe_ratio(double num, double den) { return den > 0.0 ? num / den : kNaN; }
 
 // Does this trajectory train at the current step?
 bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant; }
+
+// The rounding of a policy: one mode, or each role's ("weight:M,activation:M,grad:M,ln_affine:M").
+std::string rounding_description(const PrecisionConfig& p) {
+  using R = PrecisionConfig::Role;
+  if (p.rounding_uniform()) return name(p.rounding_of(R::weight));
+  return msg("weight:", name(p.rounding_of(R::weight)), ",activation:", name(p.rounding_of(R::activation)),
+             ",grad:", name(p.rounding_of(R::grad)), ",ln_affine:", name(p.rounding_of(R::ln_affine)));
+}
 
 // One-line description of a policy for the group attribute `policy`.
 std::string describe_policy(const PrecisionConfig& p) {
@@ -37,7 +47,7 @@ std::string describe_policy(const PrecisionConfig& p) {
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", name(p.rounding), " elementwise_rounding=", name(p.elementwise_rounding));
+             " rounding=", rounding_description(p), " elementwise_rounding=", name(p.elementwise_rounding));
 }
 
 }  // namespace
@@ -56,7 +66,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
   teacher_ws_ = Workspace::make(be_, teacher_shape_, B);
   target_ = teacher_ws_.out;
   x_ = be_.alloc(static_cast<size_t>(B * d));
-  shadow_ws_ = Workspace::make(be_, shape_, B);
+  lanes_ = std::max(1, be_.lanes());
 
   const std::vector<float> init =
       init_params(shape_, cfg_.model.init, cfg_.model.init_gain, cfg_.seed, Stream::init);
@@ -74,7 +84,11 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     t->m = be_.alloc(np);
     t->v = be_.alloc(np);
     t->prev = be_.alloc(np);
-    if (mx) t->shadow = be_.alloc(np);
+    if (mx) {
+      t->shadow = be_.alloc(np);
+      t->shadow_loss = be_.alloc(1);
+      be_.fill(t->shadow_loss, std::numeric_limits<float>::quiet_NaN(), 1);
+    }
     t->loss_hist = be_.alloc(static_cast<size_t>(std::max(cfg_.steps, 1)));
     be_.fill(t->loss_hist, std::numeric_limits<float>::quiet_NaN(), static_cast<size_t>(std::max(cfg_.steps, 1)));
     t->ws = Workspace::make(be_, shape_, B);
@@ -85,10 +99,49 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     traj_.push_back(std::move(t));
   };
   make("fp32", "trajectories/fp32", PrecisionConfig::fp32(), false, 0);
-  make("mx", "trajectories/mx", cfg_.precision, true, 0);
-  for (const auto& iv : cfg_.interventions)
-    make(iv.name, "branches/" + iv.name, apply_intervention(cfg_.precision, iv), true, iv.at);
+  const std::vector<ResolvedArm> arms = resolved_arms(cfg_);
+  n_arms_ = arms.size();
+  for (const ResolvedArm& a : arms) {
+    make(a.name, "trajectories/" + a.name, a.policy, true, 0);
+    traj_.back()->is_arm = true;
+  }
+  for (const auto& iv : cfg_.interventions) {
+    const auto from = std::find_if(arms.begin(), arms.end(), [&](const ResolvedArm& a) { return a.name == iv.from; });
+    MXLAB_ASSERT(from != arms.end(), "intervention '", iv.name, "' forks from unknown arm '", iv.from, "'");
+    make(iv.name, "branches/" + iv.name, apply_intervention(from->policy, iv), true, iv.at);
+    traj_.back()->source = 1 + static_cast<int>(from - arms.begin());
+  }
+  // One shadow workspace per lane a shadow pass can run on (passes on one lane run in order).
+  for (int j = 0; j + 1 < static_cast<int>(traj_.size()); ++j)
+    if (!shadow_ws_.count(shadow_lane(j))) shadow_ws_.emplace(shadow_lane(j), Workspace::make(be_, shape_, B));
+
+  // The probe batch (curvature, snapshots): fixed, from its own stream, the same for every
+  // trajectory and step: x from counter word 0, label noise from word 1.
+  const bool snapshots = cfg_.log.snapshot_every > 0 || !cfg_.log.snapshot_steps.empty();
+  if (cfg_.log.curvature_every > 0 || snapshots) {
+    probe_rows_ = cfg_.log.probe_batch > 0 ? cfg_.log.probe_batch : B;
+    probe_x_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
+    probe_y_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
+    Workspace tws = Workspace::make(be_, teacher_shape_, probe_rows_);
+    StepScalars s0 = scalars(0);
+    s0.step = 0;
+    be_.set_step(s0);
+    be_.randn(probe_x_, static_cast<size_t>(probe_rows_ * d), cfg_.seed, Stream::probe, 1.0f);
+    PassPolicy fp32_pol;
+    fp32_pol.p = PrecisionConfig::fp32();
+    fp32_pol.seed = cfg_.seed;
+    forward(be_, teacher_shape_, teacher_params_, probe_x_, tws, fp32_pol);
+    be_.copy(probe_y_, tws.out, static_cast<size_t>(probe_rows_ * d));
+    s0.step = 1;
+    be_.set_step(s0);
+    if (cfg_.data.label_noise > 0.0f)
+      be_.add_randn(probe_y_, static_cast<size_t>(probe_rows_ * d), cfg_.seed, Stream::probe, cfg_.data.label_noise);
+    be_.synchronize();
+  }
 }
+
+int Trainer::train_lane(int j) const { return lanes_ > 1 ? 1 + (2 * j) % (lanes_ - 1) : kLaneMain; }
+int Trainer::shadow_lane(int j) const { return lanes_ > 1 ? 1 + (2 * j + 1) % (lanes_ - 1) : kLaneMain; }
 
 Trainer::~Trainer() = default;
 
@@ -140,36 +193,77 @@ void Trainer::restrict_output(const std::vector<std::string>& names) {
   for (auto& t : traj_) {
     const bool keep = std::find(names.begin(), names.end(), t->name) != names.end();
     t->muted = !keep;
-    if (!keep && t->name != "fp32" && t->name != "mx") t->dormant = true;
+    if (!keep && t->name != "fp32") t->dormant = true;  // the FP32 trajectory feeds the cross metrics
   }
+  for (auto& t : traj_)  // an arm a kept branch forks from trains (muted) until the branch starts
+    if (!t->muted && t->source > 0) traj_[static_cast<size_t>(t->source)]->dormant = false;
 }
 
 void Trainer::start_branches() {
-  const Trajectory& base = *traj_[1];
   const size_t np = static_cast<size_t>(shape_.num_params);
-  for (size_t i = 2; i < traj_.size(); ++i) {
+  for (size_t i = 1 + n_arms_; i < traj_.size(); ++i) {
     Trajectory& br = *traj_[i];
     if (br.started || br.start_step != step_) continue;
-    if (base.stopped) {  // the baseline died before the branch point: nothing to branch from
+    const Trajectory& base = *traj_[static_cast<size_t>(br.source)];
+    if (base.stopped) {  // the arm died before the branch point: nothing to branch from
       br.stopped = true;
       continue;
     }
-    // The branch continues from the baseline's exact state: its prefix is the baseline's.
+    // The branch continues from its arm's exact state: its prefix is the arm's.
     be_.copy(br.params, base.params, np);
     be_.copy(br.m, base.m, np);
     be_.copy(br.v, base.v, np);
     be_.copy(br.loss_hist, base.loss_hist, static_cast<size_t>(cfg_.steps));
     br.bias_avg = base.bias_avg;
     br.bias_avg_weight = base.bias_avg_weight;
+    br.cross_sq_avg = base.cross_sq_avg;
+    br.cross_sq_avg_weight = base.cross_sq_avg_weight;
     br.started = true;
   }
-  // A muted MX baseline is only needed until the last unmuted branch has started.
-  Trajectory& mx = *traj_[1];
-  if (mx.muted && !mx.dormant) {
+  // A muted arm is only needed until the last unmuted branch forking from it has started.
+  for (size_t a = 1; a <= n_arms_; ++a) {
+    Trajectory& arm = *traj_[a];
+    if (!arm.muted || arm.dormant) continue;
     bool needed = false;
-    for (size_t i = 2; i < traj_.size(); ++i)
-      if (!traj_[i]->muted && !traj_[i]->started) needed = true;
-    if (!needed) mx.dormant = true;
+    for (size_t i = 1 + n_arms_; i < traj_.size(); ++i)
+      if (traj_[i]->source == static_cast<int>(a) && !traj_[i]->muted && !traj_[i]->started) needed = true;
+    if (!needed) arm.dormant = true;
+  }
+}
+
+void Trainer::snapshot(const Trajectory& tr) {
+  const size_t np = static_cast<size_t>(shape_.num_params);
+  const std::string base = msg("snapshots/", tr.name, "/step_", step_, "/");
+  auto write = [&](const float* buf, const std::string& prefix) {
+    const std::vector<float> host = download(buf, np);
+    for (const ParamGroup& g : shape_.groups) {
+      const std::vector<float> part(host.begin() + g.offset, host.begin() + g.offset + g.size());
+      // Vectors (gamma, beta, b2) as [d], matrices as [rows, cols] (lab/model's layout).
+      if (g.rows == 1) sink_.write_array(base + prefix + g.name, g.cols, 0, part);
+      else sink_.write_array(base + prefix + g.name, g.rows, g.cols, part);
+    }
+  };
+  write(tr.params, "");
+  if (cfg_.log.snapshot_optimizer) {
+    write(tr.m, "m/");
+    if (cfg_.optimizer.name != OptKind::sgd) write(tr.v, "v/");
+  }
+}
+
+// At the start of step_: the snapshots due now (log.snapshot_steps / snapshot_every) of every
+// started trajectory, and always the arm a branch forks from at the branch's step.
+void Trainer::write_snapshots() {
+  const LogConfig& lg = cfg_.log;
+  const bool due = (lg.snapshot_every > 0 && step_ % lg.snapshot_every == 0) ||
+                   std::find(lg.snapshot_steps.begin(), lg.snapshot_steps.end(), step_) != lg.snapshot_steps.end();
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    const Trajectory& tr = *traj_[i];
+    if (!tr.started || (tr.stopped && !due)) continue;
+    bool source_now = false;
+    for (size_t b = 1 + n_arms_; b < traj_.size(); ++b)
+      if (traj_[b]->source == static_cast<int>(i) && traj_[b]->start_step == step_ && !traj_[b]->muted)
+        source_now = true;
+    if ((due && !tr.muted && !tr.dormant) || source_now) snapshot(tr);
   }
 }
 
@@ -197,18 +291,23 @@ void Trainer::compute_phase(bool log, bool shadow) {
     loss_and_grad(be_, cfg_, target_, tr.ws, pol, tr.loss_hist);
     backward(be_, shape_, tr.params, x_, tr.ws, tr.grads, pol);
   };
+  int j = 0;  // the j-th live MX trajectory: its own pair of lanes
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
     if (!live(tr) || !tr.is_mx) continue;
-    be_.set_lane(kLaneMx);
+    be_.set_lane(train_lane(j));
     train_pass(i);
     if (shadow) {
       // The shadow pass: FP32 gradient at the MX weights on the same batch.
-      be_.set_lane(kLaneShadow);
-      forward(be_, shape_, tr.params, x_, shadow_ws_, fp32_pol);
-      loss_and_grad(be_, cfg_, target_, shadow_ws_, fp32_pol, nullptr);
-      backward(be_, shape_, tr.params, x_, shadow_ws_, tr.shadow, fp32_pol);
+      const int lane = shadow_lane(j);
+      Workspace& sw = shadow_ws_.at(lane);
+      be_.set_lane(lane);
+      forward(be_, shape_, tr.params, x_, sw, fp32_pol);
+      loss_and_grad(be_, cfg_, target_, sw, fp32_pol, nullptr);
+      backward(be_, shape_, tr.params, x_, sw, tr.shadow, fp32_pol);
+      be_.copy(tr.shadow_loss, sw.loss, 1);
     }
+    ++j;
   }
   be_.set_lane(kLaneMain);
   for (size_t i = 0; i < traj_.size(); ++i)
@@ -243,28 +342,75 @@ void Trainer::update_phase(bool log) {
   }
 }
 
-// On shadow steps that are not logged, only the running average of bias_ratio is updated.
+// On shadow steps that are not logged: the running averages and the shadow_* series.
 void Trainer::shadow_only_metrics() {
   std::vector<Reduction> req;
   std::vector<Trajectory*> who;
   const int64_t np = shape_.num_params;
+  const Trajectory& ref = *traj_[0];
   for (auto& t : traj_) {
     if (!t->is_mx || !live(*t)) continue;
-    req.push_back({Reduction::diff_sq, t->grads, t->shadow, np});
+    req.push_back({Reduction::dot, t->grads, t->shadow, np});
     req.push_back({Reduction::dot, t->shadow, t->shadow, np});
+    req.push_back({Reduction::diff_sq, t->grads, t->shadow, np});
+    req.push_back({Reduction::dot, t->grads, t->grads, np});
+    req.push_back({Reduction::dot, t->grads, ref.grads, np});
+    req.push_back({Reduction::diff_sq, t->grads, ref.grads, np});
+    req.push_back({Reduction::dot, ref.grads, ref.grads, np});
     who.push_back(t.get());
   }
   if (req.empty()) return;
   std::vector<double> r(req.size());
   be_.reduce(req.data(), req.size(), r.data());
-  const double beta = cfg_.log.bias_avg_beta;
   for (size_t k = 0; k < who.size(); ++k) {
-    const double ratio = std::sqrt(safe_ratio(r[2 * k], r[2 * k + 1]));
-    if (std::isfinite(ratio)) {
-      who[k]->bias_avg = beta * who[k]->bias_avg + (1.0 - beta) * ratio;
-      who[k]->bias_avg_weight = beta * who[k]->bias_avg_weight + (1.0 - beta);
-    }
+    const double* v = &r[7 * k];
+    const double nan3[3] = {kNaN, kNaN, kNaN};
+    append_shadow_row(*who[k], shadow_scalars(*who[k], v, live(ref) ? v + 4 : nan3));
   }
+}
+
+Trainer::ShadowScalars Trainer::shadow_scalars(Trajectory& tr, const double* sums, const double* cross) {
+  const double gs = sums[0], ss = sums[1], dd = sums[2], gg = sums[3];
+  ShadowScalars o;
+  o.bias_ratio = std::sqrt(safe_ratio(dd, ss));
+  o.cosine = safe_ratio(gs, std::sqrt(gg) * std::sqrt(ss));
+  o.eps_norm = std::sqrt(dd);
+  o.gbar_norm = std::sqrt(ss);
+  o.gtilde_norm = std::sqrt(gg);
+  // eps = g - s split along s and across it: <eps, s>/|s| = (g.s - s.s)/|s|.
+  o.eps_par = safe_ratio(gs - ss, std::sqrt(ss));
+  o.eps_perp = std::isfinite(o.eps_par) ? std::sqrt(std::max(0.0, dd - o.eps_par * o.eps_par)) : kNaN;
+  o.cross_ratio_sq = safe_ratio(cross[1], cross[2]);
+  o.cross_ratio = std::sqrt(o.cross_ratio_sq);
+  o.fp32_loss = be_.read_scalar(tr.shadow_loss);
+  const double beta = cfg_.log.bias_avg_beta;
+  if (std::isfinite(o.bias_ratio)) {
+    tr.bias_avg = beta * tr.bias_avg + (1.0 - beta) * o.bias_ratio;
+    tr.bias_avg_weight = beta * tr.bias_avg_weight + (1.0 - beta);
+  }
+  if (std::isfinite(o.cross_ratio_sq)) {
+    tr.cross_sq_avg = beta * tr.cross_sq_avg + (1.0 - beta) * o.cross_ratio_sq;
+    tr.cross_sq_avg_weight = beta * tr.cross_sq_avg_weight + (1.0 - beta);
+  }
+  return o;
+}
+
+void Trainer::append_shadow_row(Trajectory& tr, const ShadowScalars& s) {
+  if (tr.muted) return;
+  MetricRow row;
+  row.step = step_;
+  row.axis = "shadow_step";
+  row.add("shadow_bias_ratio", s.bias_ratio);
+  row.add("shadow_cosine", s.cosine);
+  row.add("shadow_cross_ratio", s.cross_ratio);
+  row.add("shadow_cross_ratio_sq", s.cross_ratio_sq);
+  row.add("shadow_eps_norm", s.eps_norm);
+  row.add("shadow_gbar_norm", s.gbar_norm);
+  row.add("shadow_gtilde_norm", s.gtilde_norm);
+  row.add("shadow_eps_par", s.eps_par);
+  row.add("shadow_eps_perp", s.eps_perp);
+  row.add("shadow_fp32_loss", s.fp32_loss);
+  sink_.append(tr.h5_group, row);
 }
 
 void Trainer::log_metrics(bool shadow_step) {
@@ -321,38 +467,46 @@ void Trainer::log_metrics(bool shadow_step) {
     row.add("lr", static_cast<double>(scalars(step_).lr));
     row.add("grad_norm", std::sqrt(r[idx[i].gg]));
     if (tr.is_mx) {
-      double br = kNaN, cs = kNaN;
-      std::vector<double> brg(G, kNaN), csg(G, kNaN);
+      ShadowScalars sh{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
+      std::vector<double> brg(G, kNaN), csg(G, kNaN), eg(G, kNaN), sg(G, kNaN), gtg(G, kNaN);
+      const double nan3[3] = {kNaN, kNaN, kNaN};
+      const double* cross = idx[i].has_cross ? &r[idx[i].cross] : nan3;
       if (idx[i].has_group) {
-        double gs = 0, ss = 0, dd = 0, gg = 0;
+        double sums[4] = {0, 0, 0, 0};  // g.s, s.s, (g-s)^2, g.g
         for (size_t k = 0; k < G; ++k) {
           const double* v = &r[idx[i].group + 4 * k];
           brg[k] = std::sqrt(safe_ratio(v[2], v[1]));
           csg[k] = safe_ratio(v[0], std::sqrt(v[3]) * std::sqrt(v[1]));
-          gs += v[0]; ss += v[1]; dd += v[2]; gg += v[3];
+          eg[k] = std::sqrt(v[2]);
+          sg[k] = std::sqrt(v[1]);
+          gtg[k] = std::sqrt(v[3]);
+          for (int q = 0; q < 4; ++q) sums[q] += v[q];
         }
-        br = std::sqrt(safe_ratio(dd, ss));
-        cs = safe_ratio(gs, std::sqrt(gg) * std::sqrt(ss));
-        if (std::isfinite(br)) {
-          const double beta = cfg_.log.bias_avg_beta;
-          tr.bias_avg = beta * tr.bias_avg + (1.0 - beta) * br;
-          tr.bias_avg_weight = beta * tr.bias_avg_weight + (1.0 - beta);
-        }
+        sh = shadow_scalars(tr, sums, cross);
+        append_shadow_row(tr, sh);
       }
+      const double br = sh.bias_ratio;
       if (std::isfinite(br) && !(br <= tr.max_bias_ratio)) tr.max_bias_ratio = br;
       row.add("bias_ratio", br);
-      row.add("cosine", cs);
+      row.add("cosine", sh.cosine);
       row.add("bias_ratio_avg", tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN);
       row.add("bias_ratio_group", brg);
       row.add("cosine_group", csg);
-      double cr = kNaN, cc = kNaN;
-      if (idx[i].has_cross) {
-        const double* v = &r[idx[i].cross];
-        cr = std::sqrt(safe_ratio(v[1], v[2]));
-        cc = safe_ratio(v[0], std::sqrt(r[idx[i].gg]) * std::sqrt(v[2]));
-      }
-      row.add("cross_ratio", cr);
-      row.add("cross_cosine", cc);
+      // The cross-trajectory metrics (the paper code's) on every logged row.
+      const double cr2 = safe_ratio(cross[1], cross[2]);
+      row.add("cross_ratio", std::sqrt(cr2));
+      row.add("cross_cosine", safe_ratio(cross[0], std::sqrt(r[idx[i].gg]) * std::sqrt(cross[2])));
+      row.add("cross_ratio_sq", cr2);
+      row.add("cross_ratio_sq_avg", tr.cross_sq_avg_weight > 0 ? tr.cross_sq_avg / tr.cross_sq_avg_weight : kNaN);
+      row.add("eps_norm", sh.eps_norm);
+      row.add("gbar_norm", sh.gbar_norm);
+      row.add("gtilde_norm", sh.gtilde_norm);
+      row.add("eps_par", sh.eps_par);
+      row.add("eps_perp", sh.eps_perp);
+      row.add("shadow_loss", sh.fp32_loss);
+      row.add("eps_norm_group", eg);
+      row.add("gbar_norm_group", sg);
+      row.add("gtilde_norm_group", gtg);
     }
     // Last-bin statistics of this trajectory's pass.
     for (int t = 0; t < kStatTensors; ++t) {
@@ -419,6 +573,7 @@ void Trainer::log_metrics(bool shadow_step) {
 
 void Trainer::step_once(bool log) {
   start_branches();
+  write_snapshots();
   be_.set_step(scalars(step_));
   // The last step is always logged with its shadow gradient, so every run ends with a bias row.
   const bool shadow = (step_ % bias_every_) == 0 || (log && step_ == cfg_.steps - 1);
@@ -470,9 +625,13 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
     if (!any_alive) break;
   }
   be_.synchronize();
+  // The state after the last step, when a snapshot asks for it (snapshot_steps may hold `steps`).
+  if (step_ == cfg_.steps) write_snapshots();
   // Non-finite losses are detected on log steps; the loss history tells the truth.
-  const LossSummary mx = summary(1);
-  if (mx.first_nonfinite_step >= 0 || mx.divergence_step >= 0) return "diverged";
+  for (size_t a = 1; a <= n_arms_; ++a) {
+    const LossSummary s = summary(a);
+    if (s.first_nonfinite_step >= 0 || s.divergence_step >= 0) return "diverged";
+  }
   return "complete";
 }
 
@@ -505,8 +664,15 @@ Attrs Trainer::group_attrs(const Trajectory& tr) const {
   for (const auto& g : shape_.groups) a.lists["param_groups"].push_back(g.name);
   a.ints["layers"] = cfg_.model.depth;
   a.str["policy"] = tr.name == "fp32" ? "fp32" : describe_policy(tr.policy);
+  if (tr.is_arm) {
+    a.str["arm"] = tr.name;
+    a.str["patch"] = "{}";
+    for (const ArmConfig& arm : cfg_.arms)
+      if (arm.name == tr.name) a.str["patch"] = describe_patch(arm);
+  }
   if (tr.h5_group.rfind("branches/", 0) == 0) {
     a.ints["at"] = tr.start_step;
+    a.str["from"] = traj_[static_cast<size_t>(tr.source)]->name;
     for (const auto& iv : cfg_.interventions)
       if (iv.name == tr.name) a.str["patch"] = describe_patch(iv);
   }
@@ -534,14 +700,23 @@ std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const 
   }
   Attrs names;
   for (const auto& g : shape_.groups) names.lists["names"].push_back(g.name);
-  m["bias_ratio_group"] = names;
-  m["cosine_group"] = names;
+  for (const char* d : {"bias_ratio_group", "cosine_group", "eps_norm_group", "gbar_norm_group", "gtilde_norm_group"})
+    m[d] = names;
   return m;
 }
 
 void Trainer::open_output() {
+  Attrs root;
+  for (size_t a = 1; a <= n_arms_; ++a) root.lists["arms"].push_back(traj_[a]->name);
+  sink_.set_root_attrs(root);
   for (auto& t : traj_)
     if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
+  // The probe batch, once (the same for every trajectory and step), when snapshots are taken.
+  if (probe_x_ && (cfg_.log.snapshot_every > 0 || !cfg_.log.snapshot_steps.empty())) {
+    const int64_t d = cfg_.model.width;
+    sink_.write_array("snapshots/probe_x", probe_rows_, d, download(probe_x_, static_cast<size_t>(probe_rows_ * d)));
+    sink_.write_array("snapshots/probe_y", probe_rows_, d, download(probe_y_, static_cast<size_t>(probe_rows_ * d)));
+  }
   output_open_ = true;
 }
 

@@ -1,6 +1,7 @@
-// The paired run (DESIGN.md section 5): the `fp32` and `mx` trajectories of the student,
-// trained from identical initial weights on identical batches in lock-step, the shadow FP32
-// gradient at the MX weights, intervention branches, metrics and summaries.
+// The paired run (DESIGN.md section 5): the `fp32` trajectory and one or more MX arms of the
+// student (issue 13: `arms:`; without it the one arm `mx`), trained from identical initial
+// weights on identical batches in lock-step, the shadow FP32 gradient at each MX trajectory's
+// weights, intervention branches (forking from an arm), metrics, snapshots and summaries.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,8 +29,8 @@ struct RunControl {
 
 class Trainer {
  public:
-  // Builds the teacher, both trajectories and every branch (branches start at their `at`),
-  // and allocates every buffer up front (no allocation inside the step loop).
+  // Builds the teacher, the FP32 trajectory, every arm and every branch (branches start at
+  // their `at`), and allocates every buffer up front (no allocation inside the step loop).
   Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -40,12 +41,12 @@ class Trainer {
   // branch datasets did not exist yet at its checkpoint still creates them with their attributes.
   void open_output();
   // Write only the named trajectories (a branch added to a finished run): the FP32 trajectory
-  // still trains (cross metrics), the MX baseline until the last selected branch has started,
-  // other branches not at all.
+  // still trains (cross metrics), an arm a selected branch forks from until that branch has
+  // started, other arms and branches not at all.
   void restrict_output(const std::vector<std::string>& names);
   // Train until `to_step` (exclusive; cfg.steps by default) or until stopped. Returns
-  // "complete", "diverged" (the MX trajectory had a non-finite loss or diverged) or
-  // "interrupted" (stop_requested).
+  // "complete", "diverged" (some arm had a non-finite loss or diverged) or "interrupted"
+  // (stop_requested).
   std::string run(const RunControl& ctl, int64_t to_step = -1);
   // Write the summaries (attributes) and loss histories of every trajectory to the sink.
   void finish(const std::string& status);
@@ -54,6 +55,7 @@ class Trainer {
   const RunConfig& config() const { return cfg_; }
   const NetShape& shape() const { return shape_; }
   size_t num_trajectories() const { return traj_.size(); }
+  size_t num_arms() const { return n_arms_; }  // trajectories 1 .. num_arms() are the arms
   Trajectory& trajectory(size_t i) { return *traj_[i]; }
   Trajectory* find_trajectory(const std::string& name);
   LossSummary summary(size_t i);
@@ -67,15 +69,28 @@ class Trainer {
   void upload(float* p, const std::vector<float>& host);
 
  private:
+  // Global shadow-pass scalars of one MX trajectory at one step (the `shadow_*` series).
+  struct ShadowScalars {
+    double bias_ratio, cosine, cross_ratio, cross_ratio_sq, eps_norm, gbar_norm, gtilde_norm, eps_par, eps_perp,
+        fp32_loss;
+  };
   void step_once(bool log);
   void compute_phase(bool log, bool shadow);
   void update_phase(bool log);
   void start_branches();
+  void write_snapshots();
+  void snapshot(const Trajectory& tr);
   StepScalars scalars(int64_t t) const;
   PassPolicy pass_policy(const Trajectory& tr, bool collect, int index) const;
   void log_metrics(bool shadow_step);
   void shadow_only_metrics();
+  // From the global sums g.s, s.s, (g-s)^2, g.g (g: applied gradient, s: shadow) and the cross
+  // sums g.f, (g-f)^2, f.f (f: the FP32 trajectory's gradient; NaN when it is not live).
+  ShadowScalars shadow_scalars(Trajectory& tr, const double* sums, const double* cross);
+  void append_shadow_row(Trajectory& tr, const ShadowScalars& s);
   int stats_base(int index) const;
+  int train_lane(int j) const;   // lanes of the j-th live MX trajectory of a step
+  int shadow_lane(int j) const;
   Attrs group_attrs(const Trajectory& tr) const;
   std::map<std::string, Attrs> dataset_attrs(const Trajectory& tr) const;
 
@@ -87,8 +102,13 @@ class Trainer {
   Workspace teacher_ws_;
   float* x_ = nullptr;       // [B x d] batch inputs
   float* target_ = nullptr;  // [B x d] teacher(x) + noise (= teacher_ws_.out)
-  Workspace shadow_ws_;
-  std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1: mx, 2..: branches
+  std::map<int, Workspace> shadow_ws_;  // per shadow lane (passes on one lane run in order)
+  std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1..n_arms_: arms, then branches
+  size_t n_arms_ = 1;
+  int lanes_ = 1;
+  float* probe_x_ = nullptr;  // [probe_rows x d] fixed probe batch (curvature, snapshots); null if unused
+  float* probe_y_ = nullptr;
+  int64_t probe_rows_ = 0;
   int64_t step_ = 0;
   int bias_every_ = 1;
   bool output_open_ = false;  // open_output() has declared the groups in the sink

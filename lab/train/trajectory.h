@@ -1,6 +1,7 @@
 // One trained copy of the student: parameters, gradients and optimizer state in backend
 // memory, its precision policy, and the per-step bookkeeping for its metrics and summary.
-// The paired run holds the `fp32` and `mx` trajectories plus one per intervention branch.
+// The paired run holds the `fp32` trajectory, one per MX arm (`mx` without `arms:`) and one
+// per intervention branch.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -14,10 +15,12 @@
 namespace mxlab {
 
 struct Trajectory {
-  std::string name;        // "fp32", "mx", or the branch name
-  std::string h5_group;    // "trajectories/fp32", "branches/<name>"
+  std::string name;        // "fp32", an arm's name ("mx" without `arms:`), or the branch name
+  std::string h5_group;    // "trajectories/fp32", "trajectories/<arm>", "branches/<name>"
   PrecisionConfig policy;  // current policy (a branch's is patched at `at`)
-  bool is_mx = false;      // logs the shadow-gradient metrics
+  bool is_mx = false;      // logs the shadow-gradient metrics (arms and branches)
+  bool is_arm = false;     // an arm: trains from step 0 under its recipe
+  int source = -1;         // a branch: index (in the trainer's list) of the arm it forks from
   int start_step = 0;      // first step this trajectory trains (branches: `at`)
   bool started = false;
   bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)
@@ -31,12 +34,15 @@ struct Trajectory {
   float* v = nullptr;       // adam second moment
   float* prev = nullptr;    // parameters before the update (log steps: update norm)
   float* shadow = nullptr;  // FP32 gradient at these weights (mx trajectories)
+  float* shadow_loss = nullptr;  // [1] FP32 loss at these weights from the shadow pass
   float* loss_hist = nullptr;  // [steps] loss of every step, in backend memory
   Workspace ws;
 
   // Host-side bookkeeping carried across steps (part of a checkpoint).
   double bias_avg = 0.0;        // EMA of bias_ratio (raw, before debiasing)
   double bias_avg_weight = 0.0; // 1 - beta^k for debiasing
+  double cross_sq_avg = 0.0;        // EMA of cross_ratio^2 (the paper code's zeta_norm), same beta
+  double cross_sq_avg_weight = 0.0;
   int64_t rows_logged = 0;
   double last_loss = std::numeric_limits<double>::quiet_NaN();  // of the last logged step
   // Largest logged bias_ratio and gamma last-bin fraction (summary attributes; NaN = none yet).

@@ -119,8 +119,11 @@ TEST_F(InterventionRuns, UnchangedPolicyBranchReproducesTheBaselineBitForBit) {
   const h5::H5File f(inline_, h5::H5File::Mode::read);
   // Every dataset, rows from `at` on, loss history from `at`; the group attributes differ by
   // design (at, patch, summaries over the branch's own steps), its policy does not.
-  expect_same_group(f, "trajectories/mx", f, "branches/same", 37, {"at", "patch", "min_loss", "steps_run", "spike_score",
-                                                                   "spike_count", "divergence_step", "first_nonfinite_step"});
+  expect_same_group(f, "trajectories/mx", f, "branches/same", 37,
+                    {"at", "arm", "from", "patch", "min_loss", "steps_run", "spike_score", "spike_count",
+                     "divergence_step", "first_nonfinite_step"});
+  EXPECT_EQ(f.get_attr_string("branches/same", "from"), "mx");
+  EXPECT_EQ(f.get_attr_string("trajectories/mx", "arm"), "mx");
   EXPECT_EQ(f.get_attr_string("branches/same", "policy"), f.get_attr_string("trajectories/mx", "policy"));
   EXPECT_EQ(f.get_attr_double("branches/same", "final_loss"), f.get_attr_double("trajectories/mx", "final_loss"));
 }

@@ -142,8 +142,10 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
   const int L = cfg.model.depth;
   const size_t G = NetShape::student(cfg.model).groups.size();
   const std::set<std::string> scalars_all = {"step", "loss", "lr", "grad_norm", "update_norm", "weight_norm"};
-  const std::set<std::string> scalars_mx = {"bias_ratio", "cosine", "bias_ratio_avg", "cross_ratio",
-                                            "cross_cosine", "weight_distance"};
+  const std::set<std::string> scalars_mx = {"bias_ratio",     "cosine",       "bias_ratio_avg",     "cross_ratio",
+                                            "cross_cosine",   "weight_distance", "cross_ratio_sq", "cross_ratio_sq_avg",
+                                            "eps_norm",       "gbar_norm",    "gtilde_norm",        "eps_par",
+                                            "eps_perp",       "shadow_loss"};
   std::set<std::string> per_layer = {"gamma_mean", "gamma_std", "gamma_min", "gamma_max"};
   for (const char* t : {"gamma", "beta", "ln_out", "act_out", "grad_out", "grad_hidden"}) {
     per_layer.insert(std::string(t) + "_lastbin");
@@ -151,7 +153,9 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
   }
   for (const char* g : {"trajectories/fp32", "trajectories/mx"}) {
     const bool mx = std::string(g) == "trajectories/mx";
-    const auto& rows = s.groups.at(g).rows;
+    std::vector<MetricRow> rows;  // the logged rows (not the shadow_step series)
+    for (const MetricRow& r : s.groups.at(g).rows)
+      if (r.axis == "step") rows.push_back(r);
     // Every log_every-th step, plus the last step.
     const size_t expected_rows = static_cast<size_t>((cfg.steps + cfg.log.log_every - 1) / cfg.log.log_every) +
                                  ((cfg.steps - 1) % cfg.log.log_every != 0 ? 1 : 0);
@@ -171,7 +175,8 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
               EXPECT_TRUE(x >= 0.0 && x <= 1.0) << name << " = " << x;
             }
           }
-        } else if (name == "bias_ratio_group" || name == "cosine_group") {
+        } else if (name == "bias_ratio_group" || name == "cosine_group" || name == "eps_norm_group" ||
+                   name == "gbar_norm_group" || name == "gtilde_norm_group") {
           EXPECT_EQ(v.size(), G);
         } else {
           ADD_FAILURE() << "undocumented metric " << name;
