@@ -7,6 +7,10 @@
 //   shadow   the FP32 forward + backward at the MX weights (the bias metric's reference)
 //   data     data generation + teacher forward + label noise
 //   paired   all of the above as one step, spread over lanes (streams)
+// and with --arms K (issue 13), the trainer itself (lab/train/trainer.h, logging only at the
+// first and last step) with 1 arm and with K arms (K copies of the policy, or the experiment's
+// `arms:`), per step, against the serial sum of its parts: FP32 step + K x (MX step +
+// shadow / bias_every) + data, and the cost per recipe-step against K separate runs.
 // and, on CUDA, in the same process, the floors these are measured against: the step's GEMMs
 // alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off for FP32,
 // bf16 operands already quantized for MX; the teacher's 2 per block), each figure also as a
@@ -26,6 +30,7 @@
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
+#include "lab/train/trainer.h"
 #ifdef MXLAB_HAVE_CUDA
 #include "kernels/bench_support.h"
 #endif
@@ -51,7 +56,30 @@ struct Args {
   int depth = 0, width = 0, batch = 0;
   bool no_graphs = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
+  int arms = 0;      // --arms K: time the trainer with 1 and with K arms
 };
+
+// The trainer's own step (compute, update, the shadow pass every bias_every steps and its
+// metrics; CUDA graphs as the trainer uses them), ms per step: `warmup` steps, then the wall
+// time of `steps` more over their count. Logging happens only at step 0 and the last step.
+double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
+  cfg.steps = warmup + steps + 2;
+  cfg.log.log_every = cfg.steps;
+  cfg.log.progress = false;
+  cfg.log.curvature_every = 0;
+  cfg.log.snapshot_steps.clear();
+  cfg.log.snapshot_every = 0;
+  cfg.interventions.clear();
+  cfg.checkpoint_every = 0;
+  MemorySink sink;
+  Trainer tr(cfg, be, sink);
+  tr.open_output();
+  tr.run(RunControl{}, 1 + warmup);  // step 0 logs; then warm-up (graph recording)
+  const auto t0 = std::chrono::steady_clock::now();
+  tr.run(RunControl{}, 1 + warmup + steps);
+  const auto t1 = std::chrono::steady_clock::now();  // run() synchronises before it returns
+  return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -321,6 +349,29 @@ void run_bench(const Args& a) {
                 student.size(), floor_sgemm, floor_bf16, floor_teacher);
   std::printf("  final losses: fp32 %.6g, mx %.6g\n", loss32, lossmx);
 
+  // --arms K: the trainer with 1 arm and with K arms.
+  double t1 = 0.0, tk = 0.0, serial = 0.0, saving = 0.0;
+  int K = 0;
+  if (a.arms > 0 || (!cfg.arms.empty() && only < 0)) {
+    RunConfig one = cfg, many = cfg;
+    one.arms.clear();
+    if (a.arms > 0) {
+      many.arms.clear();
+      for (int k = 0; k < a.arms; ++k) many.arms.push_back({msg("arm", k), "", {}});
+    }
+    K = static_cast<int>(many.arms.size());
+    const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : cfg.log.log_every;
+    t1 = trainer_ms_per_step(*be, one, warmup, steps);
+    tk = trainer_ms_per_step(*be, many, warmup, steps);
+    serial = figs[0].ms + K * (figs[1].ms + figs[2].ms / bias_every) + figs[3].ms;
+    saving = t1 / (tk / K);
+    std::printf("\n  trainer step (shadow every %d steps%s):\n", bias_every, is_cuda ? ", CUDA graphs as the trainer uses them" : "");
+    std::printf("  %-36s %10.3f\n", "1 arm (a run of one recipe)", t1);
+    std::printf("  %-36s %10.3f   serial sum of parts %.3f (FP32 + %d x (MX + shadow/%d) + data): ratio %.3f\n",
+                msg(K, " arms").c_str(), tk, serial, K, bias_every, tk / serial);
+    std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", K, tk / K, t1, saving);
+  }
+
   std::string json = msg("{\"bench\":\"mxlab\",\"device\":\"", be->name(), "\",\"math_mode\":\"", be->math_mode(),
                          "\",\"config\":\"", a.path, "\",\"depth\":", bench.S.depth, ",\"width\":", bench.S.d,
                          ",\"batch\":", bench.B, ",\"steps\":", steps, ",\"warmup\":", warmup,
@@ -330,6 +381,9 @@ void run_bench(const Args& a) {
     json += msg(",\"", f.key, "\":", f.ms);
     if (f.floor_ms > 0) json += msg(",\"", f.key, "_floor\":", f.floor_ms, ",\"", f.key, "_ratio\":", f.ms / f.floor_ms);
   }
+  if (K > 0)
+    json += msg(",\"arms\":", K, ",\"trainer_1arm_ms\":", t1, ",\"trainer_arms_ms\":", tk, ",\"arms_serial_ms\":", serial,
+                ",\"arms_saving\":", saving);
   json += msg(",\"step_gflop\":", gflop(student), "}");
   std::printf("%s\n", json.c_str());
 }
@@ -348,6 +402,10 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--batch", args->batch, "override data.batch");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
   sub->add_option("--only", args->only, "time one figure only (fp32, mx, shadow, data, paired), no cuBLAS floors");
+  sub->add_option("--arms", args->arms,
+                  "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
+                  "experiment's own arms: are used)")
+      ->check(CLI::PositiveNumber);
   sub->callback([args] { run_bench(*args); });
 });
 

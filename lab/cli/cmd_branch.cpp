@@ -1,4 +1,4 @@
-// `mxlab branch RUN.h5 --at STEP (--apply PRESET | --set k=v ...) --name N`: add an
+// `mxlab branch RUN.h5 --at STEP (--apply PRESET | --set k=v ...) --name N [--from ARM]`: add an
 // intervention branch to a finished run after the fact, from its checkpoint at (or before,
 // replaying forward) STEP. The branch is written to branches/<N> of the same file, bit-identical
 // to the same intervention run in-line (the replay recomputes exactly what the run computed).
@@ -19,7 +19,7 @@ namespace mxlab::cli {
 namespace {
 
 struct BranchArgs {
-  std::string file, apply, name, device;
+  std::string file, apply, name, device, from = "mx";
   std::vector<std::string> sets;
   int at = -1;
 };
@@ -82,6 +82,7 @@ int do_branch(const BranchArgs& a) {
   iv.name = a.name;
   iv.at = a.at;
   iv.apply = a.apply;
+  iv.from = a.from;
   for (const auto& kv : a.sets) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos) throw Error(msg("--set expects key=value, got '", kv, "'"));
@@ -89,7 +90,17 @@ int do_branch(const BranchArgs& a) {
   }
   if (iv.at <= 0 || iv.at >= cfg.steps) throw Error(msg("--at must be in [1, ", cfg.steps, "), got ", iv.at));
   if (iv.apply.empty() && iv.set.empty()) throw Error("the branch changes nothing: give --apply PRESET and/or --set k=v");
-  apply_intervention(cfg.precision, iv);  // validates the preset and fields before any work
+  {  // the arm it forks from, then the preset and fields, before any work
+    const std::vector<ResolvedArm> arms = resolved_arms(cfg);
+    std::string names;
+    const ResolvedArm* from = nullptr;
+    for (const ResolvedArm& arm : arms) {
+      names += (names.empty() ? "" : ", ") + arm.name;
+      if (arm.name == iv.from) from = &arm;
+    }
+    if (!from) throw Error(msg(a.file, " has no arm '", iv.from, "' (arms: ", names, "): choose one with --from"));
+    apply_intervention(from->policy, iv);
+  }
   cfg.interventions.push_back(iv);
   // Every other rule of an `interventions:` entry (name, impossible shapes): parse it as YAML.
   const std::string origin = "branch";
@@ -144,6 +155,7 @@ const Registrar reg(30, [](CLI::App& app) {
                                      "forward_only, bf16_activations, bf16_weights, bf16_fwd_activations");
   c->add_option("--set", a->sets, "policy field patch, e.g. --set activation=bf16 (repeatable)");
   c->add_option("--name", a->name, "branch name (group branches/<name>)")->required();
+  c->add_option("--from", a->from, "the arm the branch forks from (default mx; see the file's root attribute `arms`)");
   c->add_option("--device", a->device, "cpu | auto | cuda | cuda:N");
   c->callback([a] { set_exit_code(do_branch(*a)); });
 });

@@ -1,12 +1,15 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
-// HDF5 (file names and number format: lab/train/index.h, export_run_csv).
+// HDF5 (file names and number format: lab/train/index.h, export_run_csv); `--snapshot S --npy
+// DIR`: the parameter snapshots of step S as .npy files (lab/train/snapshot_export.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "lab/cli/commands.h"
+#include "lab/core/error.h"
 #include "lab/train/index.h"
+#include "lab/train/snapshot_export.h"
 
 namespace mxlab::cli {
 namespace {
@@ -14,20 +17,30 @@ namespace {
 constexpr int kOrder = 45;  // after summarize in --help
 
 struct Args {
-  std::string run, dir;
+  std::string run, dir, npy;
+  int64_t snapshot = -1;
 };
 
 int do_export(const Args& a) {
+  if (a.dir.empty() && a.npy.empty()) throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR");
+  if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
+  if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
-  for (const std::string& p : export_run_csv(a.run, a.dir)) std::printf("%s\n", p.c_str());
+  if (!a.dir.empty())
+    for (const std::string& p : export_run_csv(a.run, a.dir)) std::printf("%s\n", p.c_str());
+  if (!a.npy.empty())
+    for (const std::string& p : export_snapshot_npy(a.run, a.snapshot, a.npy)) std::printf("%s\n", p.c_str());
   return 0;
 }
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
-  CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary)");
+  CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its snapshots as .npy");
   c->add_option("run", a->run, "run file <run_id>.h5")->required()->check(CLI::ExistingFile);
-  c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)")->required();
+  c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)");
+  c->add_option("--snapshot", a->snapshot, "with --npy: the step of the parameter snapshots to write");
+  c->add_option("--npy", a->npy,
+                "directory for the snapshot's .npy files: <trajectory>/<group>.npy (m/, v/: Adam), probe_x/y.npy");
   c->callback([a] { set_exit_code(do_export(*a)); });
 });
 

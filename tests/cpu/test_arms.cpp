@@ -4,14 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
+#include "lab/io/h5file.h"
+#include "lab/io/npy.h"
 #include "lab/train/config_io.h"
 #include "lab/train/trainer.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
@@ -318,4 +324,94 @@ TEST(Arms, SnapshotsHoldTheStateAtTheStartOfTheirStep) {
   EXPECT_EQ(s2.arrays.at("snapshots/probe_x").data, sink.arrays.at("snapshots/probe_x").data);
   EXPECT_EQ(s2.arrays.at("snapshots/probe_y").data, sink.arrays.at("snapshots/probe_y").data);
   EXPECT_FALSE(s2.arrays.count("snapshots/mx/step_3/m/layer0.W1"));  // no optimizer state unasked
+}
+
+// ---- through the binary: bench --arms, branch --from, export --snapshot ----
+
+namespace {
+// The number after "key": in the last (JSON) line of bench's output, or NaN.
+double json_number(const std::string& out, const std::string& key) {
+  const size_t p = out.rfind("\"" + key + "\":");
+  if (p == std::string::npos) return std::nan("");
+  return std::strtod(out.c_str() + p + key.size() + 3, nullptr);
+}
+}  // namespace
+
+TEST(ArmsCli, BenchTimesTheTrainerWithOneAndKArms) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write("b.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n");
+  const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " bench " + exp +
+                                                  " --device cpu --arms 3 --steps 2 --warmup 1");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(json_number(out, "arms"), 3.0) << out;
+  const double t1 = json_number(out, "trainer_1arm_ms"), tk = json_number(out, "trainer_arms_ms");
+  const double serial = json_number(out, "arms_serial_ms"), saving = json_number(out, "arms_saving");
+  EXPECT_GT(t1, 0.0);
+  EXPECT_GT(tk, 0.0);
+  EXPECT_GT(serial, 0.0);
+  EXPECT_NEAR(saving, t1 / (tk / 3.0), 1e-3 * saving);
+  EXPECT_NE(out.find("3 arms"), std::string::npos);
+  EXPECT_NE(out.find("per recipe-step"), std::string::npos);
+  // An experiment's own arms are timed without --arms.
+  const std::string exp2 = dir.write("b2.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+                                                "arms:\n  - {name: a}\n  - {name: b, set: {rounding: nearest_away}}\n");
+  const auto [rc2, out2] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " bench " + exp2 +
+                                                    " --device cpu --steps 2 --warmup 1");
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(json_number(out2, "arms"), 2.0) << out2;
+}
+
+TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "e.yaml",
+      "steps: 30\nmodel: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+      "log: {log_every: 5, progress: false, snapshot_steps: [10], snapshot_optimizer: true, probe_batch: 8}\n"
+      "checkpoint_every: 10\narms:\n  - {name: away, set: {rounding: nearest_away}}\n  - {name: even}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
+  ASSERT_EQ(rc, 0) << out;
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
+    if (e.path().extension() == ".h5") file = e.path().string();
+  ASSERT_FALSE(file.empty());
+  // An inline branch of arm `even` at 15 and the same branch added after the fact agree.
+  std::tie(rc, out) = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("has no arm 'mx' (arms: away, even): choose one with --from"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late --from even");
+  ASSERT_EQ(rc, 0) << out;
+  {
+    const h5::H5File f(file, h5::H5File::Mode::read);
+    EXPECT_EQ(f.get_attr_string("branches/late", "from"), "even");
+    EXPECT_EQ(f.get_attr_strings("/", "arms"), (std::vector<std::string>{"away", "even"}));
+  }
+  // Snapshots as .npy: every group of every trajectory, Adam's moments, the probe batch.
+  std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --snapshot 10 --npy " + dir.str() + "/npy");
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* t : {"fp32", "away", "even"})
+    for (const char* sub : {"", "m/", "v/"}) {
+      const NpyArray w = read_npy(dir.str() + "/npy/" + t + "/" + sub + "layer0.W1.npy");
+      EXPECT_EQ(w.shape, (std::vector<int64_t>{32, 32})) << t << sub;
+      const NpyArray g = read_npy(dir.str() + "/npy/" + t + "/" + sub + "layer0.gamma.npy");
+      EXPECT_EQ(g.shape, (std::vector<int64_t>{32})) << t << sub;
+    }
+  EXPECT_EQ(read_npy(dir.str() + "/npy/probe_x.npy").shape, (std::vector<int64_t>{8, 32}));
+  // The .npy holds the HDF5 dataset's float32 values exactly.
+  {
+    const h5::H5File f(file, h5::H5File::Mode::read);
+    const std::vector<double> h = f.read_doubles("snapshots/even/step_10/layer0.W2");
+    const NpyArray n = read_npy(dir.str() + "/npy/even/layer0.W2.npy");
+    ASSERT_EQ(h.size(), n.data.size());
+    for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(static_cast<float>(h[i]), n.data[i]);
+  }
+  // The branch's arm at the branch step was snapshotted too; a step without one is an error
+  // that lists the steps there are.
+  std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --snapshot 11 --npy " + dir.str() + "/npy2");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("no snapshot at step 11 (snapshots at steps 10, 15)"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --npy " + dir.str() + "/npy2");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--npy DIR needs --snapshot S"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir.str() + "/npy2"));
 }

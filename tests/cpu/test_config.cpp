@@ -3,6 +3,8 @@
 // `mxlab dump-config` command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -553,7 +555,10 @@ TEST(Config, ReadmeExamplesParse) {
   }
   EXPECT_TRUE(config_from_yaml_string(blocks[0], "README block 0") == RunConfig{});
   // The sweep example's count and first runs, as the text states.
-  const auto sweep = expand_experiment_string(blocks[2], "README block 2");
+  const auto sweep_block = std::find_if(blocks.begin(), blocks.end(),
+                                        [](const std::string& b) { return b.find("name: width_by_format") == 0; });
+  ASSERT_NE(sweep_block, blocks.end());
+  const auto sweep = expand_experiment_string(*sweep_block, "README sweep block");
   ASSERT_EQ(sweep.size(), 36u);
   EXPECT_EQ(sweep[1].cfg.seed, 1u);
   EXPECT_EQ(sweep[1].cfg.model.width, 256);
