@@ -1,0 +1,92 @@
+// Multi-arm runs on CUDA (issue 13): an arm of a K-arm run, whose passes run on their own
+// streams beside the other arms', is bit-identical to the single-arm run of its recipe on the
+// same device (CUDA graphs on, as the trainer always runs them), and every metric of the
+// shadow series is there. The CPU twin is tests/cpu/test_arms.cpp.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda_backend.h"
+#include "lab/train/config_io.h"
+#include "lab/train/trainer.h"
+#include "tests/gpu/gpu_test_util.h"
+
+using namespace mxlab;
+
+namespace {
+
+RunConfig tiny() {
+  RunConfig c;
+  c.seed = 5;
+  c.steps = 40;
+  c.model.depth = 2;
+  c.model.width = 64;
+  c.model.hidden_mult = 2;
+  c.data.batch = 96;
+  c.optimizer.lr = 3e-3f;
+  c.precision.rounding = Rounding::nearest_away;
+  c.precision.elementwise_rounding = Rounding::nearest_away;
+  c.log.log_every = 10;
+  c.log.bias_every = 3;
+  c.log.progress = false;
+  return c;
+}
+
+MemorySink run_cuda(const RunConfig& cfg) {
+  auto be = make_cuda_backend(0);
+  MemorySink sink;
+  Trainer tr(cfg, *be, sink);
+  tr.open_output();
+  tr.finish(tr.run(RunControl{}));
+  return sink;
+}
+
+void expect_same(const MemorySink& a, const std::string& ga, const MemorySink& b, const std::string& gb) {
+  const auto& ra = a.groups.at(ga).rows;
+  const auto& rb = b.groups.at(gb).rows;
+  ASSERT_EQ(ra.size(), rb.size()) << ga;
+  size_t checked = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    ASSERT_EQ(ra[i].step, rb[i].step);
+    ASSERT_EQ(ra[i].axis, rb[i].axis);
+    ASSERT_EQ(ra[i].cols.size(), rb[i].cols.size());
+    for (size_t c = 0; c < ra[i].cols.size(); ++c)
+      for (size_t k = 0; k < ra[i].cols[c].second.size(); ++k) {
+        const double x = ra[i].cols[c].second[k], y = rb[i].cols[c].second[k];
+        ASSERT_TRUE(std::memcmp(&x, &y, sizeof x) == 0 || (x != x && y != y))
+            << ga << " step " << ra[i].step << " " << ra[i].cols[c].first << "[" << k << "]: " << x << " vs " << y;
+        ++checked;
+      }
+  }
+  EXPECT_GT(checked, 100u);
+  EXPECT_EQ(a.groups.at(ga).loss_all, b.groups.at(gb).loss_all);
+}
+
+}  // namespace
+
+TEST(ArmsGpu, AnArmEqualsTheSingleArmRunOfItsRecipe) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig multi = tiny();
+  multi.arms = {{"away", "", {}},
+                {"even", "", {{"rounding", "nearest_even"}}},
+                {"grad_even", "", {{"rounding.grad", "nearest_even"}}},
+                {"rceil", "", {{"scale_rule", "rceil"}}},
+                {"noln", "skip_ln_quant", {}}};
+  multi.interventions = {{"fp32_at20", 20, "to_fp32", {}, "even"}};
+  const MemorySink m = run_cuda(multi);
+  for (const ResolvedArm& arm : resolved_arms(multi)) {
+    RunConfig single = tiny();
+    single.precision = arm.policy;
+    if (arm.name == "even") single.interventions = {{"fp32_at20", 20, "to_fp32", {}}};
+    const MemorySink s = run_cuda(single);
+    expect_same(m, "trajectories/" + arm.name, s, "trajectories/mx");
+    expect_same(m, "trajectories/fp32", s, "trajectories/fp32");
+    if (arm.name == "even") expect_same(m, "branches/fp32_at20", s, "branches/fp32_at20");
+  }
+  EXPECT_NE(m.groups.at("trajectories/away").loss_all, m.groups.at("trajectories/even").loss_all);
+  // The shadow series: every third step and the last.
+  size_t shadow_rows = 0;
+  for (const MetricRow& r : m.groups.at("trajectories/grad_even").rows) shadow_rows += r.axis == "shadow_step";
+  EXPECT_EQ(shadow_rows, 14u);  // 0, 3, ..., 39 (the last step is a multiple of 3)
+}
