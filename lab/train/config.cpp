@@ -926,6 +926,20 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
   return v;
 }
 
+std::string describe_policy(const PrecisionConfig& p) {
+  using R = PrecisionConfig::Role;
+  const std::string rounding =
+      p.rounding_uniform() ? std::string(name(p.rounding_of(R::weight)))
+                           : msg("weight:", name(p.rounding_of(R::weight)), ",activation:", name(p.rounding_of(R::activation)),
+                                 ",grad:", name(p.rounding_of(R::grad)), ",ln_affine:", name(p.rounding_of(R::ln_affine)));
+  return msg("weight=", name(p.weight), " activation=", name(p.activation), " grad=", name(p.grad),
+             " weight_bwd=", name(p.weight_bwd_fmt()), " activation_bwd=", name(p.activation_bwd_fmt()),
+             " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
+             " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
+             " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
+             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding));
+}
+
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
 
 void set_config_path(YNode& root, const std::vector<std::string>& path, const YNode& value, const YLoc& loc) {

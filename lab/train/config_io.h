@@ -57,6 +57,10 @@ PrecisionConfig apply_intervention(const PrecisionConfig& base, const Interventi
 // The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
 std::string describe_patch(const InterventionConfig& iv);
 std::string describe_patch(const ArmConfig& arm);
+// Every field of a policy on one line ("weight=mxfp8_e4m3 activation=... rounding=nearest_away
+// ..."; a per-role rounding as rounding=weight:M,activation:M,grad:M,ln_affine:M): the `policy`
+// attribute of the run file's groups.
+std::string describe_policy(const PrecisionConfig& p);
 
 // Every leaf key of the schema in dotted form ("model.width", ...), "arms", "interventions" and
 // the per-role roundings "precision.rounding.<role>".

@@ -18,6 +18,7 @@
 #include <map>
 
 #include "lab/core/error.h"
+#include "lab/train/batch.h"
 #include "lab/train/config_io.h"
 
 namespace mxlab {
@@ -32,24 +33,6 @@ double safe_ratio(double num, double den) { return den > 0.0 ? num / den : kNaN;
 // Does this trajectory train at the current step?
 bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant; }
 
-// The rounding of a policy: one mode, or each role's ("weight:M,activation:M,grad:M,ln_affine:M").
-std::string rounding_description(const PrecisionConfig& p) {
-  using R = PrecisionConfig::Role;
-  if (p.rounding_uniform()) return name(p.rounding_of(R::weight));
-  return msg("weight:", name(p.rounding_of(R::weight)), ",activation:", name(p.rounding_of(R::activation)),
-             ",grad:", name(p.rounding_of(R::grad)), ",ln_affine:", name(p.rounding_of(R::ln_affine)));
-}
-
-// One-line description of a policy for the group attribute `policy`.
-std::string describe_policy(const PrecisionConfig& p) {
-  return msg("weight=", name(p.weight), " activation=", name(p.activation), " grad=", name(p.grad),
-             " weight_bwd=", name(p.weight_bwd_fmt()), " activation_bwd=", name(p.activation_bwd_fmt()),
-             " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
-             " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
-             " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", rounding_description(p), " elementwise_rounding=", name(p.elementwise_rounding));
-}
-
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg), be_(be), sink_(sink) {
@@ -60,7 +43,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
   const int64_t d = cfg_.model.width;
 
   // Teacher: fixed FP32 network from its own init stream.
-  const std::vector<float> tp = init_params(teacher_shape_, InitKind::pytorch, 1.0f, cfg_.seed, Stream::teacher_init);
+  const std::vector<float> tp = teacher_params_host(cfg_, teacher_shape_);
   teacher_params_ = be_.alloc(tp.size());
   be_.upload(teacher_params_, tp.data(), tp.size());
   teacher_ws_ = Workspace::make(be_, teacher_shape_, B);
@@ -122,21 +105,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     probe_rows_ = cfg_.log.probe_batch > 0 ? cfg_.log.probe_batch : B;
     probe_x_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
     probe_y_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
-    Workspace tws = Workspace::make(be_, teacher_shape_, probe_rows_);
-    StepScalars s0 = scalars(0);
-    s0.step = 0;
-    be_.set_step(s0);
-    be_.randn(probe_x_, static_cast<size_t>(probe_rows_ * d), cfg_.seed, Stream::probe, 1.0f);
-    PassPolicy fp32_pol;
-    fp32_pol.p = PrecisionConfig::fp32();
-    fp32_pol.seed = cfg_.seed;
-    forward(be_, teacher_shape_, teacher_params_, probe_x_, tws, fp32_pol);
-    be_.copy(probe_y_, tws.out, static_cast<size_t>(probe_rows_ * d));
-    s0.step = 1;
-    be_.set_step(s0);
-    if (cfg_.data.label_noise > 0.0f)
-      be_.add_randn(probe_y_, static_cast<size_t>(probe_rows_ * d), cfg_.seed, Stream::probe, cfg_.data.label_noise);
-    be_.synchronize();
+    make_probe_batch(be_, cfg_, teacher_shape_, teacher_params_, probe_rows_, probe_x_, probe_y_);
   }
 }
 
@@ -268,8 +237,6 @@ void Trainer::write_snapshots() {
 }
 
 void Trainer::compute_phase(bool log, bool shadow) {
-  const int64_t B = cfg_.data.batch;
-  const int64_t d = cfg_.model.width;
   const PassPolicy fp32_pol = [&] {
     PassPolicy p;
     p.p = PrecisionConfig::fp32();
@@ -277,10 +244,7 @@ void Trainer::compute_phase(bool log, bool shadow) {
     return p;
   }();
   be_.set_lane(kLaneMain);
-  be_.randn(x_, static_cast<size_t>(B * d), cfg_.seed, Stream::data, 1.0f);
-  forward(be_, teacher_shape_, teacher_params_, x_, teacher_ws_, fp32_pol);
-  if (cfg_.data.label_noise > 0.0f)
-    be_.add_randn(target_, static_cast<size_t>(B * d), cfg_.seed, Stream::label_noise, cfg_.data.label_noise);
+  make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);  // target_ = teacher_ws_.out
 
   // MX trajectories (and their shadow passes) fork off lane 0 right after the data, so they
   // overlap with the FP32 trajectory, which is issued last on lane 0.

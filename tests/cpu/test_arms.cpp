@@ -3,6 +3,7 @@
 // absolute-norm metrics (issue 17), and parameter snapshots (issue 12).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "lab/io/h5file.h"
 #include "lab/io/npy.h"
 #include "lab/train/config_io.h"
+#include "lab/train/eval.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/test_util.h"
 
@@ -246,7 +248,9 @@ TEST(Arms, ShadowSeriesAndNormsAreConsistent) {
     const auto cr2 = s.series(g, "shadow_cross_ratio_sq", 0, "shadow_step");
     for (size_t i = 0; i < eps.size(); ++i) {
       EXPECT_NEAR(par[i] * par[i] + perp[i] * perp[i], eps[i] * eps[i], 1e-9 * (1 + eps[i] * eps[i]));
-      if (gbar[i] > 0) EXPECT_NEAR(br[i], eps[i] / gbar[i], 1e-12 * (1 + br[i]));
+      if (gbar[i] > 0) {
+        EXPECT_NEAR(br[i], eps[i] / gbar[i], 1e-12 * (1 + br[i]));
+      }
       EXPECT_NEAR(cr[i] * cr[i], cr2[i], 1e-12 * (1 + cr2[i]));
     }
   }
@@ -414,4 +418,57 @@ TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--npy DIR needs --snapshot S"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir.str() + "/npy2"));
+}
+
+// `mxlab eval`: a snapshot evaluated on the batch its step trained on reproduces the loss the
+// run recorded at that step, under the trajectory's own policy (loss_all) and under FP32 (the
+// shadow pass's loss), bit for bit; a patch evaluates under the patched policy.
+TEST(ArmsCli, EvalReproducesTheRecordedLossesOfItsStep) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "e.yaml",
+      "steps: 30\nseed: 3\nmodel: {depth: 2, width: 32, hidden_mult: 1}\ndata: {batch: 24}\n"
+      "precision: {rounding: nearest_away}\n"
+      "log: {log_every: 5, bias_every: 5, progress: false, snapshot_steps: [10, 25], probe_batch: 8}\n"
+      "arms:\n  - {name: away}\n  - {name: even, set: {rounding: nearest_even}}\n"
+      "interventions:\n  - {name: noln, at: 20, apply: skip_ln_quant, from: even}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
+  ASSERT_EQ(rc, 0) << out;
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
+    if (e.path().extension() == ".h5") file = e.path().string();
+  auto be = make_cpu_backend();
+  const h5::H5File f(file, h5::H5File::Mode::read);
+  for (const char* t : {"away", "even"}) {
+    const std::string g = std::string("trajectories/") + t;
+    const std::vector<EvalRow> rows = eval_snapshot(*be, file, t, 10, {{"e", 0, "to_fp32", {}}}, true);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(static_cast<float>(rows[0].loss), static_cast<float>(f.read_doubles(g + "/loss_all")[10])) << t;
+    const std::vector<int64_t> ss = f.read_int64s(g + "/shadow_step");
+    const size_t k = static_cast<size_t>(std::find(ss.begin(), ss.end(), 10) - ss.begin());
+    ASSERT_LT(k, ss.size());
+    EXPECT_EQ(static_cast<float>(rows[1].loss), static_cast<float>(f.read_doubles(g + "/shadow_fp32_loss")[k])) << t;
+    EXPECT_NE(rows[0].loss, rows[1].loss);
+  }
+  // The FP32 trajectory's own loss; a branch after its `at` under its patched policy.
+  EXPECT_EQ(static_cast<float>(eval_snapshot(*be, file, "fp32", 25, {}, true)[0].loss),
+            static_cast<float>(f.read_doubles("trajectories/fp32/loss_all")[25]));
+  EXPECT_EQ(static_cast<float>(eval_snapshot(*be, file, "noln", 25, {}, true)[0].loss),
+            static_cast<float>(f.read_doubles("branches/noln/loss_all")[25 - 20]));
+  // The same patch spelt as a preset and as fields gives the same loss; the probe batch differs.
+  const auto a = eval_snapshot(*be, file, "even", 10, {{"e", 0, "skip_ln_quant", {}}, {"e", 0, "", {{"ln_affine", "none"}}}}, false);
+  EXPECT_EQ(a[1].loss, a[2].loss);
+  EXPECT_NE(a[0].loss, eval_snapshot(*be, file, "even", 10, {}, true)[0].loss);
+  // Through the binary: a table and a JSON line; unknown trajectories and steps are one-line errors.
+  std::tie(rc, out) = mxlab::test::run_command(bin + " eval " + file + " --snapshot 10 --trajectory even --apply to_fp32");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("{apply: to_fp32}"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"rows\":[{\"label\":\"as trained\""), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " eval " + file + " --snapshot 10 --trajectory nope");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("no trajectory 'nope' in this run (it has fp32, away, even, noln)"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " eval " + file + " --snapshot 11 --trajectory even");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("has no snapshot of 'even' at step 11"), std::string::npos) << out;
 }

@@ -1,0 +1,28 @@
+// The data a step trains on (DESIGN.md section 1) and the fixed probe batch of the instruments,
+// as pure functions of the configuration (seed) and the step: the trainer, `mxlab eval` and the
+// tests build them through here, so that they are the same bits everywhere.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "lab/model/backend.h"
+#include "lab/model/mlp.h"
+#include "lab/train/config.h"
+
+namespace mxlab {
+
+// The fixed teacher's parameters (its own init stream, PyTorch-default init).
+std::vector<float> teacher_params_host(const RunConfig& cfg, const NetShape& teacher);
+
+// The batch of the current step (StepScalars.step must already be the step): x = N(0, 1) from
+// (seed, data, step) into `x` [B x d]; target = teacher(x) + label_noise * N(0, 1) from (seed,
+// label_noise, step) into teacher_ws.out.
+void make_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params, float* x,
+                Workspace& teacher_ws);
+
+// The probe batch of `rows` rows: x from (seed, probe) with counter word 0, y = teacher(x) +
+// label noise from word 1. Sets StepScalars (to words 0 and 1) and synchronises.
+void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
+                      int64_t rows, float* x, float* y);
+
+}  // namespace mxlab
