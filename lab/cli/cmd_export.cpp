@@ -1,12 +1,12 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
-// HDF5 (file names and number format: lab/train/index.h, export_run_csv).
+// HDF5 (file names and number format: lab/train/csv_export.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "lab/cli/commands.h"
-#include "lab/train/index.h"
+#include "lab/train/csv_export.h"
 
 namespace mxlab::cli {
 namespace {

@@ -9,6 +9,7 @@
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
 #include "lab/train/index.h"
+#include "lab/train/summary_table.h"
 
 namespace mxlab::cli {
 namespace {
