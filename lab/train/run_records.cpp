@@ -27,6 +27,7 @@ namespace {
 
 constexpr const char* kTrajectories = "trajectories";
 constexpr const char* kBranches = "branches";
+constexpr const char* kFp32 = "fp32";
 constexpr const char* kLossAll = "loss_all";
 constexpr const char* kStep = "step";
 // Attributes the trainer writes when a trajectory ends (lab/train/SCHEMA.md).
@@ -100,7 +101,7 @@ GroupRecord read_group(const h5::H5File& f, const std::string& h5_path, const st
     g.final_loss = hist.empty() ? kNaN : s.final_loss;
     g.min_loss = hist.empty() ? kNaN : s.min_loss;
   }
-  g.max_bias_ratio = name == "fp32" && !branch ? kNaN : finite_max(f, h5_path + "/bias_ratio");
+  g.max_bias_ratio = name == kFp32 && !branch ? kNaN : finite_max(f, h5_path + "/bias_ratio");
   g.max_gamma_lastbin = finite_max(f, h5_path + "/gamma_lastbin");
   return g;
 }
@@ -205,9 +206,13 @@ RunRecord read_run_record(const std::string& path) {
     rec.config = canonical_config(str("config_yaml"), path, &div, &spike);
     for (const auto& [k, v] : rec.config)
       if (k == "name") rec.name = v;
-    for (const char* t : {"fp32", "mx"}) {
-      const std::string p = std::string(kTrajectories) + "/" + t;
-      if (f.is_group(p)) rec.groups.push_back(read_group(f, p, t, false, div, spike));
+    // Every trajectory the file holds (fp32, mx, or the named arms of a multi-arm run), FP32
+    // first: it is the reference of the others.
+    if (f.is_group(kTrajectories)) {
+      std::vector<std::string> names = f.list_groups(kTrajectories);
+      std::stable_partition(names.begin(), names.end(), [](const std::string& t) { return t == kFp32; });
+      for (const std::string& t : names)
+        rec.groups.push_back(read_group(f, std::string(kTrajectories) + "/" + t, t, false, div, spike));
     }
     if (f.is_group(kBranches)) {
       std::vector<GroupRecord> br;

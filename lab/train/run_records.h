@@ -11,10 +11,11 @@
 
 namespace mxlab {
 
-// Summary of one trajectory (`fp32`, `mx`) or branch of a run file (lab/train/SCHEMA.md).
+// Summary of one trajectory (`fp32`, `mx`, or an arm of a multi-arm run) or branch of a run
+// file (lab/train/SCHEMA.md).
 struct GroupRecord {
-  std::string name;        // fp32 | mx | the branch name
-  std::string h5_path;     // trajectories/mx, branches/<name>
+  std::string name;        // fp32 | mx | the arm's name | the branch name
+  std::string h5_path;     // trajectories/<name>, branches/<name>
   bool branch = false;
   int64_t at = -1;         // branches: first step of the patch
   int64_t steps_run = 0;
@@ -42,7 +43,9 @@ struct RunRecord {
   // The canonical resolved configuration (config_yaml parsed and printed again), flattened to
   // dotted keys in configuration order, values as printed ("0.0006", "mxfp8_e4m3", "true").
   std::vector<std::pair<std::string, std::string>> config;
-  std::vector<GroupRecord> groups;  // fp32, mx, then branches by (at, name)
+  // Every group under trajectories/ (fp32 first, then the others - mx or the arms - by name),
+  // then the branches by (at, name).
+  std::vector<GroupRecord> groups;
 
   const GroupRecord* group(const std::string& name) const;
 };
