@@ -1,6 +1,6 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
-// HDF5 (file names and number format: lab/train/index.h, export_run_csv); `--snapshot S --npy
-// DIR`: the parameter snapshots of step S as .npy files (lab/train/snapshot_export.h).
+// HDF5 (file names and number format: lab/train/csv_export.h); `--snapshot S --npy DIR`: the
+// parameter snapshots of step S as .npy files (lab/train/snapshot_export.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -8,7 +8,7 @@
 
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/train/index.h"
+#include "lab/train/csv_export.h"
 #include "lab/train/snapshot_export.h"
 
 namespace mxlab::cli {

@@ -1,6 +1,8 @@
 // `mxlab summarize DIR [--csv]`: one row per run and branch of a results directory (status,
 // divergence, spikes, losses, bias, last-bin; the keys that differ between runs as columns),
 // the C++ twin of `python -m mxlab_analysis summary`. Also rebuilds DIR/index.csv.
+// `mxlab summarize DIR --by KEY[,KEY...] [--compare]`: the trajectories grouped by those keys,
+// with divergence and survival statistics per group and tests per pair (group_stats.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -8,18 +10,48 @@
 
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
+#include "lab/train/group_stats.h"
 #include "lab/train/index.h"
+#include "lab/train/summary_table.h"
 
 namespace mxlab::cli {
 namespace {
 
 constexpr int kOrder = 40;  // after run, plan and branch in --help
 
+constexpr size_t kMaxLeftOutLines = 10;  // notes on stderr about runs left out of --by
+
 struct Args {
   std::string dir;
   bool csv = false;
   bool no_index = false;
+  std::string by;  // KEY[,KEY...]
+  bool by_given = false;
+  GroupingOptions grouping;
+  bool compare = false;
 };
+
+std::vector<std::string> split_keys(const std::string& text) {
+  std::vector<std::string> keys(1);
+  for (char c : text) {
+    if (c == ',') keys.emplace_back();
+    else keys.back() += c;
+  }
+  return keys;
+}
+
+std::string grouped(const std::vector<RunRecord>& runs, const Args& a) {
+  GroupingOptions opt = a.grouping;
+  opt.keys = split_keys(a.by);
+  const GroupedOutcomes g = group_outcomes(runs, opt);
+  for (size_t i = 0; i < g.left_out.size() && i < kMaxLeftOutLines; ++i)
+    std::fprintf(stderr, "mxlab: note: left out %s\n", g.left_out[i].c_str());
+  if (g.left_out.size() > kMaxLeftOutLines)
+    std::fprintf(stderr, "mxlab: note: left out %zu more\n", g.left_out.size() - kMaxLeftOutLines);
+  if (g.groups.empty())
+    throw Error(msg(a.dir, ": no trajectory of a finished run (status complete or diverged) to group"));
+  return grouped_tables(g, a.compare, a.csv);
+}
 
 int do_summarize(const Args& a) {
   // Read without HDF5's file lock, as the Python side does: a run in progress holds its file
@@ -38,7 +70,7 @@ int do_summarize(const Args& a) {
     }
   }
   if (runs.empty()) throw Error(msg(a.dir, ": no .h5 run files in this directory (give the --out directory of mxlab run)"));
-  const std::string table = summary_table(runs, a.csv);
+  const std::string table = !a.by_given ? summary_table(runs, a.csv) : grouped(runs, a);
   std::fwrite(table.data(), 1, table.size(), stdout);
   std::fflush(stdout);
   return 0;
@@ -46,11 +78,33 @@ int do_summarize(const Args& a) {
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
-  CLI::App* c = app.add_subcommand("summarize", "One row per run and branch of a results directory; rebuilds its index.csv");
+  CLI::App* c = app.add_subcommand("summarize", "One row per run and branch of a results directory, or with --by statistics per group of "
+                                    "trajectories; rebuilds its index.csv");
   c->add_option("dir", a->dir, "results directory (the --out of mxlab run)")->required();
   c->add_flag("--csv", a->csv, "CSV instead of an aligned table");
   c->add_flag("--no-index", a->no_index, "do not rewrite DIR/index.csv (a read-only directory)");
-  c->callback([a] { set_exit_code(do_summarize(*a)); });
+  CLI::Option* by =
+      c->add_option("--by", a->by,
+                    "group the trajectories of the finished runs by these keys (comma-separated: arm = the "
+                    "trajectory's name, or configuration keys such as optimizer.lr): per group n, diverged with a "
+                    "Wilson 95% interval, degraded, median divergence step and final-loss ratio to FP32, Kaplan-Meier "
+                    "survival of steps to divergence (lab/train/README.md)")
+          ->type_name("KEY[,KEY...]");
+  c->add_flag("--compare", a->compare,
+              "with --by: a second table, every pair of groups: Fisher's exact test of the diverged counts, "
+              "log-rank test of steps to divergence")
+      ->needs(by);
+  c->add_flag("--branches", a->grouping.branches, "with --by: also the intervention branches (arm = branch name)")
+      ->needs(by);
+  c->add_option("--degraded-factor", a->grouping.degraded_factor,
+                "with --by: degraded = final loss > this x the run's FP32 min loss")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->needs(by);
+  c->callback([a, by] {
+    a->by_given = by->count() > 0;
+    set_exit_code(do_summarize(*a));
+  });
 });
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
 #include "lab/train/index.h"
+#include "lab/train/summary_table.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/sweep.h"
 #include "lab/train/sweep_runner.h"

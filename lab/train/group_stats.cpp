@@ -1,0 +1,262 @@
+// `mxlab summarize DIR --by`: trajectories grouped by configuration keys, with the statistics
+// of lab/train/stats.h per group and per pair of groups.
+#include "lab/train/group_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "lab/core/error.h"
+#include "lab/core/text_table.h"
+#include "lab/train/table_text.h"
+
+namespace mxlab {
+
+namespace {
+
+constexpr const char* kFp32 = "fp32";
+constexpr const char* kAbsent = "-";  // the value of a key a run's configuration does not have
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+bool finished(const RunRecord& r) { return r.readable && (r.status == "complete" || r.status == "diverged"); }
+
+std::string file_name(const RunRecord& r) { return std::filesystem::path(r.path).filename().string(); }
+
+// The run's FP32 trajectory when it ran and has a finite loss (the reference of degraded and of
+// the loss ratio), else null.
+const GroupRecord* fp32_reference(const RunRecord& r) {
+  for (const GroupRecord& g : r.groups)
+    if (!g.branch && g.name == kFp32)
+      return g.steps_run > 0 && std::isfinite(g.min_loss) && std::isfinite(g.final_loss) ? &g : nullptr;
+  return nullptr;
+}
+
+TrajectoryOutcome outcome(const RunRecord& r, const GroupRecord& g, const std::vector<std::string>& keys,
+                          double degraded_factor) {
+  TrajectoryOutcome o;
+  o.run_id = r.run_id;
+  o.name = g.name;
+  o.branch = g.branch;
+  for (const std::string& k : keys) {
+    bool found = true;
+    const std::string v = k == kArmKey ? g.name : config_value(r, k, &found);
+    o.values.push_back(found ? format_config_value(v) : kAbsent);
+  }
+  // Diverged as the run's status has it (trainer.cpp): stayed above the divergence factor, or
+  // became non-finite.
+  for (int64_t s : {g.divergence_step, g.first_nonfinite_step})
+    if (s >= 0 && (o.divergence_step < 0 || s < o.divergence_step)) o.divergence_step = s;
+  o.diverged = o.divergence_step >= 0;
+  o.end_step = (g.branch && g.at > 0 ? g.at : 0) + g.steps_run;
+  // final_loss is the last *finite* loss: a trajectory that became non-finite ends worse than
+  // any finite loss.
+  const bool nonfinite_end = g.first_nonfinite_step >= 0 || !std::isfinite(g.final_loss);
+  const GroupRecord* ref = fp32_reference(r);
+  if (ref) {
+    o.degraded = nonfinite_end || g.final_loss > degraded_factor * ref->min_loss ? 1 : 0;
+    o.loss_ratio = nonfinite_end ? kInf : g.final_loss / ref->final_loss;
+  } else {
+    o.degraded = -1;
+    o.loss_ratio = kNaN;
+  }
+  return o;
+}
+
+bool is_number(const std::string& s, double* v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return *end == '\0';
+}
+
+// Group order, key by key: absent values last; the arm fp32 first, then by name; numbers as
+// numbers (1e-4 before 5e-4 before 0.001); other text by text.
+bool value_less(const std::string& key, const std::string& x, const std::string& y) {
+  if (x == y) return false;
+  if ((x == kAbsent) != (y == kAbsent)) return y == kAbsent;
+  if (key == kArmKey && (x == kFp32 || y == kFp32)) return x == kFp32;
+  double a = 0, b = 0;
+  if (is_number(x, &a) && is_number(y, &b) && a != b) return a < b;
+  return x < y;
+}
+
+// Steps to divergence: the divergence step, or censored at the last step run.
+std::vector<SurvivalObs> survival_obs(const OutcomeGroup& g) {
+  std::vector<SurvivalObs> obs;
+  for (const TrajectoryOutcome& o : g.members)
+    obs.push_back(o.diverged ? SurvivalObs{o.divergence_step, true} : SurvivalObs{o.end_step, false});
+  return obs;
+}
+
+OutcomeGroup make_group(std::vector<std::string> values, std::vector<TrajectoryOutcome> members) {
+  OutcomeGroup g;
+  g.values = std::move(values);
+  g.members = std::move(members);
+  g.n = static_cast<int64_t>(g.members.size());
+  std::vector<double> steps, ratios;
+  for (const TrajectoryOutcome& o : g.members) {
+    if (o.diverged) {
+      ++g.diverged;
+      steps.push_back(static_cast<double>(o.divergence_step));
+    }
+    if (o.degraded >= 0) {
+      ++g.degraded_n;
+      g.degraded += o.degraded;
+      ratios.push_back(o.loss_ratio);
+    }
+  }
+  g.diverged_ci = wilson_interval(g.diverged, g.n);
+  g.median_divergence_step = median(steps);
+  g.median_loss_ratio = median(ratios);
+  g.km = kaplan_meier(survival_obs(g));
+  return g;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+std::string rows_text(const std::vector<std::vector<std::string>>& rows, bool csv) {
+  if (!csv) return aligned_table(rows);
+  std::string out;
+  for (const auto& row : rows) out += csv_line(row);
+  return out;
+}
+
+}  // namespace
+
+GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const GroupingOptions& opt) {
+  if (opt.keys.empty()) throw Error("--by needs at least one key (arm, or a configuration key such as optimizer.lr)");
+  std::set<std::string> seen;
+  for (const std::string& k : opt.keys) {
+    if (k.empty()) throw Error("--by: empty key (write --by arm,optimizer.lr)");
+    if (!seen.insert(k).second) throw Error(msg("--by: key '", k, "' given twice"));
+  }
+  if (!(opt.degraded_factor > 0)) throw Error(msg("--degraded-factor must be > 0, not ", opt.degraded_factor));
+  GroupedOutcomes out;
+  out.keys = opt.keys;
+  out.degraded_factor = opt.degraded_factor;
+  std::vector<const RunRecord*> used;
+  for (const RunRecord& r : runs) {
+    if (finished(r)) used.push_back(&r);
+    else out.left_out.push_back(msg(file_name(r), ": status ", r.status.empty() ? "unknown" : r.status,
+                                    r.error.empty() ? "" : " (" + r.error + ")"));
+  }
+  for (const std::string& k : opt.keys) {
+    if (k == kArmKey) continue;
+    bool anywhere = false;
+    for (const RunRecord* r : used) {
+      bool found = false;
+      config_value(*r, k, &found);
+      anywhere = anywhere || found;
+    }
+    if (!anywhere && !used.empty()) {
+      const std::vector<std::string> swept = swept_keys(runs);
+      throw Error(msg("--by: '", k, "' is not a configuration key of any finished run here (keys that differ between "
+                      "the runs: ", swept.empty() ? "none" : join(swept, ", "), "; every key: mxlab dump-config; ",
+                      "the trajectory's name: ", kArmKey, ")"));
+    }
+  }
+  std::map<std::vector<std::string>, std::vector<TrajectoryOutcome>> by_values;
+  for (const RunRecord* r : used) {
+    bool any = false;
+    for (const GroupRecord& g : r->groups) {
+      if (g.branch && !opt.branches) continue;
+      if (g.steps_run <= 0) {
+        out.left_out.push_back(msg(file_name(*r), ": ", g.h5_path, " ran no step"));
+        continue;
+      }
+      TrajectoryOutcome o = outcome(*r, g, opt.keys, opt.degraded_factor);
+      by_values[o.values].push_back(std::move(o));
+      any = true;
+    }
+    out.runs += any ? 1 : 0;
+  }
+  for (auto& [values, members] : by_values) out.groups.push_back(make_group(values, std::move(members)));
+  std::stable_sort(out.groups.begin(), out.groups.end(), [&](const OutcomeGroup& x, const OutcomeGroup& y) {
+    for (size_t i = 0; i < out.keys.size(); ++i) {
+      if (value_less(out.keys[i], x.values[i], y.values[i])) return true;
+      if (value_less(out.keys[i], y.values[i], x.values[i])) return false;
+    }
+    return false;
+  });
+  for (size_t a = 0; a < out.groups.size(); ++a)
+    for (size_t b = a + 1; b < out.groups.size(); ++b) {
+      const OutcomeGroup &ga = out.groups[a], &gb = out.groups[b];
+      OutcomePair p;
+      p.a = a;
+      p.b = b;
+      p.fisher_p = fisher_exact_two_sided(ga.diverged, ga.n - ga.diverged, gb.diverged, gb.n - gb.diverged);
+      p.log_rank = log_rank(survival_obs(ga), survival_obs(gb));
+      out.pairs.push_back(p);
+    }
+  return out;
+}
+
+std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv) {
+  const TableCell cell{csv};
+  auto count = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header = g.keys;
+  for (const char* c : {"n", "diverged", "diverged_lo", "diverged_hi", "degraded", "degraded_n",
+                        "median_divergence_step", "median_loss_ratio", "km_median_step", "km_end_step",
+                        "km_survival_end", "km_survival_lo", "km_survival_hi"})
+    header.push_back(c);
+  rows.push_back(header);
+  size_t trajectories = 0;
+  for (const OutcomeGroup& gr : g.groups) {
+    std::vector<std::string> row = gr.values;
+    for (const std::string& c :
+         {count(gr.n), count(gr.diverged), cell.num(gr.diverged_ci.lo), cell.num(gr.diverged_ci.hi), count(gr.degraded),
+          count(gr.degraded_n), cell.num(gr.median_divergence_step), cell.num(gr.median_loss_ratio),
+          cell.step(gr.km.median_time), cell.step(gr.km.end_time), cell.num(gr.km.survival_end),
+          cell.num(gr.km.survival_end_ci.lo), cell.num(gr.km.survival_end_ci.hi)})
+      row.push_back(c);
+    rows.push_back(row);
+    trajectories += gr.members.size();
+  }
+  std::string out;
+  if (!csv) {
+    char factor[32];
+    std::snprintf(factor, sizeof factor, "%g", g.degraded_factor);
+    out += msg("by ", join(g.keys, ", "), ": ", g.groups.size(), " groups, ", trajectories, " trajectories of ", g.runs,
+               " runs; diverged with Wilson 95 % interval; degraded: final loss > ", factor,
+               " x the run's FP32 min loss; Kaplan-Meier survival of steps to divergence with 95 % interval\n");
+  }
+  out += rows_text(rows, csv);
+  if (!compare) return out;
+
+  rows.clear();
+  header.clear();
+  for (const char* side : {"a_", "b_"})
+    for (const std::string& k : g.keys) header.push_back(side + k);
+  for (const char* c : {"a_n", "a_diverged", "b_n", "b_diverged", "fisher_p", "logrank_observed_a",
+                        "logrank_expected_a", "logrank_chi2", "logrank_p"})
+    header.push_back(c);
+  rows.push_back(header);
+  for (const OutcomePair& p : g.pairs) {
+    const OutcomeGroup &a = g.groups[p.a], &b = g.groups[p.b];
+    std::vector<std::string> row = a.values;
+    row.insert(row.end(), b.values.begin(), b.values.end());
+    for (const std::string& c : {count(a.n), count(a.diverged), count(b.n), count(b.diverged), cell.num(p.fisher_p),
+                                 cell.num(p.log_rank.observed_a), cell.num(p.log_rank.expected_a),
+                                 cell.num(p.log_rank.chi2), cell.num(p.log_rank.p)})
+      row.push_back(c);
+    rows.push_back(row);
+  }
+  out += "\n";
+  if (!csv)
+    out += msg("pairs: Fisher's exact test of the diverged counts (two-sided); log-rank test of steps to divergence "
+               "(chi-square, 1 df); no correction for multiple comparisons\n");
+  return out + rows_text(rows, csv);
+}
+
+}  // namespace mxlab

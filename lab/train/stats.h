@@ -1,0 +1,78 @@
+// Statistics of seed studies (`mxlab summarize --by`): binomial intervals for divergence
+// counts, Fisher's exact test between two counts, and, since a trajectory that did not diverge
+// within its steps tells only that it survived that long, Kaplan-Meier survival curves and the
+// log-rank test for right-censored steps to divergence. Plain formulas, each with its
+// reference in lab/train/README.md ("mxlab summarize DIR --by"); no tuning.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace mxlab {
+
+// The 0.975 quantile of the standard normal distribution (two-sided 95 % intervals).
+constexpr double kZ95 = 1.959963984540054;
+
+struct Interval {
+  double lo, hi;  // NaN, NaN when undefined
+};
+
+// Wilson score interval of a binomial proportion k/n (Wilson 1927): the p with
+// |k/n - p| <= z sqrt(p(1-p)/n). Exactly 0 below at k = 0 and 1 above at k = n; NaN for n = 0.
+Interval wilson_interval(int64_t k, int64_t n, double z = kZ95);
+
+// Two-sided p-value of Fisher's exact test of the 2x2 table [[a, b], [c, d]] (rows: the two
+// groups; columns: events, non-events): the total hypergeometric probability, given the
+// margins, of the tables no more probable than the observed one (up to a relative 1e-7, so
+// that tables equally probable in exact arithmetic count whatever the rounding), as R's
+// fisher.test and scipy.stats.fisher_exact define it. 1 when a margin is 0.
+double fisher_exact_two_sided(int64_t a, int64_t b, int64_t c, int64_t d);
+
+// P(X >= x) for X chi-square with one degree of freedom: erfc(sqrt(x / 2)).
+double chi2_1df_sf(double x);
+
+// The median (mean of the two middle values for an even count); NaN for none. Infinite values
+// order as such.
+double median(std::vector<double> v);
+
+// One observation of a time to event: `time` is the event's time when `event`, else the last
+// time it was seen without one (right-censored).
+struct SurvivalObs {
+  int64_t time;
+  bool event;
+};
+
+// Kaplan-Meier estimate of S(t) = P(T > t) (Kaplan & Meier 1958). Censored observations at a
+// time of events are taken to be at risk at it (they were censored after it).
+struct KaplanMeier {
+  struct Step {
+    int64_t time;     // a time with at least one event
+    int64_t at_risk;  // observations with time >= this time
+    int64_t events;   // events at this time
+    double survival;  // S just after this time
+  };
+  std::vector<Step> steps;
+  int64_t n = 0;
+  int64_t end_time = -1;       // the largest observed time (-1 without observations)
+  double survival_end = 1.0;   // S(end_time); NaN without observations
+  // 95 % interval of S(end_time) from Greenwood's variance, on the log(-log S) scale
+  // (Kalbfleisch & Prentice): S^exp(+-z sqrt(sum d/(n(n-d))) / |log S|). It stays inside
+  // [0, 1]; it is [S, S] where Greenwood's variance is 0 (S = 1: no event yet; S = 0).
+  Interval survival_end_ci{1.0, 1.0};
+  // The smallest event time with S <= 0.5 (the conventional median survival time; -1 when S
+  // stays above 0.5). S is compared with 0.5 up to 1e-12, so an S that is exactly 0.5 in exact
+  // arithmetic counts.
+  int64_t median_time = -1;
+};
+KaplanMeier kaplan_meier(const std::vector<SurvivalObs>& obs, double z = kZ95);
+
+// The log-rank test of equal survival in two samples (Mantel 1966; Peto & Peto 1972): at every
+// time with events, the events of sample a against their expectation under a common hazard,
+// with the hypergeometric variance; chi2 = (O_a - E_a)^2 / V with one degree of freedom.
+// chi2 and p are NaN when V = 0 (no events at all, or no time with both samples at risk).
+struct LogRank {
+  double observed_a = 0, expected_a = 0, variance = 0;
+  double chi2 = 0, p = 0;
+};
+LogRank log_rank(const std::vector<SurvivalObs>& a, const std::vector<SurvivalObs>& b);
+
+}  // namespace mxlab

@@ -1,0 +1,319 @@
+// `mxlab summarize DIR --by`: grouping of trajectories (arms beside fp32, branches, runs left
+// out, runs without an FP32 trajectory) and the numbers of each group and pair, on run files
+// written here with only what summarize reads (root attributes, config_yaml, the summary
+// attributes of each trajectory), so that every expected value can be worked out by hand. The
+// formulas themselves are tested in test_stats.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lab/core/error.h"
+#include "lab/io/h5file.h"
+#include "lab/train/config_io.h"
+#include "lab/train/group_stats.h"
+#include "lab/train/run_records.h"
+#include "tests/cpu/test_util.h"
+
+using namespace mxlab;
+using mxlab::test::run_command;
+using mxlab::test::TempDir;
+
+namespace {
+
+constexpr int64_t kSteps = 1000;
+
+struct Traj {
+  std::string name;
+  int64_t divergence_step = -1, first_nonfinite_step = -1;
+  double final_loss = 0.002, min_loss = 0.0019;
+  int64_t steps_run = kSteps;
+  int64_t at = -1;  // >= 0: a branch starting there
+};
+
+// A run file with the root attributes and per-trajectory summary attributes of SCHEMA.md.
+void write_run(const std::string& dir, const std::string& id, const std::string& status, uint64_t seed, float lr,
+               const std::vector<Traj>& trajs) {
+  RunConfig c;
+  c.name = "by";
+  c.seed = seed;
+  c.steps = static_cast<int>(kSteps);
+  c.optimizer.lr = lr;
+  h5::H5File f(dir + "/" + id + ".h5", h5::H5File::Mode::create);
+  f.set_attr("/", "schema_version", int64_t{1});
+  f.set_attr("/", "run_id", id);
+  f.set_attr("/", "status", status);
+  f.set_attr("/", "config_yaml", dump_config(c));
+  f.set_attr("/", "steps", kSteps);
+  for (const Traj& t : trajs) {
+    const std::string g = (t.at >= 0 ? "branches/" : "trajectories/") + t.name;
+    f.create_group(g);
+    if (t.at >= 0) f.set_attr(g, "at", t.at);
+    f.set_attr(g, "steps_run", t.steps_run);
+    f.set_attr(g, "first_nonfinite_step", t.first_nonfinite_step);
+    f.set_attr(g, "divergence_step", t.divergence_step);
+    f.set_attr(g, "spike_count", int64_t{0});
+    f.set_attr(g, "spike_score", 0.0);
+    f.set_attr(g, "final_loss", t.final_loss);
+    f.set_attr(g, "min_loss", t.min_loss);
+  }
+}
+
+Traj fp32() { return {"fp32"}; }
+Traj healthy(const std::string& arm) { return {arm, -1, -1, 0.0021}; }
+Traj diverged(const std::string& arm, int64_t step) { return {arm, step, -1, 0.05}; }
+
+// Two arms, "ta" and "ne", beside fp32 (no `mx`), five seeds at two learning rates:
+//   lr 5e-4: ta diverges on seeds 0, 1, 4 (480, 870, 970; seed 4 also becomes non-finite at
+//            990, its last finite loss 0.03); ne never diverges, seed 2 ends degraded (0.0045).
+//   lr 3e-4: ta seed 3 becomes non-finite at 500 (no divergence_step); nothing else happens.
+// FP32: final 0.002, min 0.0019 everywhere: degraded above 0.0038.
+// Plus a run still running (left out).
+void write_study(const std::string& dir) {
+  for (uint64_t s = 0; s < 5; ++s) {
+    Traj ta = healthy("ta");
+    if (s == 0) ta = diverged("ta", 480);
+    if (s == 1) ta = diverged("ta", 870);
+    if (s == 4) ta = {"ta", 970, 990, 0.03};
+    Traj ne = healthy("ne");
+    if (s == 2) ne.final_loss = 0.0045;
+    write_run(dir, "a5" + std::to_string(s), "diverged", s, 5e-4f, {fp32(), ta, ne});
+    Traj ta3 = healthy("ta");
+    if (s == 3) ta3 = {"ta", -1, 500, 0.004, 0.0019, 501};
+    write_run(dir, "a3" + std::to_string(s), "complete", s, 3e-4f, {fp32(), ta3, healthy("ne")});
+  }
+  write_run(dir, "a55", "running", 5, 5e-4f, {fp32(), diverged("ta", 100), healthy("ne")});
+}
+
+const OutcomeGroup& find(const GroupedOutcomes& g, const std::vector<std::string>& values) {
+  for (const auto& gr : g.groups)
+    if (gr.values == values) return gr;
+  throw Error("no group");
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> cells(1);
+  for (char c : line) {
+    if (c == ',') cells.emplace_back();
+    else cells.back() += c;
+  }
+  return cells;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST(SummarizeBy, ArmsAndLearningRatesGroupedWithHandWorkedNumbers) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::vector<RunRecord> runs = scan_run_dir(dir.str());
+  // Every trajectory group is read, fp32 first, then the arms by name.
+  ASSERT_EQ(runs.size(), 11u);
+  ASSERT_EQ(runs[0].groups.size(), 3u);
+  EXPECT_EQ(runs[0].groups[0].name, "fp32");
+  EXPECT_EQ(runs[0].groups[1].name, "ne");
+  EXPECT_EQ(runs[0].groups[2].name, "ta");
+
+  const GroupedOutcomes g = group_outcomes(runs, {{"arm", "optimizer.lr"}});
+  EXPECT_EQ(g.runs, 10u);
+  ASSERT_EQ(g.left_out.size(), 1u);
+  EXPECT_NE(g.left_out[0].find("a55.h5: status running"), std::string::npos) << g.left_out[0];
+  // fp32 first, then arms by name; learning rates as numbers.
+  ASSERT_EQ(g.groups.size(), 6u);
+  const std::vector<std::vector<std::string>> order = {{"fp32", "0.0003"}, {"fp32", "0.0005"}, {"ne", "0.0003"},
+                                                       {"ne", "0.0005"},   {"ta", "0.0003"},   {"ta", "0.0005"}};
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(g.groups[i].values, order[i]);
+
+  // ta at 5e-4: 3/5 diverged, Wilson [0.2307, 0.8824] (test_stats.cpp); degraded: seeds 0, 1
+  // (0.05 > 0.0038) and 4 (non-finite) = 3/5; median divergence step of 480, 870, 970 = 870;
+  // loss ratios 25, 25, 1.05, 1.05, inf -> median 25. KM: events 480, 870, 970, two censored at
+  // 1000: S = 0.8, 0.6, 0.4; median 970; S(1000) = 0.4.
+  const OutcomeGroup& ta5 = find(g, {"ta", "0.0005"});
+  EXPECT_EQ(ta5.n, 5);
+  EXPECT_EQ(ta5.diverged, 3);
+  EXPECT_NEAR(ta5.diverged_ci.lo, 0.2307242813, 1e-10);
+  EXPECT_NEAR(ta5.diverged_ci.hi, 0.8823792258, 1e-10);
+  EXPECT_EQ(ta5.degraded, 3);
+  EXPECT_EQ(ta5.degraded_n, 5);
+  EXPECT_EQ(ta5.median_divergence_step, 870);
+  EXPECT_NEAR(ta5.median_loss_ratio, 25, 1e-12);
+  EXPECT_EQ(ta5.km.median_time, 970);
+  EXPECT_EQ(ta5.km.end_time, 1000);
+  EXPECT_NEAR(ta5.km.survival_end, 0.4, 1e-15);
+  const KaplanMeier ref = kaplan_meier({{480, true}, {870, true}, {970, true}, {1000, false}, {1000, false}});
+  EXPECT_EQ(ta5.km.survival_end_ci.lo, ref.survival_end_ci.lo);
+  EXPECT_EQ(ta5.km.survival_end_ci.hi, ref.survival_end_ci.hi);
+
+  // ne at 5e-4: 0/5 diverged (Wilson [0, 0.4345]), degraded 1/5 (seed 2: 0.0045 > 0.0038),
+  // ratios 1.05 x4 and 2.25: median 1.05; no event: S = 1, no median.
+  const OutcomeGroup& ne5 = find(g, {"ne", "0.0005"});
+  EXPECT_EQ(ne5.diverged, 0);
+  EXPECT_NEAR(ne5.diverged_ci.hi, 0.4344824648, 1e-10);
+  EXPECT_EQ(ne5.degraded, 1);
+  EXPECT_NEAR(ne5.median_loss_ratio, 1.05, 1e-12);
+  EXPECT_TRUE(std::isnan(ne5.median_divergence_step));
+  EXPECT_EQ(ne5.km.survival_end, 1.0);
+  EXPECT_EQ(ne5.km.median_time, -1);
+
+  // ta at 3e-4: seed 3 non-finite at 500 without a divergence_step still counts as diverged,
+  // at step 500, degraded (non-finite); it stopped after 501 steps.
+  const OutcomeGroup& ta3 = find(g, {"ta", "0.0003"});
+  EXPECT_EQ(ta3.diverged, 1);
+  EXPECT_EQ(ta3.median_divergence_step, 500);
+  EXPECT_EQ(ta3.degraded, 1);
+  EXPECT_NEAR(ta3.km.survival_end, 0.8, 1e-15);
+
+  // FP32: ratio 1 to itself, nothing degraded.
+  const OutcomeGroup& f5 = find(g, {"fp32", "0.0005"});
+  EXPECT_EQ(f5.median_loss_ratio, 1.0);
+  EXPECT_EQ(f5.degraded, 0);
+
+  // Pairs: all 15; ne vs ta at 5e-4: Fisher 0/5 vs 3/5 = 1/6. Log-rank (a = ne, all censored
+  // at 1000; b = ta): t=480: n 5+5, E_a = 1/2, V = 1/4; t=870: 5+4, E_a = 5/9, V = 20/81;
+  // t=970: 5+3, E_a = 5/8, V = 15/64; O_a = 0: chi2 = E_a^2 / V.
+  ASSERT_EQ(g.pairs.size(), 15u);
+  bool seen = false;
+  for (const OutcomePair& p : g.pairs) {
+    if (g.groups[p.a].values != std::vector<std::string>{"ne", "0.0005"} ||
+        g.groups[p.b].values != std::vector<std::string>{"ta", "0.0005"})
+      continue;
+    seen = true;
+    EXPECT_NEAR(p.fisher_p, 1.0 / 6, 1e-12);
+    const double e = 0.5 + 5.0 / 9 + 5.0 / 8, v = 0.25 + 20.0 / 81 + 15.0 / 64;
+    EXPECT_EQ(p.log_rank.observed_a, 0);
+    EXPECT_NEAR(p.log_rank.expected_a, e, 1e-12);
+    EXPECT_NEAR(p.log_rank.chi2, e * e / v, 1e-12);
+    EXPECT_NEAR(p.log_rank.p, chi2_1df_sf(e * e / v), 1e-15);
+  }
+  EXPECT_TRUE(seen);
+
+  // One key: the seeds' trajectories of both learning rates together.
+  const GroupedOutcomes by_arm = group_outcomes(runs, {{"arm"}});
+  ASSERT_EQ(by_arm.groups.size(), 3u);
+  EXPECT_EQ(by_arm.groups[2].values, std::vector<std::string>{"ta"});
+  EXPECT_EQ(by_arm.groups[2].n, 10);
+  EXPECT_EQ(by_arm.groups[2].diverged, 4);
+  // --degraded-factor 30 (degraded above 0.057): of ta at 5e-4 only seed 4 (non-finite).
+  GroupingOptions o{{"arm", "optimizer.lr"}};
+  o.degraded_factor = 30;
+  EXPECT_EQ(find(group_outcomes(runs, o), {"ta", "0.0005"}).degraded, 1);
+}
+
+TEST(SummarizeBy, NoFp32TrajectoryGivesUnknownRatioNotAnError) {
+  TempDir dir;
+  write_run(dir.str(), "b0", "complete", 0, 5e-4f, {healthy("mx")});
+  write_run(dir.str(), "b1", "diverged", 1, 5e-4f, {diverged("mx", 300)});
+  write_run(dir.str(), "b2", "complete", 2, 5e-4f, {{"fp32", -1, -1, 0.002, 0.0019, 0}, healthy("mx")});  // ran no step
+  const GroupedOutcomes g = group_outcomes(scan_run_dir(dir.str()), {{"arm"}});
+  ASSERT_EQ(g.groups.size(), 1u);  // fp32 of b2 ran no step: left out
+  const OutcomeGroup& mx = g.groups[0];
+  EXPECT_EQ(mx.n, 3);
+  EXPECT_EQ(mx.diverged, 1);
+  EXPECT_EQ(mx.degraded_n, 0);
+  EXPECT_TRUE(std::isnan(mx.median_loss_ratio));
+  ASSERT_EQ(g.left_out.size(), 1u);
+  EXPECT_NE(g.left_out[0].find("trajectories/fp32 ran no step"), std::string::npos) << g.left_out[0];
+  // The CSV row: unknown degraded ratio empty; Wilson(1, 3) and KM S(1000) = 2/3 with its
+  // interval as scipy gives them (binomtest(1, 3).proportion_ci(method='wilson'):
+  // 0.06149194472039626, 0.7923403991979523; ecdf log-log: 0.05407343, 0.94520639).
+  const std::vector<std::string> row = split_csv(lines_of(grouped_tables(g, false, true))[1]);
+  ASSERT_EQ(row.size(), 14u);
+  EXPECT_EQ(std::vector<std::string>(row.begin(), row.begin() + 3), (std::vector<std::string>{"mx", "3", "1"}));
+  EXPECT_NEAR(std::stod(row[3]), 0.06149194472039626, 1e-15);
+  EXPECT_NEAR(std::stod(row[4]), 0.7923403991979523, 1e-15);
+  EXPECT_EQ(std::vector<std::string>(row.begin() + 5, row.begin() + 11),
+            (std::vector<std::string>{"0", "0", "300.0", "", "-1", "1000"}));
+  EXPECT_NEAR(std::stod(row[11]), 2.0 / 3, 1e-15);
+  EXPECT_NEAR(std::stod(row[12]), 0.05407343, 1e-8);
+  EXPECT_NEAR(std::stod(row[13]), 0.94520639, 1e-8);
+}
+
+TEST(SummarizeBy, BranchesWithTheFlagOnly) {
+  TempDir dir;
+  for (uint64_t s = 0; s < 2; ++s)
+    write_run(dir.str(), "c" + std::to_string(s), "complete", s, 5e-4f,
+              {fp32(), healthy("mx"), {"to32", s == 0 ? 900 : -1, -1, s == 0 ? 0.05 : 0.0021, 0.0019, 600, 400}});
+  const std::vector<RunRecord> runs = scan_run_dir(dir.str());
+  EXPECT_EQ(group_outcomes(runs, {{"arm"}}).groups.size(), 2u);
+  GroupingOptions o{{"arm"}};
+  o.branches = true;
+  const GroupedOutcomes g = group_outcomes(runs, o);
+  ASSERT_EQ(g.groups.size(), 3u);
+  const OutcomeGroup& b = find(g, {"to32"});
+  EXPECT_EQ(b.n, 2);
+  EXPECT_EQ(b.diverged, 1);
+  EXPECT_EQ(b.degraded, 1);
+  // Censored at at + steps_run = 1000; the event at its absolute step.
+  EXPECT_EQ(b.km.end_time, 1000);
+  ASSERT_EQ(b.km.steps.size(), 1u);
+  EXPECT_EQ(b.km.steps[0].time, 900);
+}
+
+TEST(SummarizeBy, KeyErrors) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::vector<RunRecord> runs = scan_run_dir(dir.str());
+  try {
+    group_outcomes(runs, {{"optimizer.lrr"}});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'optimizer.lrr' is not a configuration key"), std::string::npos) << m;
+    EXPECT_NE(m.find("seed, optimizer.lr"), std::string::npos) << m;  // the keys that differ
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_THROW(group_outcomes(runs, {{"arm", "arm"}}), Error);
+  EXPECT_THROW(group_outcomes(runs, {{}}), Error);
+  // A key that every run has but that does not vary makes one group.
+  EXPECT_EQ(group_outcomes(runs, {{"model.width"}}).groups.size(), 1u);
+}
+
+TEST(SummarizeBy, BinaryTablesAndColumns) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::string bin = MXLAB_BINARY, d = dir.str();
+  auto [rc, out] = run_command("(" + bin + " summarize --by arm,optimizer.lr --compare --csv --no-index " + d + " 2>/dev/null)");
+  ASSERT_EQ(rc, 0) << out;
+  const std::vector<std::string> lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 1 + 6 + 1 + 1 + 15u) << out;
+  EXPECT_EQ(lines[0],
+            "arm,optimizer.lr,n,diverged,diverged_lo,diverged_hi,degraded,degraded_n,median_divergence_step,"
+            "median_loss_ratio,km_median_step,km_end_step,km_survival_end,km_survival_lo,km_survival_hi");
+  EXPECT_EQ(lines[6].substr(0, 26), "ta,0.0005,5,3,0.2307242812") << lines[6];
+  EXPECT_EQ(lines[7], "");
+  EXPECT_EQ(lines[8],
+            "a_arm,a_optimizer.lr,b_arm,b_optimizer.lr,a_n,a_diverged,b_n,b_diverged,fisher_p,logrank_observed_a,"
+            "logrank_expected_a,logrank_chi2,logrank_p");
+  // The left-out run is named on stderr, one line.
+  std::tie(rc, out) = run_command("(" + bin + " summarize --by arm --no-index " + d + " >/dev/null)");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, "mxlab: note: left out a55.h5: status running (abandoned (no live process holds its lock): "
+                 "mxlab run resumes it)\n");
+  // Text: a title line over the table.
+  std::tie(rc, out) = run_command("(" + bin + " summarize " + d + " --no-index --by arm 2>/dev/null)");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.rfind("by arm: 3 groups, 30 trajectories of 10 runs;", 0), 0u) << out;
+  EXPECT_EQ(lines_of(out).size(), 5u) << out;
+  // Without --by, summarize lists every trajectory of every run as before, arms included.
+  std::tie(rc, out) = run_command(bin + " summarize --csv --no-index " + d);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(lines_of(out).size(), 1 + 3 * 11u) << out;
+  // The grouping options need --by; an unknown key is one line and a non-zero exit.
+  std::tie(rc, out) = run_command(bin + " summarize --compare --no-index " + d);
+  EXPECT_NE(rc, 0);
+  std::tie(rc, out) = run_command(bin + " summarize --by nosuch --no-index " + d);
+  EXPECT_NE(rc, 0);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  std::tie(rc, out) = run_command(bin + " summarize --by arm --degraded-factor 0 --no-index " + d);
+  EXPECT_NE(rc, 0);
+}
