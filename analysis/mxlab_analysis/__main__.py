@@ -25,21 +25,21 @@ def _cmd_panel(args):
     from . import panel
     run = S.load_run(args.run)
     out = args.out or _default_out(args.run, "panel")
-    return C.save(panel.build(run), out, args.pdf)
+    return C.save(panel.build(run, arm=args.arm), out, args.pdf)
 
 
 def _cmd_interventions(args):
     from . import interventions
     run = S.load_run(args.run)
     out = args.out or _default_out(args.run, "interventions")
-    return C.save(interventions.build(run, xlim=args.xlim), out, args.pdf)
+    return C.save(interventions.build(run, xlim=args.xlim, arms=args.arm), out, args.pdf)
 
 
 def _cmd_grid(args):
     from . import grid
     out = args.out or _default_out(args.dir[0], f"grid-{args.metric}")
     fig = grid.build(S.find_runs(args.dir), args.x, args.y, args.metric,
-                     where=args.where, agg=args.agg)
+                     where=args.where, agg=args.agg, arms=args.arm)
     return C.save(fig, out, args.pdf)
 
 
@@ -76,6 +76,8 @@ def make_parser():
     sp = sub.add_parser("panel", help="loss, bias ratio, cosine, last-bin fractions of one run "
                         "(paper figures 3 and 5)")
     sp.add_argument("run", metavar="RUN.h5")
+    sp.add_argument("--arm", metavar="NAME", help="the MX arm to draw (default: mx, or the "
+                    "file's first arm)")
     figure_opts(sp, "panel")
     sp.set_defaults(func=_cmd_panel)
 
@@ -84,11 +86,13 @@ def make_parser():
     sp.add_argument("run", metavar="RUN.h5")
     sp.add_argument("--xlim", default="auto", help="auto (from a little before each "
                     "intervention), full, or A:B steps")
+    sp.add_argument("--arm", action="append", metavar="NAME", help="only branches forking "
+                    "from this arm (repeatable; default: every arm, one row each)")
     figure_opts(sp, "interventions")
     sp.set_defaults(func=_cmd_interventions)
 
     sp = sub.add_parser("grid", help="heatmap of a metric over two swept config keys, FP32 and "
-                        "MX side by side (paper figures 6 and 9)")
+                        "each MX arm side by side (paper figures 6 and 9)")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
     sp.add_argument("--x", default="model.width", help="config key on the x axis (dotted)")
     sp.add_argument("--y", default="model.depth", help="config key on the y axis (dotted)")
@@ -100,10 +104,12 @@ def make_parser():
     sp.add_argument("--agg", default=None, choices=("mean", "median", "min", "max", "sum"),
                     help="how runs sharing a cell (seeds, other swept keys) combine "
                     "(default: mean; min for divergence_step)")
+    sp.add_argument("--arm", action="append", metavar="NAME", help="only this MX arm "
+                    "(repeatable; default: one heatmap per arm found)")
     figure_opts(sp, "grid")
     sp.set_defaults(func=_cmd_grid)
 
-    sp = sub.add_parser("curves", help="loss curves of a sweep: FP32 and each MX recipe in "
+    sp = sub.add_parser("curves", help="loss curves of a sweep: FP32 and each MX recipe (arm) in "
                         "columns, a key in rows, colour by model size (paper figures 2 and 6)")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
     sp.add_argument("--row", help="config key whose values make the rows (e.g. optimizer.lr)")
@@ -115,7 +121,7 @@ def make_parser():
     figure_opts(sp, "curves")
     sp.set_defaults(func=_cmd_curves)
 
-    sp = sub.add_parser("summary", help="one row per trajectory and branch of every run: "
+    sp = sub.add_parser("summary", help="one row per trajectory (FP32, each arm) and branch: "
                         "status, divergence, spikes, losses, bias, last-bin")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
     sp.add_argument("--csv", action="store_true", help="CSV instead of an aligned table")

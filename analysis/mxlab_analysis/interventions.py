@@ -53,12 +53,13 @@ def _parse_xlim(xlim):
 def _panels(run, arms):
     """[(arm name, at)] in arm order, then intervention order: one subplot each."""
     branches = list(run.branches.values())
-    order = run.arms + sorted({b.arm for b in branches} - set(run.arms))
+    forked = {b.arm for b in branches}
+    order = [a for a in run.arms if a in forked] + sorted(forked - set(run.arms))
     if arms:
-        unknown = [a for a in arms if a not in order]
+        unknown = [a for a in arms if a not in forked]
         if unknown:
             raise AnalysisError(f"{run.path}: no branches from arm {', '.join(unknown)}; "
-                                f"arms with branches: {', '.join(sorted({b.arm for b in branches}))}")
+                                f"arms with branches: {', '.join(order)}")
         order = [a for a in order if a in arms]
     return [(arm, at) for arm in order for at in sorted({b.at for b in branches if b.arm == arm})]
 
@@ -71,9 +72,9 @@ def build(run, xlim="auto", arms=None):
                             "`interventions:` to get branches")
     xlim = _parse_xlim(xlim)
     panels = _panels(run, arms)
-    rows = [a for a in dict.fromkeys(arm for arm, _ in panels)]
+    rows = list(dict.fromkeys(arm for arm, _ in panels))
     ncols = max(sum(1 for arm, _ in panels if arm == r) for r in rows)
-    fig = C.new_figure(max(6.5 * ncols, 8), 5.6 * len(rows))
+    fig = C.new_figure(max(6.5 * ncols, 11), 5.6 * len(rows))  # 11: room for the title
     grid = fig.subplots(len(rows), ncols, sharey=True, squeeze=False)
     axes = []
     for i, row in enumerate(rows):
