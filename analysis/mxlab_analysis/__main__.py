@@ -1,4 +1,4 @@
-"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary> ...`
+"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary|warn|survival> ...`
 (or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2."""
 
 import argparse
@@ -63,6 +63,14 @@ def _cmd_summary(args):
     return []
 
 
+def _cmd_warn(args):
+    from . import warn
+    signals = [s.strip() for s in args.signals.split(",") if s.strip()] if args.signals else None
+    return warn.run_command(S.find_runs(args.dir), out=args.out, csv_path=args.csv, pdf=args.pdf,
+                            signals=signals, fp32=args.fp32, branches=not args.no_branches,
+                            max_fpr=args.max_fpr, where=args.where)
+
+
 def make_parser():
     p = argparse.ArgumentParser(prog=PROG, description="Figures and tables from mxlab run files "
                                 "(HDF5, lab/train/SCHEMA.md).")
@@ -120,6 +128,23 @@ def make_parser():
                     help="keep only runs whose config has this value (repeatable)")
     figure_opts(sp, "curves")
     sp.set_defaults(func=_cmd_curves)
+
+    sp = sub.add_parser("warn", help="early warning: per signal, ROC over alarm thresholds "
+                        "(diverging vs stable trajectories), AUC, lead time (issue 12)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
+    sp.add_argument("-o", "--out", help="write the figure (PNG): ROC per signal and lead times")
+    sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
+    sp.add_argument("--csv", metavar="OUT.csv", help="one row per signal x direction x threshold")
+    sp.add_argument("--signals", metavar="A,B", help="only these signals (default: all; names "
+                    "in analysis/README.md)")
+    sp.add_argument("--fp32", action="store_true", help="include the FP32 trajectories "
+                    "(default: arms and branches only)")
+    sp.add_argument("--no-branches", action="store_true", help="leave out the branches")
+    sp.add_argument("--max-fpr", type=float, metavar="F", help="best threshold: the largest "
+                    "hit rate with false-alarm rate <= F (default: largest TPR - FPR)")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    sp.set_defaults(func=_cmd_warn)
 
     sp = sub.add_parser("summary", help="one row per trajectory (FP32, each arm) and branch: "
                         "status, divergence, spikes, losses, bias, last-bin")

@@ -382,6 +382,61 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
     return path
 
 
+def write_signal_run(path, groups, *, steps=1000, log_every=10, curvature_every=0, seed=0):
+    """A small run file with hand-made series, for tests with known answers (warn, survival).
+
+    `groups`: dicts {name, kind ("trajectory", default, or "branch"), divergence (step or
+    None), nonfinite (step or None), steps_run (default: the run's steps, from `at` for a
+    branch), at, from, rows: {dataset: f(step array) -> values}, curvature: {dataset: f}}.
+    The FP32 group is one of them (name "fp32") or absent. Summary attributes are written
+    from the given steps, so nothing is recomputed from losses."""
+    text = config_yaml({"steps": steps, "seed": seed, "log.log_every": log_every}, arms=[
+        {"name": g["name"]} for g in groups if g.get("kind", "trajectory") == "trajectory"
+        and g["name"] != S.TRAJ_FP32])
+    with h5py.File(path, "w") as f:
+        f.attrs["schema_version"] = np.int64(S.SCHEMA_VERSION)
+        f.attrs["run_id"] = hashlib.sha256((text + path).encode()).hexdigest()[:12]
+        f.attrs["config_yaml"] = text
+        f.attrs["status"] = "complete"
+        f.attrs["steps"] = np.int64(steps)
+        f.attrs[S.ATTR_ARMS] = [g["name"] for g in groups if g.get("kind", "trajectory") ==
+                                "trajectory" and g["name"] != S.TRAJ_FP32]
+        for g in groups:
+            kind = g.get("kind", "trajectory")
+            parent = f.require_group(S.GROUP_BRANCHES if kind == "branch" else S.GROUP_TRAJECTORIES)
+            grp = parent.create_group(g["name"])
+            start = g["at"] if kind == "branch" else 0
+            if kind == "branch":
+                grp.attrs[S.ATTR_AT] = np.int64(g["at"])
+                grp.attrs[S.ATTR_PATCH] = "{}"
+                grp.attrs[S.ATTR_FROM] = g.get("from", S.TRAJ_MX)
+            elif g["name"] != S.TRAJ_FP32:
+                grp.attrs[S.ATTR_ARM] = g["name"]
+                grp.attrs[S.ATTR_PATCH] = "{}"
+            steps_run = g.get("steps_run", steps - start)
+            first = -(-start // log_every) * log_every
+            step = np.arange(first, start + steps_run, log_every, dtype=np.int64)
+            _write_rows(grp, S.DS_STEP, step)
+            _write_rows(grp, S.DS_LOSS, np.full(len(step), 0.1))
+            for name, fn in g.get("rows", {}).items():
+                _write_rows(grp, name, np.asarray(fn(step), dtype=np.float64))
+            if g.get("curvature"):
+                cstep = np.arange(-(-start // curvature_every) * curvature_every,
+                                  start + steps_run, curvature_every, dtype=np.int64)
+                _write_rows(grp, S.DS_CURVATURE_STEP, cstep)
+                for name, fn in g["curvature"].items():
+                    _write_rows(grp, name, np.asarray(fn(cstep), dtype=np.float64))
+            attrs = {S.SUM_STEPS_RUN: steps_run,
+                     S.SUM_DIVERGENCE: g.get("divergence") if g.get("divergence") is not None else S.NO_STEP,
+                     S.SUM_FIRST_NONFINITE: g.get("nonfinite") if g.get("nonfinite") is not None else S.NO_STEP,
+                     S.SUM_SPIKE_COUNT: 0}
+            for key, value in attrs.items():
+                grp.attrs[key] = np.int64(value)
+            for key in (S.SUM_SPIKE_SCORE, S.SUM_FINAL_LOSS, S.SUM_MIN_LOSS, S.SUM_MAX_GAMMA_LASTBIN):
+                grp.attrs[key] = np.float64(0.1)
+    return path
+
+
 def write_demo(out, steps=6000):
     """The demo set: the shapes of the paper's figures 3-5 and a 2x2 sweep (one cell missing
     in `sweep_missing`)."""
