@@ -71,6 +71,14 @@ def _cmd_warn(args):
                             max_fpr=args.max_fpr, where=args.where)
 
 
+def _cmd_survival(args):
+    from . import survival
+    out = args.out or _default_out(args.dir[0], "survival")
+    return survival.run_command(S.find_runs(args.dir), args.by, out=out, csv_path=args.csv,
+                                pdf=args.pdf, band=args.band, where=args.where,
+                                fp32=not args.no_fp32, branches=not args.no_branches)
+
+
 def make_parser():
     p = argparse.ArgumentParser(prog=PROG, description="Figures and tables from mxlab run files "
                                 "(HDF5, lab/train/SCHEMA.md).")
@@ -145,6 +153,23 @@ def make_parser():
     sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="keep only runs whose config has this value (repeatable)")
     sp.set_defaults(func=_cmd_warn)
+
+    sp = sub.add_parser("survival", help="Kaplan-Meier curves of steps to divergence per group, "
+                        "95 %% bands, pairwise log-rank p-values (issue 17)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
+    sp.add_argument("--by", required=True, metavar="KEY[,KEY]", help="group by these keys: "
+                    "'arm' (the trajectory's group name: fp32, an arm, a branch) and/or dotted "
+                    "config keys, e.g. --by arm,optimizer.lr")
+    sp.add_argument("--band", default="loglog", choices=("loglog", "plain"),
+                    help="95 %% band from Greenwood's variance: on log(-log S) (default) or on S")
+    sp.add_argument("--csv", metavar="OUT.csv", help="the KM table: group, step, at_risk, "
+                    "events, survival, lower, upper")
+    sp.add_argument("--no-fp32", action="store_true", help="leave out the FP32 trajectories")
+    sp.add_argument("--no-branches", action="store_true", help="leave out the branches")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    figure_opts(sp, "survival")
+    sp.set_defaults(func=_cmd_survival)
 
     sp = sub.add_parser("summary", help="one row per trajectory (FP32, each arm) and branch: "
                         "status, divergence, spikes, losses, bias, last-bin")
