@@ -469,6 +469,19 @@ def write_demo(out, steps=6000):
                       width=width, depth=depth, mx_diverge_at=diverge and diverge // 4,
                       fp32_spike_at=(steps // 8 if depth == 4 else None))
     paths["sweep"] = os.path.join(out, "sweep")
+    # Multi-arm seeds (issue 13) with clamp debt and curvature (issue 12): for warn, survival.
+    d = os.path.join(out, "arms")
+    os.makedirs(d, exist_ok=True)
+    for seed in range(4):
+        at = int(steps * (0.55 + 0.1 * seed))
+        arms = [{"name": "floor", "diverge_at": at if seed != 3 else None},
+                {"name": "nearest_even", "set": {"rounding": "nearest_even"},
+                 "diverge_at": at + steps // 10 if seed == 0 else None},
+                {"name": "rceil", "set": {"scale_rule": "rceil"},
+                 "diverge_at": at - steps // 20 if seed % 2 else None}]
+        write_run(os.path.join(d, f"seed{seed}.h5"), steps=steps, seed=20 + seed, arms=arms,
+                  new_datasets=True, curvature_every=max(steps // 100, 1))
+    paths["arms"] = d
     return paths
 
 
