@@ -86,6 +86,18 @@ def arm_label(run, traj):
     return f"arm {traj.name}" + (f" ({patch})" if patch else "")
 
 
+def select_arms(found, wanted, what):
+    """`found` (arm names, in order) kept to those in `wanted` (None: all); a name not found
+    is an AnalysisError that says `what` was searched and lists what there is."""
+    if not wanted:
+        return list(found)
+    unknown = [a for a in wanted if a not in found]
+    if unknown:
+        raise AnalysisError(f"--arm {', '.join(unknown)}: no {what}; there are: "
+                            f"{', '.join(found) or 'none'}")
+    return [a for a in found if a in wanted]
+
+
 def model_text(run):
     return (f"L={cfg(run, 'model.depth')} d={cfg(run, 'model.width')} "
             f"{cfg(run, 'model.activation')} B={cfg(run, 'data.batch')} "

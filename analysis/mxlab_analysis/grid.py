@@ -72,13 +72,8 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
             runs.append(run)
     if not runs:
         raise AnalysisError("no run files left to plot" + (" after --where" if where else ""))
-    found = list(dict.fromkeys(a for run in runs for a in run.arms))
-    if arms:
-        unknown = [a for a in arms if a not in found]
-        if unknown:
-            raise AnalysisError(f"--arm {', '.join(unknown)}: no such arm in these runs; "
-                                f"arms: {', '.join(found)}")
-        found = [a for a in found if a in arms]
+    found = C.select_arms(list(dict.fromkeys(a for run in runs for a in run.arms)), arms,
+                          "such arm in these runs")
     cells = {name: {} for name in [S.TRAJ_FP32] + found}
     titles = {S.TRAJ_FP32: "FP32"}
     for run in runs:

@@ -55,12 +55,7 @@ def _panels(run, arms):
     branches = list(run.branches.values())
     forked = {b.arm for b in branches}
     order = [a for a in run.arms if a in forked] + sorted(forked - set(run.arms))
-    if arms:
-        unknown = [a for a in arms if a not in forked]
-        if unknown:
-            raise AnalysisError(f"{run.path}: no branches from arm {', '.join(unknown)}; "
-                                f"arms with branches: {', '.join(order)}")
-        order = [a for a in order if a in arms]
+    order = C.select_arms(order, arms, f"branches from that arm in {run.path}")
     return [(arm, at) for arm in order for at in sorted({b.at for b in branches if b.arm == arm})]
 
 

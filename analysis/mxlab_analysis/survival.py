@@ -43,7 +43,6 @@ class Subject:
     entry: int        # first step at risk
     time: int         # event or censoring step
     event: bool
-    label: str        # run_id/group, for messages
 
 
 @dataclass
@@ -132,8 +131,8 @@ def subject_of(run, traj, keys):
     entry = traj.at if traj.kind == "branch" and traj.at is not None else 0
     group = tuple(traj.name if k == ARM_KEY else run.config.get(k) for k in keys)
     if step is not None:
-        return Subject(group, entry, step, True, f"{run.run_id}/{traj.name}")
-    return Subject(group, entry, metrics.end_step(traj, summary), False, f"{run.run_id}/{traj.name}")
+        return Subject(group, entry, step, True)
+    return Subject(group, entry, metrics.end_step(traj, summary), False)
 
 
 def parse_keys(by):

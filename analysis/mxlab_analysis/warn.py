@@ -49,31 +49,21 @@ EITHER = "either"
 @dataclass(frozen=True)
 class Signal:
     name: str
-    label: str
     expected: str            # above / below / either: what the literature predicts
-    why: str                 # one line: where the expectation comes from
 
 
 SIGNALS = (
-    Signal("gamma_lastbin", "\u03b3 last-bin fraction (max over layers)", ABOVE,
-           "paper fig. 3: LN \u03b3 piles into the last bin before divergence"),
-    Signal("gamma_above_frac", "\u03b3 clamp debt: fraction clamped (max over layers)", ABOVE,
-           "issue 12: stored \u03b3 above what its block represents"),
-    Signal("gamma_gap_mean", "\u03b3 clamp debt: mean |\u03b3-Q(\u03b3)|/|\u03b3| (max over layers)", ABOVE,
-           "issue 12: the gap the quantizer hides from the forward pass"),
-    Signal("bias_ratio_avg", "running bias ratio \u2016g\u0303-\u1e21\u2016/\u2016\u1e21\u2016", ABOVE,
-           "paper app. B.2: divergence follows once it nears 2"),
-    Signal("cosine", "same-point cosine cos(g\u0303, \u1e21)", EITHER,
-           "the paper predicts a decay (below); issue 17 saw it rise before divergence"),
-    Signal("precond_ratio", "\u03bb_max(P\u207b\u00b9H) / threshold (38/\u03b7 Adam)", ABOVE,
-           "Cohen et al. 2022: adaptive edge of stability at ratio 1"),
-    Signal("eq10_lhs", "Eq. 10 lhs |1-s|+s r", ABOVE, "paper Eq. 10: unstable above ~1"),
-    Signal("grad_norm", "gradient norm \u2016g\u2016", ABOVE, "loss spikes follow gradient growth"),
-    Signal("cross_ratio_sq_avg", "squared cross ratio, running avg", ABOVE,
-           "the paper code's stab/zeta_norm; 2 = uncorrelated gradients"),
+    Signal("gamma_lastbin", ABOVE),       # paper fig. 3: LN gamma piles into the last bin
+    Signal("gamma_above_frac", ABOVE),    # issue 12: stored gamma above what its block represents
+    Signal("gamma_gap_mean", ABOVE),      # issue 12: the gap the quantizer hides from the forward
+    Signal("bias_ratio_avg", ABOVE),      # paper app. B.2: divergence follows once it nears 2
+    Signal("cosine", EITHER),             # paper: decays; issue 17: rises before divergence
+    Signal("precond_ratio", ABOVE),       # Cohen et al. 2022: adaptive edge of stability at 1
+    Signal("eq10_lhs", ABOVE),            # paper Eq. 10: unstable above ~1
+    Signal("grad_norm", ABOVE),           # loss spikes follow gradient growth
+    Signal("cross_ratio_sq_avg", ABOVE),  # the paper code's stab/zeta_norm; 2 = uncorrelated
 )
 SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
-LAYER_MAX = ("gamma_lastbin", "gamma_above_frac", "gamma_gap_mean")  # [n, L] -> max over layers
 
 
 def extract(traj, name):

@@ -112,7 +112,7 @@ def test_interventions_one_row_per_arm_with_its_baseline(arms_run):
         f"diverges at step {run.branches['skip_ln_rne'].attrs[S.SUM_DIVERGENCE]}")
     only = interventions.build(run, arms=["rne"])
     assert len(only.axes) == 1 and "arm rne" in only.axes[0].get_title(loc="left")
-    with pytest.raises(AnalysisError, match="no branches from arm rceil"):
+    with pytest.raises(AnalysisError, match=r"--arm rceil: no branches from that arm in .*; there are: floor, rne"):
         interventions.build(run, arms=["rceil"])
 
 
