@@ -164,6 +164,7 @@ class Trajectory:
     truncated: bool = False        # rows were dropped to make the datasets consistent
     curvature: dict = field(default_factory=dict)
     m: int = 0
+    other: dict = field(default_factory=dict)  # unknown datasets whose length is not the rows'
 
     @property
     def step(self):
@@ -308,6 +309,7 @@ def _cut(raw, step_name):
 def _load_group(group, name, kind):
     traj = Trajectory(name=name, kind=kind, attrs={k: _py(v) for k, v in group.attrs.items()})
     raw, curvature = {}, {}
+    rows = group[DS_STEP].shape[0] if isinstance(group.get(DS_STEP), h5py.Dataset) else None
     for key, ds in group.items():
         if not isinstance(ds, h5py.Dataset):
             continue
@@ -317,8 +319,10 @@ def _load_group(group, name, kind):
             traj.loss_all = np.asarray(values, dtype=np.float64)
         elif key in CURVATURE_DATASETS:
             curvature[key] = np.asarray(values)
-        else:
+        elif key in ROW_DATASETS or rows is None or ds.shape[:1] == (rows,):
             raw[key] = np.asarray(values)
+        else:  # a dataset this package does not know, on some other axis: not a log row
+            traj.other[key] = np.asarray(values)
     traj.data, traj.n, cut_rows = _cut(raw, DS_STEP)
     traj.curvature, traj.m, cut_curvature = _cut(curvature, DS_CURVATURE_STEP)
     traj.truncated = cut_rows or cut_curvature
