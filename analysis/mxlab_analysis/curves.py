@@ -66,7 +66,7 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
 
     # Column titles show only what differs between the recipes; the rest goes in the title.
     parts = [parts_of[r] for r in recipes]
-    common = [p for p in parts[0] if all(p in q for q in parts)]
+    common = [p for p in parts[0] if all(p in q for q in parts)] if parts else []
     # A --row key that is itself part of the recipe (e.g. precision.scale_rule) gives one
     # recipe per row: then one MX column, the row label naming the recipe.
     per_row = {}
