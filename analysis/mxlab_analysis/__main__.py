@@ -1,4 +1,4 @@
-"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary> ...`
+"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary|warn|survival> ...`
 (or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2."""
 
 import argparse
@@ -25,21 +25,21 @@ def _cmd_panel(args):
     from . import panel
     run = S.load_run(args.run)
     out = args.out or _default_out(args.run, "panel")
-    return C.save(panel.build(run), out, args.pdf)
+    return C.save(panel.build(run, arm=args.arm), out, args.pdf)
 
 
 def _cmd_interventions(args):
     from . import interventions
     run = S.load_run(args.run)
     out = args.out or _default_out(args.run, "interventions")
-    return C.save(interventions.build(run, xlim=args.xlim), out, args.pdf)
+    return C.save(interventions.build(run, xlim=args.xlim, arms=args.arm), out, args.pdf)
 
 
 def _cmd_grid(args):
     from . import grid
     out = args.out or _default_out(args.dir[0], f"grid-{args.metric}")
     fig = grid.build(S.find_runs(args.dir), args.x, args.y, args.metric,
-                     where=args.where, agg=args.agg)
+                     where=args.where, agg=args.agg, arms=args.arm)
     return C.save(fig, out, args.pdf)
 
 
@@ -63,6 +63,22 @@ def _cmd_summary(args):
     return []
 
 
+def _cmd_warn(args):
+    from . import warn
+    signals = [s.strip() for s in args.signals.split(",") if s.strip()] if args.signals else None
+    return warn.run_command(S.find_runs(args.dir), out=args.out, csv_path=args.csv, pdf=args.pdf,
+                            signals=signals, fp32=args.fp32, branches=not args.no_branches,
+                            max_fpr=args.max_fpr, where=args.where)
+
+
+def _cmd_survival(args):
+    from . import survival
+    out = args.out or _default_out(args.dir[0], "survival")
+    return survival.run_command(S.find_runs(args.dir), args.by, out=out, csv_path=args.csv,
+                                pdf=args.pdf, band=args.band, where=args.where,
+                                fp32=not args.no_fp32, branches=not args.no_branches)
+
+
 def make_parser():
     p = argparse.ArgumentParser(prog=PROG, description="Figures and tables from mxlab run files "
                                 "(HDF5, lab/train/SCHEMA.md).")
@@ -76,6 +92,8 @@ def make_parser():
     sp = sub.add_parser("panel", help="loss, bias ratio, cosine, last-bin fractions of one run "
                         "(paper figures 3 and 5)")
     sp.add_argument("run", metavar="RUN.h5")
+    sp.add_argument("--arm", metavar="NAME", help="the MX arm to draw (default: mx, or the "
+                    "file's first arm)")
     figure_opts(sp, "panel")
     sp.set_defaults(func=_cmd_panel)
 
@@ -84,11 +102,13 @@ def make_parser():
     sp.add_argument("run", metavar="RUN.h5")
     sp.add_argument("--xlim", default="auto", help="auto (from a little before each "
                     "intervention), full, or A:B steps")
+    sp.add_argument("--arm", action="append", metavar="NAME", help="only branches forking "
+                    "from this arm (repeatable; default: every arm, one row each)")
     figure_opts(sp, "interventions")
     sp.set_defaults(func=_cmd_interventions)
 
     sp = sub.add_parser("grid", help="heatmap of a metric over two swept config keys, FP32 and "
-                        "MX side by side (paper figures 6 and 9)")
+                        "each MX arm side by side (paper figures 6 and 9)")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
     sp.add_argument("--x", default="model.width", help="config key on the x axis (dotted)")
     sp.add_argument("--y", default="model.depth", help="config key on the y axis (dotted)")
@@ -100,10 +120,12 @@ def make_parser():
     sp.add_argument("--agg", default=None, choices=("mean", "median", "min", "max", "sum"),
                     help="how runs sharing a cell (seeds, other swept keys) combine "
                     "(default: mean; min for divergence_step)")
+    sp.add_argument("--arm", action="append", metavar="NAME", help="only this MX arm "
+                    "(repeatable; default: one heatmap per arm found)")
     figure_opts(sp, "grid")
     sp.set_defaults(func=_cmd_grid)
 
-    sp = sub.add_parser("curves", help="loss curves of a sweep: FP32 and each MX recipe in "
+    sp = sub.add_parser("curves", help="loss curves of a sweep: FP32 and each MX recipe (arm) in "
                         "columns, a key in rows, colour by model size (paper figures 2 and 6)")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="sweep output directory (or run files)")
     sp.add_argument("--row", help="config key whose values make the rows (e.g. optimizer.lr)")
@@ -115,7 +137,41 @@ def make_parser():
     figure_opts(sp, "curves")
     sp.set_defaults(func=_cmd_curves)
 
-    sp = sub.add_parser("summary", help="one row per trajectory and branch of every run: "
+    sp = sub.add_parser("warn", help="early warning: per signal, ROC over alarm thresholds "
+                        "(diverging vs stable trajectories), AUC, lead time (issue 12)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
+    sp.add_argument("-o", "--out", help="write the figure (PNG): ROC per signal and lead times")
+    sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
+    sp.add_argument("--csv", metavar="OUT.csv", help="one row per signal x direction x threshold")
+    sp.add_argument("--signals", metavar="A,B", help="only these signals (default: all; names "
+                    "in analysis/README.md)")
+    sp.add_argument("--fp32", action="store_true", help="include the FP32 trajectories "
+                    "(default: arms and branches only)")
+    sp.add_argument("--no-branches", action="store_true", help="leave out the branches")
+    sp.add_argument("--max-fpr", type=float, metavar="F", help="best threshold: the largest "
+                    "hit rate with false-alarm rate <= F (default: largest TPR - FPR)")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    sp.set_defaults(func=_cmd_warn)
+
+    sp = sub.add_parser("survival", help="Kaplan-Meier curves of steps to divergence per group, "
+                        "95 %% bands, pairwise log-rank p-values (issue 17)")
+    sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
+    sp.add_argument("--by", required=True, metavar="KEY[,KEY]", help="group by these keys: "
+                    "'arm' (the trajectory's group name: fp32, an arm, a branch) and/or dotted "
+                    "config keys, e.g. --by arm,optimizer.lr")
+    sp.add_argument("--band", default="loglog", choices=("loglog", "plain"),
+                    help="95 %% band from Greenwood's variance: on log(-log S) (default) or on S")
+    sp.add_argument("--csv", metavar="OUT.csv", help="the KM table: group, step, at_risk, "
+                    "events, survival, lower, upper")
+    sp.add_argument("--no-fp32", action="store_true", help="leave out the FP32 trajectories")
+    sp.add_argument("--no-branches", action="store_true", help="leave out the branches")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep only runs whose config has this value (repeatable)")
+    figure_opts(sp, "survival")
+    sp.set_defaults(func=_cmd_survival)
+
+    sp = sub.add_parser("summary", help="one row per trajectory (FP32, each arm) and branch: "
                         "status, divergence, spikes, losses, bias, last-bin")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
     sp.add_argument("--csv", action="store_true", help="CSV instead of an aligned table")

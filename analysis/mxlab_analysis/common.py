@@ -42,6 +42,62 @@ def precision_text(run):
     return ", ".join(parts)
 
 
+PATCH_CHARS = 48  # legend/title room for a patch's text
+
+
+def config_patch(run, section, name):
+    """What the config's `section` list (interventions, arms) applies for the entry called
+    `name`: its preset (`apply`) or its `set:` items as `k=v, ...`; None if not listed."""
+    for i in range(1000):
+        entry = run.config.get(f"{section}.{i}.name")
+        if entry is None:
+            return None
+        if entry == name:
+            apply = run.config.get(f"{section}.{i}.apply")
+            if apply:
+                return str(apply)
+            prefix = f"{section}.{i}.set."
+            sets = sorted((k[len(prefix):], v) for k, v in run.config.items() if k.startswith(prefix))
+            return ", ".join(f"{k}={yamlcfg.format_value(v)}" for k, v in sets)
+    return None
+
+
+def patch_text(run, traj):
+    """A group's patch in a line: from the config entry of that name (arms or interventions),
+    else the group's `patch` attribute; "" for none."""
+    section = "interventions" if traj.kind == "branch" else "arms"
+    text = config_patch(run, section, traj.name)
+    if text is None:
+        text = " ".join(str(traj.attrs.get(S.ATTR_PATCH, "")).split())
+        text = "" if text in ("{}", "") else text
+    return text if len(text) <= PATCH_CHARS else text[:PATCH_CHARS - 1] + "\u2026"
+
+
+def single_mx(run):
+    """A file before arms, or one whose only arm is `mx`: figures say "MX" as they always did."""
+    return run.arms == [S.TRAJ_MX]
+
+
+def arm_label(run, traj):
+    """`MX` for the one arm of a file before arms, else `arm NAME (patch)`."""
+    if single_mx(run) and traj.name == S.TRAJ_MX:
+        return "MX"
+    patch = patch_text(run, traj)
+    return f"arm {traj.name}" + (f" ({patch})" if patch else "")
+
+
+def select_arms(found, wanted, what):
+    """`found` (arm names, in order) kept to those in `wanted` (None: all); a name not found
+    is an AnalysisError that says `what` was searched and lists what there is."""
+    if not wanted:
+        return list(found)
+    unknown = [a for a in wanted if a not in found]
+    if unknown:
+        raise AnalysisError(f"--arm {', '.join(unknown)}: no {what}; there are: "
+                            f"{', '.join(found) or 'none'}")
+    return [a for a in found if a in wanted]
+
+
 def model_text(run):
     return (f"L={cfg(run, 'model.depth')} d={cfg(run, 'model.width')} "
             f"{cfg(run, 'model.activation')} B={cfg(run, 'data.batch')} "

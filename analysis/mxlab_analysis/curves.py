@@ -1,7 +1,8 @@
 """`curves DIR --row KEY --color KEY...`: loss curves of a sweep as small multiples - the
 layout of the paper's figures 2 and 6: one column for FP32 and one per MX recipe found in
-the runs, one row per value of `--row` (e.g. optimizer.lr or model.activation), one colour
-per value of the `--color` keys (e.g. model size: model.depth and model.width).
+the runs (a recipe: the run's precision and, in files with arms, the arm), one row per value
+of `--row` (e.g. optimizer.lr or model.activation), one colour per value of the `--color`
+keys (e.g. model size: model.depth and model.width).
 
 Runs that differ only in their MX recipe share one FP32 trajectory (same seed, same
 batches), so the FP32 column draws each (row, colour) curve once.
@@ -25,6 +26,10 @@ def _label(run, keys):
     return " ".join(f"{short.get(k, k)}={yamlcfg.format_value(run.config.get(k))}" for k in keys)
 
 
+def _arms(run):
+    return [run.trajectories[a] for a in run.arms]
+
+
 def build(files, row=None, color=("model.depth", "model.width"), where=()):
     where = sweep.parse_where(where)
     runs = []
@@ -40,7 +45,19 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     if not runs:
         raise AnalysisError("no run files left to plot" + (" after --where" if where else ""))
 
-    recipes = sweep.sort_values({C.precision_text(r) for r in runs})
+    # A column per MX recipe: the run's precision and, in files with arms, the arm (name and
+    # patch). Files before arms have one arm, `mx`, whose recipe is the precision alone.
+    parts_of = {}
+
+    def recipe(run, traj):
+        parts = C.precision_text(run).split(", ")
+        if not C.single_mx(run):
+            parts.append(C.arm_label(run, traj))  # may hold ", " itself: kept whole
+        text = ", ".join(parts)
+        parts_of[text] = parts
+        return text
+
+    recipes = sweep.sort_values({recipe(r, t) for r in runs for t in _arms(r)})
     rows = sweep.sort_values({r.config[row] for r in runs}) if row else [None]
     shades = sweep.sort_values({_label(r, color) for r in runs})
     from matplotlib import colormaps
@@ -48,13 +65,14 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     colour_of = {s: cmap(0.85 * i / max(len(shades) - 1, 1)) for i, s in enumerate(shades)}
 
     # Column titles show only what differs between the recipes; the rest goes in the title.
-    parts = [r.split(", ") for r in recipes]
-    common = [p for p in parts[0] if all(p in q for q in parts)]
+    parts = [parts_of[r] for r in recipes]
+    common = [p for p in parts[0] if all(p in q for q in parts)] if parts else []
     # A --row key that is itself part of the recipe (e.g. precision.scale_rule) gives one
     # recipe per row: then one MX column, the row label naming the recipe.
     per_row = {}
     for r in runs:
-        per_row.setdefault(r.config[row] if row else None, set()).add(C.precision_text(r))
+        per_row.setdefault(r.config[row] if row else None, set()).update(
+            recipe(r, t) for t in _arms(r))
     one_mx_column = len(recipes) > 1 and all(len(v) == 1 for v in per_row.values())
     titles = [""] if one_mx_column else [", ".join(p for p in q if p not in common) for q in parts]
     ncols = 1 + len(titles)
@@ -66,8 +84,8 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
         shade = _label(run, color)
         targets = [(0, run.fp32)] if (i, shade) not in seen_fp32 else []
         seen_fp32.add((i, shade))
-        column = 1 if one_mx_column else 1 + recipes.index(C.precision_text(run))
-        targets.append((column, run.mx))
+        for traj in _arms(run):
+            targets.append((1 if one_mx_column else 1 + recipes.index(recipe(run, traj)), traj))
         for j, traj in targets:
             if traj is None:
                 continue

@@ -1,6 +1,7 @@
-"""`grid DIR --x KEY --y KEY --metric M`: a sweep as two heatmaps, FP32 and MX side by side
-(the comparisons of the paper's figures 6 and 9: which depth x width cells go unstable in
-MX but not in FP32). Runs sharing a cell (seeds, keys not on the axes) are combined."""
+"""`grid DIR --x KEY --y KEY --metric M`: a sweep as heatmaps, FP32 and each MX arm side by
+side (the comparisons of the paper's figures 6 and 9: which depth x width cells go unstable
+in MX but not in FP32). Runs sharing a cell (seeds, keys not on the axes) are combined;
+`--arm NAME` keeps only some arms."""
 
 import math
 import sys
@@ -33,13 +34,13 @@ CELL_INCHES = 1.6
 
 @dataclass
 class GridData:
-    cells: dict        # "fp32"/"mx" -> {(x value, y value): [metric of each run]}
+    cells: dict        # "fp32" and each arm -> {(x value, y value): [metric of each run]}
     xs: list           # sorted axis values
     ys: list
     notes: list        # skipped files, keys combined within cells
     max_steps: int     # longest configured run (colour range of divergence_step)
     shared: bool       # some cell holds more than one run
-    mx_title: str
+    titles: dict       # panel name ("fp32", each arm) -> its title
 
 
 def _value(summary, metric):
@@ -51,8 +52,9 @@ def _value(summary, metric):
     return float(summary[metric])
 
 
-def collect(files, xkey, ykey, metric, where=(), agg=None):
-    """The metric of every run, by trajectory and cell (GridData)."""
+def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
+    """The metric of every run, by trajectory (FP32, each arm) and cell (GridData). `arms`:
+    only these arms (default: every arm found)."""
     if metric not in METRICS:
         raise AnalysisError(f"unknown metric {metric}; choose one of {', '.join(METRICS)}")
     where = sweep.parse_where(where)
@@ -70,7 +72,10 @@ def collect(files, xkey, ykey, metric, where=(), agg=None):
             runs.append(run)
     if not runs:
         raise AnalysisError("no run files left to plot" + (" after --where" if where else ""))
-    cells = {S.TRAJ_FP32: {}, S.TRAJ_MX: {}}
+    found = C.select_arms(list(dict.fromkeys(a for run in runs for a in run.arms)), arms,
+                          "such arm in these runs")
+    cells = {name: {} for name in [S.TRAJ_FP32] + found}
+    titles = {S.TRAJ_FP32: "FP32"}
     for run in runs:
         cell = (run.config[xkey], run.config[ykey])
         for name in cells:
@@ -78,6 +83,8 @@ def collect(files, xkey, ykey, metric, where=(), agg=None):
             if traj is None:
                 continue
             cells[name].setdefault(cell, []).append(_value(metrics.summarize(traj, run.config), metric))
+            if name not in titles and not C.single_mx(run):
+                titles[name] = C.arm_label(run, traj)
     others = [k for k in sweep.swept_keys(runs) if k not in (xkey, ykey)]
     shared = any(len(v) > 1 for by_cell in cells.values() for v in by_cell.values())
     if others and shared:
@@ -90,7 +97,9 @@ def collect(files, xkey, ykey, metric, where=(), agg=None):
     texts = {C.precision_text(run).split(", ")[0] for run in runs}
     if len(texts) == 1:
         mx_title += ": " + texts.pop()
-    return GridData(cells, xs, ys, notes, max_steps, shared, mx_title)
+    for name in cells:
+        titles.setdefault(name, mx_title)  # the `mx` arm of files before arms
+    return GridData(cells, xs, ys, notes, max_steps, shared, titles)
 
 
 def _aggregate(values, metric, agg):
@@ -114,10 +123,11 @@ def _label(value, metric, values):
     return text + (f"\n(n={len(values)})" if len(values) > 1 else "")
 
 
-def build(files, xkey, ykey, metric, where=(), agg=None):
-    data = collect(files, xkey, ykey, metric, where, agg)
+def build(files, xkey, ykey, metric, where=(), agg=None, arms=None):
+    """FP32 and one heatmap per arm (`arms`: only these), on one colour scale."""
+    data = collect(files, xkey, ykey, metric, where, agg, arms)
     cells, xs, ys, notes = data.cells, data.xs, data.ys, data.notes
-    max_steps, shared, mx_title = data.max_steps, data.shared, data.mx_title
+    max_steps, shared = data.max_steps, data.shared
     agg = agg or METRICS[metric][2]
     label, cmap_name, _ = METRICS[metric]
     grids = {}
@@ -143,12 +153,12 @@ def build(files, xkey, ykey, metric, where=(), agg=None):
     else:
         norm = Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1)
 
-    fig = C.new_figure(2.2 + CELL_INCHES * 2 * len(xs), 1.9 + 0.75 * CELL_INCHES * len(ys))
-    axes = fig.subplots(1, 2, sharey=True)
+    fig = C.new_figure(2.2 + CELL_INCHES * len(cells) * len(xs), 1.9 + 0.75 * CELL_INCHES * len(ys))
+    axes = fig.subplots(1, len(cells), sharey=True, squeeze=False)[0]
     from matplotlib import colormaps
     cmap = colormaps[cmap_name].with_extremes(bad="white")  # NaN cells: stable / no value
     image = None
-    for ax, name in zip(axes, (S.TRAJ_FP32, S.TRAJ_MX)):
+    for ax, name in zip(axes, cells):
         g, present = grids[name]
         image = ax.imshow(np.ma.masked_invalid(g), cmap=cmap, norm=norm, origin="lower",
                           aspect="auto")
@@ -173,7 +183,7 @@ def build(files, xkey, ykey, metric, where=(), agg=None):
         ax.grid(which="minor", color="0.7", linewidth=0.8)
         ax.tick_params(which="minor", length=0)
         ax.set_xlabel(xkey)
-        ax.set_title("FP32" if name == S.TRAJ_FP32 else mx_title, fontsize=11)
+        ax.set_title(data.titles[name], fontsize=11)
     axes[0].set_ylabel(ykey)
     cbar = fig.colorbar(image, ax=list(axes), shrink=0.9)
     cbar.set_label(label + (f" ({agg} per cell)" if shared and metric != "diverged" else ""))

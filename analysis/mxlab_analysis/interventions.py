@@ -1,5 +1,6 @@
 """`interventions RUN.h5`: the baseline MX loss, the FP32 loss and every branch's loss,
-one subplot per intervention step (the paper's figure 4: step 4500 and step 5080).
+one subplot per intervention step (the paper's figure 4: step 4500 and step 5080), and with
+several arms one row of subplots per arm that branches fork from (attribute `from`).
 
 Curves are the logged rows (`step`, `loss`): every branch logs on the same steps as the
 baseline, so the overlays line up without guessing where a branch's loss_all starts.
@@ -16,7 +17,9 @@ DIVERGENCE_MARKER = "x"
 AUTO_LEAD = 0.35  # --xlim auto: show this fraction of (end - at) before the intervention
 
 
-def _fate(summary):
+def _fate(summary, traj):
+    if traj.not_started:
+        return "never started (its arm had stopped)"
     div = int(summary.get(S.SUM_DIVERGENCE, S.NO_STEP))
     bad = int(summary.get(S.SUM_FIRST_NONFINITE, S.NO_STEP))
     if div != S.NO_STEP:
@@ -37,23 +40,6 @@ def _mark_divergence(ax, x, y, summary, color):
                 linestyle="none")
 
 
-def _apply_of(run, branch):
-    """The preset or `set:` patch named in the config for this branch, for the legend."""
-    for i in range(1000):
-        name = run.config.get(f"interventions.{i}.name")
-        if name is None:
-            break
-        if name == branch.name:
-            apply = run.config.get(f"interventions.{i}.apply")
-            if apply:
-                return str(apply)
-            sets = sorted((k.split(".", 3)[3], v) for k, v in run.config.items()
-                          if k.startswith(f"interventions.{i}.set."))
-            return ", ".join(f"{k}={v}" for k, v in sets) if sets else ""
-    patch = str(branch.attrs.get(S.ATTR_PATCH, "")).strip().replace("\n", "; ")
-    return patch[:40]
-
-
 def _parse_xlim(xlim):
     if xlim in (None, "auto", "full"):
         return xlim or "auto"
@@ -64,45 +50,69 @@ def _parse_xlim(xlim):
     return (lo, hi)
 
 
-def build(run, xlim="auto"):
+def _panels(run, arms):
+    """[(arm name, at)] in arm order, then intervention order: one subplot each."""
+    branches = list(run.branches.values())
+    forked = {b.arm for b in branches}
+    order = [a for a in run.arms if a in forked] + sorted(forked - set(run.arms))
+    order = C.select_arms(order, arms, f"branches from that arm in {run.path}")
+    return [(arm, at) for arm in order for at in sorted({b.at for b in branches if b.arm == arm})]
+
+
+def build(run, xlim="auto", arms=None):
+    """One subplot per (arm, intervention step): FP32, the arm the branches fork from (the
+    baseline) and those branches. `arms`: only branches from these arms."""
     if not run.branches:
         raise AnalysisError(f"{run.path}: no '{S.GROUP_BRANCHES}/' group - run an experiment with "
                             "`interventions:` to get branches")
     xlim = _parse_xlim(xlim)
-    ats = sorted({b.at for b in run.branches.values()})
-    fig = C.new_figure(max(6.5 * len(ats), 8), 5.6)
-    axes = fig.subplots(1, len(ats), sharey=True, squeeze=False)[0]
+    panels = _panels(run, arms)
+    rows = list(dict.fromkeys(arm for arm, _ in panels))
+    ncols = max(sum(1 for arm, _ in panels if arm == r) for r in rows)
+    fig = C.new_figure(max(6.5 * ncols, 11), 5.6 * len(rows))  # 11: room for the title
+    grid = fig.subplots(len(rows), ncols, sharey=True, squeeze=False)
+    axes = []
+    for i, row in enumerate(rows):
+        used = [p for p in panels if p[0] == row]
+        axes.extend(grid[i, :len(used)])
+        for ax in grid[i, len(used):]:
+            ax.remove()
     fig.suptitle("interventions: " + C.run_title(run), fontsize=10)
-    summaries = {g.name: metrics.summarize(g, run.config) for g in run.groups()}
+    summaries = {(g.kind, g.name): metrics.summarize(g, run.config) for g in run.groups()}
     end = max((int(g.step[-1]) for g in run.groups() if g.n), default=0)
     log_every = C.cfg(run, "log.log_every")
+    single = C.single_mx(run) and set(rows) == {S.TRAJ_MX}
 
     color_of = {name: C.BRANCH_COLORS[i % len(C.BRANCH_COLORS)]
                 for i, name in enumerate(run.branches)}
-    for ax, at in zip(axes, ats):
+    for ax, (arm, at) in zip(axes, panels):
+        base = run.trajectories.get(arm)
+        baseline = "MX baseline" if single else f"baseline arm {arm}"
         for traj, color, label, width in ((run.fp32, C.COLOR_FP32, "FP32", 1.0),
-                                          (run.mx, C.COLOR_MX, "MX baseline", 1.2)):
+                                          (base, C.COLOR_MX, baseline, 1.2)):
             if traj is None:
                 continue
+            summary = summaries[(traj.kind, traj.name)]
             x, y = C.finite(traj.step, traj.loss)
-            ax.plot(x, y, color=color, linewidth=width,
-                    label=f"{label}: {_fate(summaries[traj.name])}")
-            _mark_divergence(ax, x, y, summaries[traj.name], color)
+            ax.plot(x, y, color=color, linewidth=width, label=f"{label}: {_fate(summary, traj)}")
+            _mark_divergence(ax, x, y, summary, color)
         for name, branch in run.branches.items():
-            if branch.at != at:
+            if branch.at != at or branch.arm != arm:
                 continue
+            summary = summaries[(branch.kind, name)]
             x, y = C.finite(branch.step, branch.loss)
-            apply = _apply_of(run, branch)
+            apply = C.patch_text(run, branch)
             label = f"{name}" + (f" ({apply})" if apply and apply not in name else "")
-            ax.plot(x, y, color=color_of[name], linewidth=1.1,
-                    label=f"{label}: {_fate(summaries[name])}")
-            _mark_divergence(ax, x, y, summaries[name], color_of[name])
+            ax.plot(x, y, color=color_of[name], linewidth=1.1, label=f"{label}: {_fate(summary, branch)}")
+            _mark_divergence(ax, x, y, summary, color_of[name])
         ax.axvline(at, color="0.2", linestyle="--", linewidth=1.0)
         ax.annotate(f"intervention\nat step {at}", xy=(at, 1.0), xycoords=("data", "axes fraction"),
                     xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(f"intervening at step {at}   (\u00d7 = divergence step)", loc="left")
+        where = "" if single else (f"arm {arm}: " if base is not None
+                                   else f"arm {arm} (not in this file): ")
+        ax.set_title(f"{where}intervening at step {at}   (\u00d7 = divergence step)", loc="left")
         ax.grid(True, alpha=0.25)
         ax.legend(loc="upper left", fontsize=7.5, bbox_to_anchor=(0.0, -0.13), ncol=1,
                   frameon=False)
@@ -110,5 +120,6 @@ def build(run, xlim="auto"):
             ax.set_xlim(max(0.0, at - AUTO_LEAD * max(end - at, 1)), end)
         elif isinstance(xlim, tuple):
             ax.set_xlim(*xlim)
-    axes[0].set_ylabel(f"training loss (logged every {log_every} steps)")
+    for i in range(len(rows)):
+        grid[i, 0].set_ylabel(f"training loss (logged every {log_every} steps)")
     return fig

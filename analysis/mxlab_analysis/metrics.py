@@ -116,12 +116,32 @@ def summarize(traj, config=None):
         else:
             out[key] = computed[key]
             # max_bias_ratio is only defined for MX groups; its absence on fp32 is normal.
-            if not (key == S.SUM_MAX_BIAS_RATIO and traj.name == S.TRAJ_FP32):
+            if not (key == S.SUM_MAX_BIAS_RATIO and traj.is_fp32):
                 from_file = False
     out["source"] = "file" if from_file else "computed"
     return out
 
 
 def diverged(summary):
-    return int(summary.get(S.SUM_DIVERGENCE, S.NO_STEP)) != S.NO_STEP or \
-        int(summary.get(S.SUM_FIRST_NONFINITE, S.NO_STEP)) != S.NO_STEP
+    return event_step(summary) is not None
+
+
+def event_step(summary):
+    """The step a trajectory failed at: its divergence step, else its first non-finite loss;
+    None when it did neither (the definition `warn` and `survival` share)."""
+    for key in (S.SUM_DIVERGENCE, S.SUM_FIRST_NONFINITE):
+        step = int(summary.get(key, S.NO_STEP))
+        if step != S.NO_STEP:
+            return step
+    return None
+
+
+def end_step(traj, summary):
+    """One past the last step the group ran, as an absolute step: steps_run counts from step 0
+    for a trajectory and from its first own step for a branch (`at`; the trainer's loss_all
+    starts there)."""
+    if traj.loss_all.size:
+        offset = step_offset(traj)
+    else:
+        offset = traj.at if traj.kind == "branch" and traj.at is not None else 0
+    return offset + int(summary[S.SUM_STEPS_RUN])

@@ -20,9 +20,9 @@ LOG_Y_RANGE = 50.0  # switch the bias-ratio axis to log when max/min exceeds thi
 
 def _divergence_lines(axes, summaries):
     """Dotted vertical line at each trajectory's divergence step, on every panel; the
-    first axes' legend gets one entry per line."""
-    for name, color, label in ((S.TRAJ_MX, C.COLOR_MX, "MX"), (S.TRAJ_FP32, C.COLOR_FP32, "FP32")):
-        step = summaries.get(name, {}).get(S.SUM_DIVERGENCE, S.NO_STEP)
+    first axes' legend gets one entry per line. `summaries`: [(summary, colour, label)]."""
+    for summary, color, label in summaries:
+        step = summary.get(S.SUM_DIVERGENCE, S.NO_STEP)
         if step is not None and int(step) != S.NO_STEP:
             for i, ax in enumerate(axes):
                 ax.axvline(int(step), color=color, linestyle=":", linewidth=1.5,
@@ -44,7 +44,9 @@ def _no_data(ax, text):
             wrap=True)
 
 
-def build(run):
+def build(run, arm=None):
+    """The panel of one MX arm (`arm`: its name; None = `mx`, or the first arm) beside FP32."""
+    mx = run.arm(arm)
     fig = C.new_figure(15, 8.8)
     gs = fig.add_gridspec(2, 6)
     ax_loss = fig.add_subplot(gs[0, 0:3])
@@ -53,14 +55,21 @@ def build(run):
     ax_gamma = fig.add_subplot(gs[1, 2:4], sharex=ax_loss)
     ax_act = fig.add_subplot(gs[1, 4:6], sharex=ax_loss)
     axes = [ax_loss, ax_bias, ax_cos, ax_gamma, ax_act]
-    fig.suptitle(C.run_title(run), fontsize=11)
+    title = C.run_title(run)
+    if not C.single_mx(run):
+        title += f"\nMX panels: {C.arm_label(run, mx)}   (arms in this file: {', '.join(run.arms)})"
+    fig.suptitle(title, fontsize=11)
 
-    fp32, mx = run.fp32, run.mx
-    summaries = {t.name: metrics.summarize(t, run.config) for t in (fp32, mx) if t is not None}
+    fp32 = run.fp32
+    mx_label = "MX" if C.single_mx(run) else f"MX arm {mx.name}"
+    summaries = [(metrics.summarize(t, run.config), color, label)
+                 for t, color, label in ((mx, C.COLOR_MX, mx_label), (fp32, C.COLOR_FP32, "FP32"))
+                 if t is not None]
 
     # (a) loss
     for traj, color, label in ((fp32, C.COLOR_FP32, "FP32"),
-                               (mx, C.COLOR_MX, f"MX ({C.cfg(run, 'precision.weight')})")):
+                               (mx, C.COLOR_MX, f"MX ({C.cfg(run, 'precision.weight')})"
+                                if C.single_mx(run) else C.arm_label(run, mx))):
         if traj is None:
             continue
         x, y = C.loss_curve(traj)
@@ -76,7 +85,7 @@ def build(run):
     ax_loss.legend(loc="best", fontsize=8)
 
     # (b) bias ratio and (c) cosine: MX only (shadow pass at the MX weights)
-    if mx is not None and mx.get(S.DS_BIAS_RATIO) is not None:
+    if mx.get(S.DS_BIAS_RATIO) is not None:
         x, y = C.finite(mx.step, mx.get(S.DS_BIAS_RATIO))
         ax_bias.plot(x, y, color=C.COLOR_MX, linewidth=0.6, alpha=0.45,
                      label="shadow: MX vs FP32 gradient at the MX weights")
@@ -115,7 +124,7 @@ def build(run):
 
     # (d) LayerNorm gamma in the last bin, per layer
     lb, cl = S.lastbin_name("gamma"), S.lastbin_name("gamma", S.SUFFIX_CLAMPED)
-    if mx is not None and mx.get(lb) is not None and mx.get(lb).size:
+    if mx.get(lb) is not None and mx.get(lb).size:
         values = mx.get(lb)
         layers = values.shape[1]
         cmap = _cmap(layers)
@@ -141,7 +150,7 @@ def build(run):
     # (e) activations in the last bin: mean over layers (thick), each layer (thin)
     drew = False
     for tensor, label, color in ACT_TENSORS:
-        values = mx.get(S.lastbin_name(tensor)) if mx is not None else None
+        values = mx.get(S.lastbin_name(tensor))
         if values is None or not values.size:
             continue
         drew = True

@@ -1,6 +1,10 @@
 """The HDF5 run-file schema (lab/train/SCHEMA.md, schema_version 1) in one place, and the
 loader every other module reads through.
 
+A run holds the FP32 trajectory and one or more MX trajectories ("arms", `trajectories/<arm>`;
+files before arms have exactly one, named `mx`), and intervention branches, each forking from
+an arm (attribute `from`, `mx` when absent).
+
 The names below are the contract with the C++ writer (lab/train/schema.h);
 tests/test_schema_names.py parses SCHEMA.md and fails if the two drift apart.
 """
@@ -28,21 +32,28 @@ ROOT_ATTRS = (
     "cuda_runtime", "cuda_driver", "cublas", "math_mode", ATTR_SEED, ATTR_RUN_ID,
     ATTR_CONFIG_YAML, "start_time", "end_time", ATTR_STATUS, ATTR_STEPS,
 )
+ATTR_ARMS = "arms"  # list of arm names in config order (absent in files before arms)
 STATUS_RUNNING = "running"
 STATUSES = (STATUS_RUNNING, "complete", "diverged", "failed", "interrupted")
 
 # ---- groups and their attributes -------------------------------------------------------
 GROUP_TRAJECTORIES = "trajectories"
 GROUP_BRANCHES = "branches"
-TRAJ_FP32 = "fp32"
-TRAJ_MX = "mx"
-TRAJECTORY_NAMES = (TRAJ_FP32, TRAJ_MX)
+TRAJ_FP32 = "fp32"                 # reserved: the FP32 trajectory
+TRAJ_MX = "mx"                     # the one arm of a file written before arms
+TRAJECTORY_NAMES = (TRAJ_FP32, TRAJ_MX)  # the groups of such a file
 ATTR_PARAM_GROUPS = "param_groups"
 ATTR_LAYERS = "layers"
 GROUP_ATTRS = (ATTR_PARAM_GROUPS, ATTR_LAYERS)
+ATTR_ARM = "arm"                   # on each arm group: its name
+ATTR_POLICY = "policy"             # one-line description of the group's precision policy
+ATTR_PATCH = "patch"               # arm: flow YAML of its patch ("{}" = none); branch: YAML
+ARM_ATTRS = (ATTR_ARM, ATTR_POLICY, ATTR_PATCH)
 ATTR_AT = "at"
-ATTR_PATCH = "patch"
+ATTR_FROM = "from"                 # the arm a branch forks from (absent = mx)
 BRANCH_ATTRS = (ATTR_AT, ATTR_PATCH)
+ATTR_STATE = "state"               # the trainer's `not_started` marks a branch that never ran
+STATE_NOT_STARTED = "not_started"
 
 # ---- datasets: one row per logged step -------------------------------------------------
 DS_STEP = "step"
@@ -75,8 +86,32 @@ MX_GROUP_DATASETS = ("bias_ratio_group", "cosine_group")  # shape [n, G]
 DATASET_ATTR_NAMES = "names"  # on the *_group datasets: the G parameter-group names
 MX_DATASETS = MX_SERIES + MX_GROUP_DATASETS
 
-ROW_DATASETS = SCALAR_SERIES + PER_LAYER_DATASETS + MX_DATASETS  # all share the row count n
-ALL_DATASETS = ROW_DATASETS + (DS_LOSS_ALL,)
+# gamma/beta clamp debt (issue 12): |x - Q(x)|/|x| per layer (mean, max) and the fraction of
+# stored elements above what their block can represent (clamped by the quantizer).
+DEBT_TENSORS = ("gamma", "beta")
+DEBT_STATS = ("gap_mean", "gap_max", "above_frac")
+DEBT_DATASETS = tuple(f"{t}_{s}" for t in DEBT_TENSORS for s in DEBT_STATS)  # [n, L]
+WEIGHT_DEBT_DATASETS = ("weight_gap_mean", "weight_above_frac")  # [n, 2L], attribute `names`
+# MX groups: the paper's code's squared cross-trajectory ratio and its running average, the
+# absolute norms of eps = g~ - g-bar, g-bar and g~, the FP32 loss at the MX weights (issue 17).
+DS_CROSS_RATIO_SQ = "cross_ratio_sq"
+DS_CROSS_RATIO_SQ_AVG = "cross_ratio_sq_avg"
+MX_SERIES_V2 = (DS_CROSS_RATIO_SQ, DS_CROSS_RATIO_SQ_AVG, "eps_norm", "gbar_norm", "gtilde_norm",
+                "shadow_loss")
+NEW_ROW_DATASETS = DEBT_DATASETS + WEIGHT_DEBT_DATASETS + MX_SERIES_V2  # may be absent
+
+ROW_DATASETS = SCALAR_SERIES + PER_LAYER_DATASETS + MX_DATASETS + NEW_ROW_DATASETS  # share n
+
+# Curvature (issue 12, log.curvature_every > 0): their own step axis `curvature_step`, length m.
+DS_CURVATURE_STEP = "curvature_step"
+DS_HESSIAN_LMAX = "hessian_lmax"
+DS_PRECOND_LMAX = "precond_lmax"         # largest eigenvalue of the Adam-preconditioned Hessian
+DS_PRECOND_THRESHOLD = "precond_threshold"  # 38/lr (Adam, beta1 0.9); 2/lr (SGD)
+DS_EQ10_LHS = "eq10_lhs"                 # |1 - s| + s r, s = lr * precond_lmax, r running bias
+CURVATURE_DATASETS = (DS_CURVATURE_STEP, DS_HESSIAN_LMAX, DS_PRECOND_LMAX, DS_PRECOND_THRESHOLD,
+                      DS_EQ10_LHS, "hessian_resid")
+
+ALL_DATASETS = ROW_DATASETS + (DS_LOSS_ALL,) + CURVATURE_DATASETS
 
 # ---- summary attributes (per trajectory / branch group, once it has ended) --------------
 SUM_STEPS_RUN = "steps_run"
@@ -113,10 +148,11 @@ def _py(value):
 
 @dataclass
 class Trajectory:
-    """One group: `trajectories/fp32`, `trajectories/mx` or `branches/<name>`.
+    """One group: `trajectories/fp32`, `trajectories/<arm>` or `branches/<name>`.
 
     `data` maps dataset name -> array, every row dataset cut to the same length `n`
-    (per-layer arrays are [n, L]); `loss_all` is kept separately (one entry per step run).
+    (per-layer arrays are [n, L]); `curvature` holds the curvature datasets on their own
+    axis `curvature_step` (length `m`); `loss_all` is kept separately (one entry per step run).
     """
     name: str
     kind: str                      # "trajectory" or "branch"
@@ -126,6 +162,9 @@ class Trajectory:
     loss_all: np.ndarray = None
     n: int = 0
     truncated: bool = False        # rows were dropped to make the datasets consistent
+    curvature: dict = field(default_factory=dict)
+    m: int = 0
+    other: dict = field(default_factory=dict)  # unknown datasets whose length is not the rows'
 
     @property
     def step(self):
@@ -145,11 +184,39 @@ class Trajectory:
         return int(self.attrs[ATTR_AT]) if ATTR_AT in self.attrs else None
 
     @property
+    def is_fp32(self):
+        return self.kind == "trajectory" and self.name == TRAJ_FP32
+
+    @property
+    def arm(self):
+        """The MX arm this group belongs to: its own name for an arm, the arm it forks from for
+        a branch (`mx` in files before arms), None for the FP32 trajectory."""
+        if self.kind == "branch":
+            return str(self.attrs.get(ATTR_FROM, TRAJ_MX))
+        return None if self.is_fp32 else self.name
+
+    @property
+    def not_started(self):
+        """A branch the trainer never started (its arm had stopped before `at`)."""
+        return self.attrs.get(ATTR_STATE) == STATE_NOT_STARTED
+
+    @property
     def has_summary(self):
         return all(k in self.attrs for k in SUMMARY_ATTRS if k != SUM_MAX_BIAS_RATIO)
 
     def get(self, name):
-        return self.data.get(name)
+        """A row dataset, or a curvature dataset (on its own axis: see `series`)."""
+        value = self.data.get(name)
+        return self.curvature.get(name) if value is None else value
+
+    def series(self, name):
+        """(steps, values) of a dataset on its own axis: `step` for row datasets,
+        `curvature_step` for the curvature datasets; None when the group does not have it."""
+        if name in self.data:
+            return self.step, self.data[name]
+        if name in self.curvature and DS_CURVATURE_STEP in self.curvature:
+            return self.curvature[DS_CURVATURE_STEP], self.curvature[name]
+        return None
 
     def quantized(self, dataset):
         """True/False from the dataset's `quantized` attribute, None when absent."""
@@ -163,8 +230,8 @@ class Run:
     attrs: dict
     config_text: str
     config: dict                   # flat dotted keys of config_text ("model.width": 512)
-    trajectories: dict             # "fp32"/"mx" -> Trajectory
-    branches: dict                 # branch name -> Trajectory, in file order
+    trajectories: dict             # "fp32" then each arm -> Trajectory, in arm order
+    branches: dict                 # branch name -> Trajectory, ordered by (at, name)
 
     @property
     def run_id(self):
@@ -179,25 +246,53 @@ class Run:
         return self.trajectories.get(TRAJ_FP32)
 
     @property
+    def arms(self):
+        """Names of the MX arms, in config order (`["mx"]` for a file before arms)."""
+        return [k for k in self.trajectories if k != TRAJ_FP32]
+
+    @property
     def mx(self):
-        return self.trajectories.get(TRAJ_MX)
+        """The arm named `mx` (every file before arms has it), else the first arm."""
+        if TRAJ_MX in self.trajectories:
+            return self.trajectories[TRAJ_MX]
+        arms = self.arms
+        return self.trajectories[arms[0]] if arms else None
+
+    def arm(self, name=None):
+        """The arm called `name` (None: `mx`, see above); a wrong name is an AnalysisError that
+        lists the arms there are."""
+        if name is None:
+            if self.mx is None:
+                raise AnalysisError(f"{self.path}: no MX trajectory in this file")
+            return self.mx
+        if name == TRAJ_FP32 or name not in self.trajectories:
+            raise AnalysisError(f"{self.path}: no arm '{name}'; arms: {', '.join(self.arms) or 'none'}")
+        return self.trajectories[name]
+
+    def parent(self, branch):
+        """The arm a branch forks from, or None when the file lacks it."""
+        name = branch.arm
+        return self.trajectories.get(name) if name and name != TRAJ_FP32 else None
 
     def groups(self):
-        """All trajectories then all branches, as (Trajectory) in a stable order."""
-        return [self.trajectories[k] for k in TRAJECTORY_NAMES if k in self.trajectories] + \
-            list(self.branches.values())
+        """FP32, every arm (in arm order), then every branch: each a Trajectory."""
+        return list(self.trajectories.values()) + list(self.branches.values())
+
+    def mx_groups(self):
+        """Every arm and branch: the groups that ran with an MX policy."""
+        return [t for t in self.groups() if not t.is_fp32]
 
     @property
     def truncated(self):
         return any(g.truncated for g in self.groups())
 
 
-def _consistent_length(data):
-    """Rows that every row dataset has, cut further where `step` stops increasing (a killed
-    writer can leave extended-but-unwritten rows, which read back as the fill value 0)."""
+def _consistent_length(data, step_name=DS_STEP):
+    """Rows that every dataset of one axis has, cut further where its step stops increasing (a
+    killed writer can leave extended-but-unwritten rows, which read back as the fill value 0)."""
     lengths = [len(v) for v in data.values()]
     n = min(lengths) if lengths else 0
-    step = data.get(DS_STEP)
+    step = data.get(step_name)
     if step is not None and n > 1:
         bad = np.nonzero(np.diff(step[:n]) <= 0)[0]
         if bad.size:
@@ -205,9 +300,16 @@ def _consistent_length(data):
     return n
 
 
+def _cut(raw, step_name):
+    """(arrays cut to one consistent length, length, whether anything was cut)."""
+    n = _consistent_length(raw, step_name)
+    return {k: v[:n] for k, v in raw.items()}, n, any(len(v) != n for v in raw.values())
+
+
 def _load_group(group, name, kind):
     traj = Trajectory(name=name, kind=kind, attrs={k: _py(v) for k, v in group.attrs.items()})
-    raw = {}
+    raw, curvature = {}, {}
+    rows = group[DS_STEP].shape[0] if isinstance(group.get(DS_STEP), h5py.Dataset) else None
     for key, ds in group.items():
         if not isinstance(ds, h5py.Dataset):
             continue
@@ -215,18 +317,29 @@ def _load_group(group, name, kind):
         values = ds[()]
         if key == DS_LOSS_ALL:
             traj.loss_all = np.asarray(values, dtype=np.float64)
-        else:
+        elif key in CURVATURE_DATASETS:
+            curvature[key] = np.asarray(values)
+        elif key in ROW_DATASETS or rows is None or ds.shape[:1] == (rows,):
             raw[key] = np.asarray(values)
-    n = _consistent_length(raw)
-    traj.truncated = any(len(v) != n for v in raw.values())
-    traj.data = {k: v[:n] for k, v in raw.items()}
-    traj.n = n
+        else:  # a dataset this package does not know, on some other axis: not a log row
+            traj.other[key] = np.asarray(values)
+    traj.data, traj.n, cut_rows = _cut(raw, DS_STEP)
+    traj.curvature, traj.m, cut_curvature = _cut(curvature, DS_CURVATURE_STEP)
+    traj.truncated = cut_rows or cut_curvature
     if traj.loss_all is None:
         traj.loss_all = np.zeros(0)
     steps_run = traj.attrs.get(SUM_STEPS_RUN)
     if isinstance(steps_run, int) and 0 <= steps_run < len(traj.loss_all):
         traj.loss_all = traj.loss_all[:steps_run]
     return traj
+
+
+def _arm_order(names, listed):
+    """fp32 first, then the arms in the order of the root attribute `arms`, then any other
+    group (a file whose attribute lists fewer arms than it holds) by name."""
+    listed = [a for a in listed if a in names and a != TRAJ_FP32]
+    rest = sorted(n for n in names if n != TRAJ_FP32 and n not in listed)
+    return ([TRAJ_FP32] if TRAJ_FP32 in names else []) + listed + rest
 
 
 def _open_unlocked(path):
@@ -257,11 +370,14 @@ def load_run(path):
         if int(version) > SCHEMA_VERSION:
             raise AnalysisError(f"{path}: schema_version {version} is newer than this analysis "
                                 f"package understands ({SCHEMA_VERSION}); update analysis/")
+        listed = attrs.get(ATTR_ARMS, [])
+        attrs[ATTR_ARMS] = [listed] if isinstance(listed, str) else list(listed)
         trajectories, branches = {}, {}
         if GROUP_TRAJECTORIES in f:
-            for name in TRAJECTORY_NAMES:
-                if name in f[GROUP_TRAJECTORIES]:
-                    trajectories[name] = _load_group(f[GROUP_TRAJECTORIES][name], name, "trajectory")
+            groups = f[GROUP_TRAJECTORIES]
+            names = [n for n in groups if isinstance(groups[n], h5py.Group)]
+            for name in _arm_order(names, attrs[ATTR_ARMS]):
+                trajectories[name] = _load_group(groups[name], name, "trajectory")
         if GROUP_BRANCHES in f:
             for name in f[GROUP_BRANCHES]:
                 branches[name] = _load_group(f[GROUP_BRANCHES][name], name, "branch")

@@ -1,7 +1,7 @@
-"""`summary DIR`: one row per trajectory and branch of every run file, as an aligned text
-table or CSV - the Python side of `mxlab summarize`. Values come from the summary attributes
-the trainer writes; for a group that has none (a killed run) they are recomputed from
-loss_all and the row says `source=computed`."""
+"""`summary DIR`: one row per trajectory (FP32 and each arm) and branch of every run file, as
+an aligned text table or CSV - the Python side of `mxlab summarize`. Values come from the
+summary attributes the trainer writes; for a group that has none (a killed run) they are
+recomputed from loss_all and the row says `source=computed`."""
 
 import csv
 import io
@@ -13,7 +13,7 @@ from . import schema as S
 from . import sweep
 from . import yamlcfg
 
-BASE_COLUMNS = ("run_id", "group", "at")
+BASE_COLUMNS = ("run_id", "group", "at", "from")  # from: the arm a branch forks from
 VALUE_COLUMNS = ("status", S.SUM_DIVERGENCE, S.SUM_FIRST_NONFINITE, S.SUM_SPIKE_COUNT,
                  S.SUM_SPIKE_SCORE, S.SUM_FINAL_LOSS, S.SUM_MIN_LOSS, S.SUM_MAX_BIAS_RATIO,
                  S.SUM_MAX_GAMMA_LASTBIN, S.SUM_STEPS_RUN, "source", "file")
@@ -36,12 +36,13 @@ def collect(files):
         for traj in run.groups():
             s = metrics.summarize(traj, run.config)
             row = {"run_id": run.run_id, "group": traj.name, "at": traj.at,
+                   "from": traj.arm if traj.kind == "branch" else None,
                    "status": run.status, "source": s["source"], "file": path}
             for key in swept:
                 row[key] = run.config.get(key)
             for key in S.SUMMARY_ATTRS:
                 row[key] = s[key]
-            if traj.name == S.TRAJ_FP32:
+            if traj.is_fp32:
                 row[S.SUM_MAX_BIAS_RATIO] = None  # no shadow pass on the FP32 trajectory
             rows.append(row)
     return rows, columns

@@ -7,8 +7,9 @@ from . import AnalysisError
 from . import schema as S
 from . import yamlcfg
 
-# Keys that differ between runs without being a swept setting of the experiment.
-NOT_SWEPT_PREFIXES = ("interventions.",)
+# Keys that differ between runs without being a swept setting of the experiment (arms and
+# branches have rows of their own).
+NOT_SWEPT_PREFIXES = ("interventions.", "arms.")
 NOT_SWEPT = ("name",)
 
 

@@ -98,3 +98,38 @@ def lr_format_sweep(tmp_path_factory):
                             mx_diverge_at=120 if (lr, depth) == (6e-4, 4) else None)
                 i += 1
     return str(directory)
+
+
+# A multi-arm run (issue 13): three arms beside FP32, branches forking from two of them, the
+# clamp-debt rows and curvature every 50 steps (issue 12).
+ARMS = [{"name": "floor", "diverge_at": 300},
+        {"name": "rne", "set": {"rounding": "nearest_even"}},
+        {"name": "rceil", "set": {"scale_rule": "rceil"}, "diverge_at": 340}]
+ARM_BRANCHES = [{"name": "to_fp32_floor", "at": 200, "apply": "to_fp32", "from": "floor"},
+                {"name": "skip_ln_rne", "at": 250, "apply": "skip_ln_quant", "from": "rne",
+                 "diverge_at": 380}]
+CURVATURE_EVERY = 50
+
+
+@pytest.fixture(scope="session")
+def arms_run(runs_dir):
+    return F.write_run(str(runs_dir / "arms.h5"), steps=STEPS, seed=6, arms=ARMS,
+                       branches=ARM_BRANCHES, new_datasets=True, curvature_every=CURVATURE_EVERY)
+
+
+@pytest.fixture(scope="session")
+def arms_sweep(tmp_path_factory):
+    """2 learning rates x 2 model sizes, each run with the three arms."""
+    directory = tmp_path_factory.mktemp("arms_sweep")
+    i = 0
+    for lr in (2e-4, 6e-4):
+        for width, depth in ((256, 2), (512, 4)):
+            # at lr 6e-4 the arms that diverge in ARMS diverge at step 120, the rest never
+            arms = [{k: v for k, v in a.items() if k != "diverge_at"} for a in ARMS]
+            for arm, spec in zip(arms, ARMS):
+                if lr > 5e-4 and "diverge_at" in spec:
+                    arm["diverge_at"] = 120
+            F.write_run(str(directory / f"r{i}.h5"), steps=200, seed=8, noise_seed=i, width=width,
+                        depth=depth, lr=lr, arms=arms, new_datasets=True)
+            i += 1
+    return str(directory)

@@ -76,8 +76,9 @@ def _emit(tree, indent=0):
     return lines
 
 
-def config_yaml(overrides=None, interventions=()):
-    """Resolved config text: the defaults with dotted-key overrides applied."""
+def config_yaml(overrides=None, interventions=(), arms=None):
+    """Resolved config text: the defaults with dotted-key overrides applied; `arms` (a list of
+    {name, apply or set}) adds the `arms:` list of a multi-arm run."""
     import copy
     tree = copy.deepcopy(DEFAULT_CONFIG)
     for dotted, value in (overrides or {}).items():
@@ -88,6 +89,8 @@ def config_yaml(overrides=None, interventions=()):
         if leaf not in node:
             raise KeyError(f"fixture config has no key {dotted}")
         node[leaf] = value
+    if arms is not None:
+        tree["arms"] = [dict(a) for a in arms]
     tree["interventions"] = [dict(i) for i in interventions]
     return "\n".join(_emit(tree)) + "\n"
 
@@ -109,8 +112,9 @@ class Curves:
     """Deterministic synthetic metrics for one trajectory (or branch) over steps [start, end)."""
 
     def __init__(self, rng, steps, layers, diverge_at=None, spike_at=None, nan_at=None,
-                 floor=0.02, mx=True, start=0, prefix=None):
+                 floor=0.02, mx=True, start=0, prefix=None, new_datasets=False):
         self.rng, self.steps, self.layers, self.mx, self.start = rng, steps, layers, mx, start
+        self.new_datasets = new_datasets  # clamp debt and issue 17's shadow series
         self.diverge_at = diverge_at
         t = np.arange(steps, dtype=np.float64)
         loss = np.exp(-t / (steps / 6.0)) + floor
@@ -170,26 +174,73 @@ class Curves:
             cosine = np.clip(1 / np.sqrt(1 + ratio ** 2) - 0.3 * trouble, -1, 1)
             rows[S.DS_BIAS_RATIO] = np.where(shadow, ratio, np.nan)
             rows[S.DS_COSINE] = np.where(shadow, cosine, np.nan)
-            avg, acc, weight, beta = np.full(n, np.nan), 0.0, 0.0, 0.99
-            for i in np.nonzero(shadow)[0]:
-                acc, weight = beta * acc + (1 - beta) * ratio[i], beta * weight + (1 - beta)
-                avg[i] = acc / weight
-            rows[S.DS_BIAS_RATIO_AVG] = avg
+            rows[S.DS_BIAS_RATIO_AVG] = _running_average(rows[S.DS_BIAS_RATIO], 0.99)
             groups = 5 * L
             rows["bias_ratio_group"] = np.where(shadow[:, None], ratio[:, None] * (1 + 0.1 * np.arange(groups)), np.nan)
             rows["cosine_group"] = np.where(shadow[:, None], cosine[:, None] * np.ones(groups), np.nan)
             rows["cross_ratio"] = np.where(shadow, ratio + 0.3 * x, np.nan)
             rows["cross_cosine"] = np.where(shadow, cosine * 0.9, np.nan)
             rows["weight_distance"] = np.where(shadow, 0.02 * x + trouble, np.nan)
+            if self.new_datasets:
+                sq = rows["cross_ratio"] ** 2
+                rows[S.DS_CROSS_RATIO_SQ] = sq
+                rows[S.DS_CROSS_RATIO_SQ_AVG] = _running_average(sq, 0.99)
+                gbar = np.sqrt(np.nan_to_num(loss, nan=1e3)) * 2.0
+                rows["gbar_norm"] = np.where(shadow, gbar, np.nan)
+                rows["gtilde_norm"] = np.where(shadow, 0.45 * gbar, np.nan)
+                rows["eps_norm"] = np.where(shadow, ratio * gbar, np.nan)
+                rows["shadow_loss"] = np.where(shadow, loss * (1.0 + 0.1 * trouble), np.nan)
+        if self.new_datasets:
+            for tensor, scale in (("gamma", 1.0), ("beta", 0.1)):
+                gap = scale * (0.01 + 0.002 * layer + 0.08 * trouble[:, None] * (layer == 0))
+                rows[f"{tensor}_gap_mean"] = np.broadcast_to(gap, (n, L)).copy()
+                rows[f"{tensor}_gap_max"] = 3.0 * rows[f"{tensor}_gap_mean"]
+                above = 0.001 * x[:, None] + scale * 0.3 * trouble[:, None] * (layer == 0)
+                rows[f"{tensor}_above_frac"] = np.clip(np.broadcast_to(above, (n, L)), 0, 1)
+            rows["weight_gap_mean"] = np.full((n, 2 * L), 0.02) + 0.01 * x[:, None]
+            rows["weight_above_frac"] = np.full((n, 2 * L), 1e-4)
         return rows
+
+    def curvature(self, every, lr):
+        """The curvature datasets on their own axis: every `every` steps from the group's start."""
+        first = -(-self.start // every) * every
+        step = np.arange(first, self.end, every, dtype=np.int64)
+        t = step.astype(np.float64)
+        x = t / self.steps
+        trouble = np.zeros(len(step)) if self.diverge_at is None else \
+            _sigmoid((t - self.diverge_at + 250) / 90)
+        hessian = 40.0 * (1 + x) + 400.0 * trouble
+        precond = 2e4 * (1 + x) + 6e4 * trouble     # lr * precond crosses 38 near divergence
+        s = lr * precond
+        ratio = 0.5 + 1.5 * trouble
+        return {S.DS_CURVATURE_STEP: step, S.DS_HESSIAN_LMAX: hessian, S.DS_PRECOND_LMAX: precond,
+                S.DS_PRECOND_THRESHOLD: np.full(len(step), 38.0 / lr),
+                S.DS_EQ10_LHS: np.abs(1 - s) + s * ratio if self.mx else np.full(len(step), np.nan),
+                "hessian_resid": np.full(len(step), 1e-4)}
+
+
+def _running_average(values, beta):
+    """Bias-corrected EMA over the finite entries (NaN rows keep NaN), as log.bias_avg_beta."""
+    out, acc, weight = np.full(len(values), np.nan), 0.0, 0.0
+    for i in np.nonzero(np.isfinite(values))[0]:
+        acc, weight = beta * acc + (1 - beta) * values[i], beta * weight + (1 - beta)
+        out[i] = acc / weight
+    return out
 
 
 def param_group_names(layers):
     return [f"layer{k}.{p}" for k in range(layers) for p in ("gamma", "beta", "W1", "W2", "b2")]
 
 
-def _write_group(group, curves, layers, log_every, bias_every, quantized, summary, config):
+def weight_names(layers):
+    return [f"layer{k}.{w}" for k in range(layers) for w in ("W1", "W2")]
+
+
+def _write_group(group, curves, layers, *, log_every, bias_every, quantized, summary, config,
+                 curvature_every=0, lr=6e-4):
     rows = curves.rows(log_every, bias_every)
+    if curvature_every:
+        rows.update(curves.curvature(curvature_every, lr))
     names = param_group_names(layers)
     group.attrs[S.ATTR_PARAM_GROUPS] = names
     group.attrs[S.ATTR_LAYERS] = np.int64(layers)
@@ -199,6 +250,8 @@ def _write_group(group, curves, layers, log_every, bias_every, quantized, summar
             attrs[S.DATASET_ATTR_QUANTIZED] = np.int64(1 if quantized else 0)
         if name in S.MX_GROUP_DATASETS:
             attrs[S.DATASET_ATTR_NAMES] = names
+        if name in S.WEIGHT_DEBT_DATASETS:
+            attrs[S.DATASET_ATTR_NAMES] = weight_names(layers)
         _write_rows(group, name, array, attrs)
     _write_rows(group, S.DS_LOSS_ALL, curves.loss_all)
     if summary:
@@ -213,26 +266,55 @@ def _write_group(group, curves, layers, log_every, bias_every, quantized, summar
             group.attrs[key] = np.int64(v) if isinstance(v, int) else np.float64(v)
 
 
+V2_LOG_KEYS = {"curvature_every": 0, "curvature_iters": 20, "probe_batch": 0}
+
+
 def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=512, lr=6e-4,
               seed=0, mx_diverge_at=None, fp32_spike_at=None, mx_nan_at=None, branches=(),
-              status=None, killed=None, weight="mxfp8_e4m3", extra_config=None, noise_seed=None):
-    """Write one run file. `branches`: dicts {name, at, apply, diverge_at} (diverge_at None =
-    the branch stays stable). `killed`: None, "ragged" (datasets of different lengths, no
-    summaries, status running) or "zeros" (trailing rows extended but never written)."""
+              status=None, killed=None, weight="mxfp8_e4m3", extra_config=None, noise_seed=None,
+              arms=None, new_datasets=False, curvature_every=0):
+    """Write one run file. `branches`: dicts {name, at, apply, diverge_at, from} (diverge_at
+    None = the branch stays stable; from: the arm it forks from, only written when given).
+    `killed`: None, "ragged" (datasets of different lengths, no summaries, status running) or
+    "zeros" (trailing rows extended but never written).
+
+    `arms`: None writes a file from before arms (`trajectories/mx`, the MX curve shaped by
+    mx_diverge_at / mx_nan_at). A list of dicts {name, diverge_at, nan_at, set (dict) or
+    apply} writes a multi-arm file: root attribute `arms`, one group per arm with attributes
+    `arm`, `policy`, `patch`, and the `arms:` list in config_yaml. `new_datasets` adds the
+    clamp-debt and shadow-norm rows; `curvature_every` > 0 the curvature datasets."""
     rng = np.random.default_rng(seed if noise_seed is None else noise_seed)
     overrides = {"steps": steps, "seed": seed, "model.depth": depth, "model.width": width,
                  "optimizer.lr": lr, "log.log_every": log_every, "log.bias_every": bias_every,
                  "precision.weight": weight}
     overrides.update(extra_config or {})
-    interventions = [{"name": b["name"], "at": b["at"], "apply": b.get("apply", "to_fp32")}
-                     for b in branches]
-    text = config_yaml(overrides, interventions)
+    interventions = []
+    for b in branches:
+        entry = {"name": b["name"], "at": b["at"], "apply": b.get("apply", "to_fp32")}
+        if "from" in b:
+            entry["from"] = b["from"]
+        interventions.append(entry)
+    arm_entries = None
+    if arms is not None:
+        arm_entries = [{"name": a["name"], **({"apply": a["apply"]} if "apply" in a else {}),
+                        **({"set": "{" + ", ".join(f"{k}: {v}" for k, v in a["set"].items()) + "}"}
+                           if a.get("set") else {})} for a in arms]
+    text = config_yaml(overrides, interventions, arm_entries)
+    if new_datasets or curvature_every or arms is not None:  # a config from after schema 1
+        log = "".join(f"  {k}: {curvature_every if k == 'curvature_every' else v}\n"
+                      for k, v in V2_LOG_KEYS.items())
+        text = text.replace("log:\n", "log:\n" + log, 1)
     config = {"log.spike_factor": 100.0, "log.divergence_factor": 10.0}
+    arm_specs = arms if arms is not None else [
+        {"name": S.TRAJ_MX, "diverge_at": mx_diverge_at, "nan_at": mx_nan_at}]
     if status is None:
-        status = "diverged" if (mx_diverge_at is not None or mx_nan_at is not None) else "complete"
+        failed = any(a.get("diverge_at") is not None or a.get("nan_at") is not None for a in arm_specs)
+        status = "diverged" if failed else "complete"
     if killed:
         status = S.STATUS_RUNNING
     summaries = not killed
+    common = dict(log_every=log_every, bias_every=bias_every, summary=summaries, config=config,
+                  curvature_every=curvature_every, lr=lr)
     with h5py.File(path, "w") as f:
         a = f.attrs
         a["schema_version"] = np.int64(S.SCHEMA_VERSION)
@@ -251,35 +333,107 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
         a["end_time"] = "" if killed else "2025-01-01T00:05:00Z"
         a["status"] = status
         a["steps"] = np.int64(steps)
+        if arms is not None:
+            a[S.ATTR_ARMS] = [arm["name"] for arm in arms]
         traj = f.create_group(S.GROUP_TRAJECTORIES)
-        fp32 = Curves(rng, steps, depth, spike_at=fp32_spike_at, mx=False)
-        _write_group(traj.create_group(S.TRAJ_FP32), fp32, depth, log_every, bias_every,
-                     False, summaries, config)
-        mx = Curves(rng, steps, depth, diverge_at=mx_diverge_at, nan_at=mx_nan_at, floor=0.025)
-        _write_group(traj.create_group(S.TRAJ_MX), mx, depth, log_every, bias_every,
-                     True, summaries, config)
+        fp32 = Curves(rng, steps, depth, spike_at=fp32_spike_at, mx=False, new_datasets=new_datasets)
+        g = traj.create_group(S.TRAJ_FP32)
+        if arms is not None:
+            g.attrs[S.ATTR_POLICY] = "fp32"
+        _write_group(g, fp32, depth, quantized=False, **common)
+        full_loss = {}
+        for spec in arm_specs:
+            curves = Curves(rng, steps, depth, diverge_at=spec.get("diverge_at"),
+                            nan_at=spec.get("nan_at"), floor=0.025, new_datasets=new_datasets)
+            g = traj.create_group(spec["name"])
+            if arms is not None:
+                g.attrs[S.ATTR_ARM] = spec["name"]
+                g.attrs[S.ATTR_POLICY] = f"weight={weight} activation=mxfp8_e4m3 grad=mxfp8_e4m3"
+                g.attrs[S.ATTR_PATCH] = ("{" + ", ".join(f"{k}: {v}" for k, v in spec["set"].items())
+                                         + "}") if spec.get("set") else "{}"
+            _write_group(g, curves, depth, quantized=True, **common)
+            full_loss[spec["name"]] = curves.full_loss
         if branches:
             bgroup = f.create_group(S.GROUP_BRANCHES)
             for b in branches:
                 g = bgroup.create_group(b["name"])
                 g.attrs[S.ATTR_AT] = np.int64(b["at"])
                 g.attrs[S.ATTR_PATCH] = b.get("patch", "precision: fp32\n")
+                if "from" in b:
+                    g.attrs[S.ATTR_FROM] = b["from"]
                 curves = Curves(rng, steps, depth, diverge_at=b.get("diverge_at"), floor=0.025,
-                                start=b["at"], prefix=mx.full_loss)
-                _write_group(g, curves, depth, log_every, bias_every, True, summaries, config)
+                                start=b["at"], prefix=full_loss[b.get("from", S.TRAJ_MX)],
+                                new_datasets=new_datasets)
+                _write_group(g, curves, depth, quantized=True, **common)
+        first_arm = arm_specs[0]["name"]
         if killed == "ragged":
-            for gname, cut in (("mx", {"loss": 2, "gamma_lastbin": 3, "bias_ratio": 1}),
+            for gname, cut in ((first_arm, {"loss": 2, "gamma_lastbin": 3, "bias_ratio": 1}),
                                ("fp32", {"step": 1})):
                 grp = f[S.GROUP_TRAJECTORIES][gname]
                 for ds_name, k in cut.items():
                     ds = grp[ds_name]
                     ds.resize(ds.shape[0] - k, axis=0)
         elif killed == "zeros":
-            for gname in S.TRAJECTORY_NAMES:
+            for gname in (S.TRAJ_FP32, first_arm):
                 grp = f[S.GROUP_TRAJECTORIES][gname]
                 for name, ds in grp.items():
                     if name != S.DS_LOSS_ALL:
                         ds.resize(ds.shape[0] + 2, axis=0)  # fill value 0, as h5py leaves it
+    return path
+
+
+def write_signal_run(path, groups, *, steps=1000, log_every=10, curvature_every=0, seed=0):
+    """A small run file with hand-made series, for tests with known answers (warn, survival).
+
+    `groups`: dicts {name, kind ("trajectory", default, or "branch"), divergence (step or
+    None), nonfinite (step or None), steps_run (default: the run's steps, from `at` for a
+    branch), at, from, rows: {dataset: f(step array) -> values}, curvature: {dataset: f}}.
+    The FP32 group is one of them (name "fp32") or absent. Summary attributes are written
+    from the given steps, so nothing is recomputed from losses."""
+    text = config_yaml({"steps": steps, "seed": seed, "log.log_every": log_every}, arms=[
+        {"name": g["name"]} for g in groups if g.get("kind", "trajectory") == "trajectory"
+        and g["name"] != S.TRAJ_FP32])
+    with h5py.File(path, "w") as f:
+        f.attrs["schema_version"] = np.int64(S.SCHEMA_VERSION)
+        f.attrs["run_id"] = hashlib.sha256((text + path).encode()).hexdigest()[:12]
+        f.attrs["config_yaml"] = text
+        f.attrs["status"] = "complete"
+        f.attrs["steps"] = np.int64(steps)
+        f.attrs[S.ATTR_ARMS] = [g["name"] for g in groups if g.get("kind", "trajectory") ==
+                                "trajectory" and g["name"] != S.TRAJ_FP32]
+        for g in groups:
+            kind = g.get("kind", "trajectory")
+            parent = f.require_group(S.GROUP_BRANCHES if kind == "branch" else S.GROUP_TRAJECTORIES)
+            grp = parent.create_group(g["name"])
+            start = g["at"] if kind == "branch" else 0
+            if kind == "branch":
+                grp.attrs[S.ATTR_AT] = np.int64(g["at"])
+                grp.attrs[S.ATTR_PATCH] = "{}"
+                grp.attrs[S.ATTR_FROM] = g.get("from", S.TRAJ_MX)
+            elif g["name"] != S.TRAJ_FP32:
+                grp.attrs[S.ATTR_ARM] = g["name"]
+                grp.attrs[S.ATTR_PATCH] = "{}"
+            steps_run = g.get("steps_run", steps - start)
+            first = -(-start // log_every) * log_every
+            step = np.arange(first, start + steps_run, log_every, dtype=np.int64)
+            _write_rows(grp, S.DS_STEP, step)
+            _write_rows(grp, S.DS_LOSS, np.full(len(step), 0.1))
+            for name, fn in g.get("rows", {}).items():
+                _write_rows(grp, name, np.asarray(fn(step), dtype=np.float64))
+            if g.get("curvature"):
+                cstep = np.arange(-(-start // curvature_every) * curvature_every,
+                                  start + steps_run, curvature_every, dtype=np.int64)
+                _write_rows(grp, S.DS_CURVATURE_STEP, cstep)
+                for name, fn in g["curvature"].items():
+                    _write_rows(grp, name, np.asarray(fn(cstep), dtype=np.float64))
+            attrs = {S.SUM_STEPS_RUN: steps_run,
+                     S.SUM_DIVERGENCE: g.get("divergence") if g.get("divergence") is not None else S.NO_STEP,
+                     S.SUM_FIRST_NONFINITE: g.get("nonfinite") if g.get("nonfinite") is not None else S.NO_STEP,
+                     S.SUM_SPIKE_COUNT: 0}
+            for key, value in attrs.items():
+                grp.attrs[key] = np.int64(value)
+            for key in (S.SUM_SPIKE_SCORE, S.SUM_FINAL_LOSS, S.SUM_MIN_LOSS, S.SUM_MAX_GAMMA_LASTBIN):
+                grp.attrs[key] = np.float64(0.1)
     return path
 
 
@@ -315,6 +469,19 @@ def write_demo(out, steps=6000):
                       width=width, depth=depth, mx_diverge_at=diverge and diverge // 4,
                       fp32_spike_at=(steps // 8 if depth == 4 else None))
     paths["sweep"] = os.path.join(out, "sweep")
+    # Multi-arm seeds (issue 13) with clamp debt and curvature (issue 12): for warn, survival.
+    d = os.path.join(out, "arms")
+    os.makedirs(d, exist_ok=True)
+    for seed in range(4):
+        at = int(steps * (0.55 + 0.1 * seed))
+        arms = [{"name": "floor", "diverge_at": at if seed != 3 else None},
+                {"name": "nearest_even", "set": {"rounding": "nearest_even"},
+                 "diverge_at": at + steps // 10 if seed == 0 else None},
+                {"name": "rceil", "set": {"scale_rule": "rceil"},
+                 "diverge_at": at - steps // 20 if seed % 2 else None}]
+        write_run(os.path.join(d, f"seed{seed}.h5"), steps=steps, seed=20 + seed, arms=arms,
+                  new_datasets=True, curvature_every=max(steps // 100, 1))
+    paths["arms"] = d
     return paths
 
 

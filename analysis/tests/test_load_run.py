@@ -136,3 +136,18 @@ def test_reads_a_file_another_process_holds_open_for_writing(stable_run, tmp_pat
         finally:
             writer.stdin.close()  # the writer exits when its stdin ends
             writer.wait(timeout=30)
+
+
+def test_unknown_dataset_on_another_axis_does_not_cut_the_rows(tmp_path, arms_run):
+    """A later schema may log something on its own axis (as curvature does): a dataset this
+    package does not know whose length is not the row count is kept aside, not cut to."""
+    import shutil
+    path = tmp_path / "extra.h5"
+    shutil.copy(arms_run, path)
+    with h5py.File(path, "a") as f:
+        g = f["trajectories/floor"]
+        g.create_dataset("shadow_step", data=np.arange(7))
+        g.create_dataset("new_row_thing", data=np.ones(g["step"].shape[0]))
+    floor = S.load_run(str(path)).arm("floor")
+    assert floor.n == STEPS // 10 and not floor.truncated
+    assert floor.other["shadow_step"].shape == (7,) and floor.get("new_row_thing").shape == (floor.n,)
