@@ -30,7 +30,7 @@ ATTR_SEED = "seed"
 ROOT_ATTRS = (
     ATTR_SCHEMA_VERSION, "mxlab_version", "git_commit", "build_type", "device",
     "cuda_runtime", "cuda_driver", "cublas", "math_mode", ATTR_SEED, ATTR_RUN_ID,
-    ATTR_CONFIG_YAML, "start_time", "end_time", ATTR_STATUS, ATTR_STEPS,
+    ATTR_CONFIG_YAML, "start_time", "end_time", ATTR_STATUS, ATTR_STEPS, "arms",
 )
 ATTR_ARMS = "arms"  # list of arm names in config order (absent in files before arms)
 STATUS_RUNNING = "running"
@@ -97,8 +97,9 @@ WEIGHT_DEBT_DATASETS = ("weight_gap_mean", "weight_above_frac")  # [n, 2L], attr
 DS_CROSS_RATIO_SQ = "cross_ratio_sq"
 DS_CROSS_RATIO_SQ_AVG = "cross_ratio_sq_avg"
 MX_SERIES_V2 = (DS_CROSS_RATIO_SQ, DS_CROSS_RATIO_SQ_AVG, "eps_norm", "gbar_norm", "gtilde_norm",
-                "shadow_loss")
-NEW_ROW_DATASETS = DEBT_DATASETS + WEIGHT_DEBT_DATASETS + MX_SERIES_V2  # may be absent
+                "eps_par", "eps_perp", "shadow_loss")
+MX_GROUP_DATASETS_V2 = ("eps_norm_group", "gbar_norm_group", "gtilde_norm_group")  # [n, G]
+NEW_ROW_DATASETS = DEBT_DATASETS + WEIGHT_DEBT_DATASETS + MX_SERIES_V2 + MX_GROUP_DATASETS_V2  # may be absent
 
 ROW_DATASETS = SCALAR_SERIES + PER_LAYER_DATASETS + MX_DATASETS + NEW_ROW_DATASETS  # share n
 
@@ -111,7 +112,14 @@ DS_EQ10_LHS = "eq10_lhs"                 # |1 - s| + s r, s = lr * precond_lmax,
 CURVATURE_DATASETS = (DS_CURVATURE_STEP, DS_HESSIAN_LMAX, DS_PRECOND_LMAX, DS_PRECOND_THRESHOLD,
                       DS_EQ10_LHS, "hessian_resid")
 
-ALL_DATASETS = ROW_DATASETS + (DS_LOSS_ALL,) + CURVATURE_DATASETS
+# The shadow series (issue 17): one row per shadow step (every bias_every-th and the last),
+# on their own axis `shadow_step`: the global scalars of that step's shadow pass.
+DS_SHADOW_STEP = "shadow_step"
+SHADOW_DATASETS = (DS_SHADOW_STEP, "shadow_bias_ratio", "shadow_cosine", "shadow_cross_ratio",
+                   "shadow_cross_ratio_sq", "shadow_eps_norm", "shadow_gbar_norm", "shadow_gtilde_norm",
+                   "shadow_eps_par", "shadow_eps_perp", "shadow_fp32_loss")
+
+ALL_DATASETS = ROW_DATASETS + (DS_LOSS_ALL,) + CURVATURE_DATASETS + SHADOW_DATASETS
 
 # ---- summary attributes (per trajectory / branch group, once it has ended) --------------
 SUM_STEPS_RUN = "steps_run"
@@ -164,6 +172,7 @@ class Trajectory:
     truncated: bool = False        # rows were dropped to make the datasets consistent
     curvature: dict = field(default_factory=dict)
     m: int = 0
+    shadow: dict = field(default_factory=dict)  # the shadow series, on the axis `shadow_step`
     other: dict = field(default_factory=dict)  # unknown datasets whose length is not the rows'
 
     @property
@@ -205,9 +214,11 @@ class Trajectory:
         return all(k in self.attrs for k in SUMMARY_ATTRS if k != SUM_MAX_BIAS_RATIO)
 
     def get(self, name):
-        """A row dataset, or a curvature dataset (on its own axis: see `series`)."""
+        """A row dataset, or a curvature or shadow-series dataset (on its own axis: see `series`)."""
         value = self.data.get(name)
-        return self.curvature.get(name) if value is None else value
+        if value is None:
+            value = self.curvature.get(name)
+        return self.shadow.get(name) if value is None else value
 
     def series(self, name):
         """(steps, values) of a dataset on its own axis: `step` for row datasets,
@@ -216,6 +227,8 @@ class Trajectory:
             return self.step, self.data[name]
         if name in self.curvature and DS_CURVATURE_STEP in self.curvature:
             return self.curvature[DS_CURVATURE_STEP], self.curvature[name]
+        if name in self.shadow and DS_SHADOW_STEP in self.shadow:
+            return self.shadow[DS_SHADOW_STEP], self.shadow[name]
         return None
 
     def quantized(self, dataset):
@@ -308,7 +321,7 @@ def _cut(raw, step_name):
 
 def _load_group(group, name, kind):
     traj = Trajectory(name=name, kind=kind, attrs={k: _py(v) for k, v in group.attrs.items()})
-    raw, curvature = {}, {}
+    raw, curvature, shadow = {}, {}, {}
     rows = group[DS_STEP].shape[0] if isinstance(group.get(DS_STEP), h5py.Dataset) else None
     for key, ds in group.items():
         if not isinstance(ds, h5py.Dataset):
@@ -319,13 +332,16 @@ def _load_group(group, name, kind):
             traj.loss_all = np.asarray(values, dtype=np.float64)
         elif key in CURVATURE_DATASETS:
             curvature[key] = np.asarray(values)
+        elif key in SHADOW_DATASETS:
+            shadow[key] = np.asarray(values)
         elif key in ROW_DATASETS or rows is None or ds.shape[:1] == (rows,):
             raw[key] = np.asarray(values)
         else:  # a dataset this package does not know, on some other axis: not a log row
             traj.other[key] = np.asarray(values)
     traj.data, traj.n, cut_rows = _cut(raw, DS_STEP)
     traj.curvature, traj.m, cut_curvature = _cut(curvature, DS_CURVATURE_STEP)
-    traj.truncated = cut_rows or cut_curvature
+    traj.shadow, _, cut_shadow = _cut(shadow, DS_SHADOW_STEP)
+    traj.truncated = cut_rows or cut_curvature or cut_shadow
     if traj.loss_all is None:
         traj.loss_all = np.zeros(0)
     steps_run = traj.attrs.get(SUM_STEPS_RUN)

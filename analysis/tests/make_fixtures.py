@@ -190,6 +190,12 @@ class Curves:
                 rows["gtilde_norm"] = np.where(shadow, 0.45 * gbar, np.nan)
                 rows["eps_norm"] = np.where(shadow, ratio * gbar, np.nan)
                 rows["shadow_loss"] = np.where(shadow, loss * (1.0 + 0.1 * trouble), np.nan)
+                # eps split along g-bar (cosine-like share) and across it: par^2 + perp^2 = eps^2
+                rows["eps_par"] = rows["eps_norm"] * (cosine - 1.0) * 0.5
+                rows["eps_perp"] = np.sqrt(np.maximum(rows["eps_norm"] ** 2 - rows["eps_par"] ** 2, 0.0))
+                for name, base in (("eps_norm_group", rows["eps_norm"]), ("gbar_norm_group", rows["gbar_norm"]),
+                                   ("gtilde_norm_group", rows["gtilde_norm"])):
+                    rows[name] = base[:, None] * np.ones(groups) / np.sqrt(groups)
         if self.new_datasets:
             for tensor, scale in (("gamma", 1.0), ("beta", 0.1)):
                 gap = scale * (0.01 + 0.002 * layer + 0.08 * trouble[:, None] * (layer == 0))
@@ -248,7 +254,7 @@ def _write_group(group, curves, layers, *, log_every, bias_every, quantized, sum
         attrs = {}
         if name in S.LASTBIN_DATASETS:
             attrs[S.DATASET_ATTR_QUANTIZED] = np.int64(1 if quantized else 0)
-        if name in S.MX_GROUP_DATASETS:
+        if name in S.MX_GROUP_DATASETS + S.MX_GROUP_DATASETS_V2:
             attrs[S.DATASET_ATTR_NAMES] = names
         if name in S.WEIGHT_DEBT_DATASETS:
             attrs[S.DATASET_ATTR_NAMES] = weight_names(layers)

@@ -146,8 +146,8 @@ def test_unknown_dataset_on_another_axis_does_not_cut_the_rows(tmp_path, arms_ru
     shutil.copy(arms_run, path)
     with h5py.File(path, "a") as f:
         g = f["trajectories/floor"]
-        g.create_dataset("shadow_step", data=np.arange(7))
+        g.create_dataset("future_step", data=np.arange(7))
         g.create_dataset("new_row_thing", data=np.ones(g["step"].shape[0]))
     floor = S.load_run(str(path)).arm("floor")
     assert floor.n == STEPS // 10 and not floor.truncated
-    assert floor.other["shadow_step"].shape == (7,) and floor.get("new_row_thing").shape == (floor.n,)
+    assert floor.other["future_step"].shape == (7,) and floor.get("new_row_thing").shape == (floor.n,)
