@@ -17,6 +17,7 @@ enum class Stream : uint32_t {
   stochastic_round = 4,
   validation = 5,
   teacher_init = 6,
+  curvature = 7,    // start vectors of the curvature eigensolver (lab/model/curvature.h)
 };
 
 struct U32x4 {
