@@ -407,7 +407,7 @@ TEST(Curvature, MeasurementsRepeatBitForBitAndWithoutPreconditionerCopyTheHessia
 }
 
 TEST(Curvature, ProductCountsItsGemms) {
-  // Per layer 12 GEMMs; layer 0 without LN affine skips R{y_0} W1^T, dh^T R{y_0} and R{dy_0} W1 (2).
+  // Per layer 12 GEMMs; layer 0 without LN affine skips R{y_0} W1^T, dh^T R{y_0} and R{dy_0}'s two.
   RunConfig cfg = case_config({"", Act::gelu});
   EXPECT_EQ(hvp_gemms(NetShape::student(cfg.model)), 24);
   cfg.model.ln_affine = false;
