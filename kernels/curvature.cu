@@ -27,6 +27,15 @@ void launch_each(const F& f, int64_t n, cudaStream_t s) {
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 
+// Element i of a swiglu output (rows, cols) reads u = h[r, c] and g = h[r, cols + c].
+struct SwigluPair {
+  int64_t u, g;
+};
+__device__ SwigluPair swiglu_pair(int64_t i, int64_t cols) {
+  const int64_t r = i / cols, u = r * 2 * cols + (i - r * cols);
+  return SwigluPair{u, u + cols};
+}
+
 struct ActJvp {
   Act act;
   const float* h;
@@ -35,8 +44,8 @@ struct ActJvp {
   int64_t cols;
   __device__ void operator()(int64_t i) const {
     if (act == Act::swiglu) {
-      const int64_t r = i / cols, c = i - r * cols, u = r * 2 * cols + c, g = u + cols;
-      ra[i] = swiglu_jvp_elem(h[u], h[g], rh[u], rh[g]);
+      const SwigluPair p = swiglu_pair(i, cols);
+      ra[i] = swiglu_jvp_elem(h[p.u], h[p.g], rh[p.u], rh[p.g]);
     } else {
       ra[i] = act_jvp_elem(act, h[i], rh[i]);
     }
@@ -53,8 +62,8 @@ struct ActBwdTangent {
   int64_t cols;
   __device__ void operator()(int64_t i) const {
     if (act == Act::swiglu) {
-      const int64_t r = i / cols, c = i - r * cols, u = r * 2 * cols + c, g = u + cols;
-      swiglu_bwd_tangent_elem(h[u], h[g], rh[u], rh[g], da[i], rda[i], rdh[u], rdh[g]);
+      const SwigluPair p = swiglu_pair(i, cols);
+      swiglu_bwd_tangent_elem(h[p.u], h[p.g], rh[p.u], rh[p.g], da[i], rda[i], rdh[p.u], rdh[p.g]);
     } else {
       rdh[i] = act_bwd_tangent_elem(act, h[i], rh[i], da[i], rda[i]);
     }

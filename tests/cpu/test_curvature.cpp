@@ -38,8 +38,10 @@
 #include "lab/model/elementwise.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
+#include "tests/cpu/model_reference.h"
 
 using namespace mxlab;
+using namespace mxlab::test;
 
 namespace {
 
@@ -47,17 +49,6 @@ constexpr int64_t kBatch = 5;
 constexpr int kIters = 20;          // the default log.curvature_iters
 constexpr double kLambdaRel = 1e-3;  // issue 12: lambda_max within 1e-3 relative
 constexpr double kFdStep = 1e-6;
-
-std::vector<float> noise(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * randn_elem(seed, Stream::validation, 0, i);
-  return v;
-}
-float* put(Backend& be, const std::vector<float>& v) {
-  float* p = be.alloc(v.size());
-  be.upload(p, v.data(), v.size());
-  return p;
-}
 
 struct Case {
   std::string label;
@@ -97,31 +88,6 @@ std::vector<float> case_params(const NetShape& s, uint64_t seed) {
 }
 
 // ---- the independent reference: the model and its gradient in double, plain loops --------
-
-constexpr double kPi = 3.14159265358979323846;
-
-double act_d(Act a, double x) {
-  switch (a) {
-    case Act::relu: return x > 0 ? x : 0;
-    case Act::gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-    case Act::gelu_tanh: return 0.5 * x * (1 + std::tanh(std::sqrt(2 / kPi) * (x + 0.044715 * x * x * x)));
-    default: return x;
-  }
-}
-double act1_d(Act a, double x) {
-  switch (a) {
-    case Act::relu: return x > 0 ? 1 : 0;
-    case Act::gelu: return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * kPi);
-    case Act::gelu_tanh: {
-      const double c = std::sqrt(2 / kPi), t = std::tanh(c * (x + 0.044715 * x * x * x));
-      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
-    }
-    default: return 1;
-  }
-}
-double sig_d(double x) { return 1 / (1 + std::exp(-x)); }
-double silu_d(double x) { return x * sig_d(x); }
-double silu1_d(double x) { return sig_d(x) * (1 + x * (1 - sig_d(x))); }
 
 struct RefPass {
   double loss = 0;

@@ -16,20 +16,16 @@
 #include "lab/model/instrument_elementwise.h"
 #include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
+#include "tests/cpu/model_reference.h"
 
 using namespace mxlab;
+using namespace mxlab::test;
 
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-
 struct Host {
   std::unique_ptr<Backend> be = make_cpu_backend();
-  float* put(const std::vector<float>& v) {
-    float* p = be->alloc(v.size());
-    be->upload(p, v.data(), v.size());
-    return p;
-  }
+  float* put(const std::vector<float>& v) { return test::put(*be, v); }
   std::vector<float> get(const float* p, size_t n) {
     std::vector<float> v(n);
     be->download(v.data(), p, n);
@@ -37,27 +33,6 @@ struct Host {
   }
 };
 
-std::vector<float> noise(size_t n, uint64_t seed, float scale = 1.0f, float shift = 0.0f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = shift + scale * randn_elem(seed, Stream::validation, 0, i);
-  return v;
-}
-
-// First derivatives in double (std:: functions), for central differences of the second ones.
-double act1_d(Act a, double x) {
-  switch (a) {
-    case Act::gelu: return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * kPi);
-    case Act::gelu_tanh: {
-      const double c = std::sqrt(2 / kPi), t = std::tanh(c * (x + 0.044715 * x * x * x));
-      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
-    }
-    default: return 0;
-  }
-}
-double silu1_d(double x) {
-  const double s = 1 / (1 + std::exp(-x));
-  return s * (1 + x * (1 - s));
-}
 double central(double (*f)(double), double x) {
   const double h = 1e-5;
   return (f(x + h) - f(x - h)) / (2 * h);
@@ -107,13 +82,12 @@ TEST(InstrumentOps, ActivationTangentsHandWorked) {
   // the double formulas of the derivation.
   const float u = 0.75f, g = -0.5f, ru = 0.5f, rg = 2.0f, d = 1.25f, rd = -0.5f;
   float *SH = h.put({u, g}), *SR = h.put({ru, rg}), *SD = h.put({d}), *SRD = h.put({rd}), *SO = h.be->alloc(2);
-  auto sil = [](double x) { return x / (1 + std::exp(-x)); };
   const double s1 = silu1_d(g), s2 = central(silu1_d, g);
   h.be->act_jvp(Act::swiglu, SH, SR, SO, 1, 1);
-  EXPECT_NEAR(h.get(SO, 1)[0], ru * sil(g) + u * s1 * rg, 1e-6);
+  EXPECT_NEAR(h.get(SO, 1)[0], ru * silu_d(g) + u * s1 * rg, 1e-6);
   h.be->act_bwd_tangent(Act::swiglu, SH, SR, SD, SRD, SO, 1, 1);
   const auto o = h.get(SO, 2);
-  EXPECT_NEAR(o[0], rd * sil(g) + d * s1 * rg, 1e-6);
+  EXPECT_NEAR(o[0], rd * silu_d(g) + d * s1 * rg, 1e-6);
   EXPECT_NEAR(o[1], (rd * u + d * ru) * s1 + d * u * s2 * rg, 1e-6);
 }
 
