@@ -14,6 +14,7 @@
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/instrument_elementwise.h"
+#include "lab/model/mlp.h"
 #include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
 #include "tests/cpu/model_reference.h"
@@ -282,4 +283,60 @@ TEST(InstrumentOps, QuantGapExactZeroNonfiniteStridedAndBf16First) {
   QuantSpec bad = q;
   bad.block = 0;
   EXPECT_THROW(h.be->quant_gap(h.put({v}), 1, 1, Axis::contiguous, bad, false, Rounding::nearest_even), Error);
+}
+
+TEST(InstrumentOps, QuantGapOfTheModelsGammaIsWhatTheForwardPassUses) {
+  // An MX policy with stochastic rounding (so that the seed mixing must match too): the gap of
+  // the stored gamma / beta under forward_param_quant equals |gamma - Q(gamma)| / |gamma| with
+  // the Q(gamma) the forward pass left in the workspace (the last layer's).
+  Host h;
+  ModelConfig m;
+  m.depth = 2;
+  m.width = 40;
+  const NetShape s = NetShape::student(m);
+  std::vector<float> params = init_params(s, InitKind::pytorch, 1.0f, 5, Stream::init);
+  const auto z = noise(static_cast<size_t>(s.num_params), 6);
+  for (const ParamGroup& g : s.groups)
+    for (int64_t i = 0; i < g.size(); ++i) {
+      float& v = params[static_cast<size_t>(g.offset + i)];
+      if (g.kind == ParamGroup::gamma) v = 0.89f + 0.01f * z[static_cast<size_t>(g.offset + i)];
+      if (g.kind == ParamGroup::beta) v = 0.05f * z[static_cast<size_t>(g.offset + i)];
+    }
+  PassPolicy pol;
+  pol.seed = 17;
+  pol.p.rounding = Rounding::stochastic;  // defaults otherwise: MXFP8 E4M3 everywhere, floor
+  h.be->set_step(StepScalars{3, 0.0f, 1.0f, 1.0f});
+  float* P = h.put(params);
+  float* X = h.put(noise(static_cast<size_t>(4 * s.d), 7));
+  Workspace ws = Workspace::make(*h.be, s, 4);
+  forward(*h.be, s, P, X, ws, pol);
+  const std::vector<float> gq = h.get(ws.gq_gamma, static_cast<size_t>(s.d)), bq = h.get(ws.gq_beta, s.d);
+  for (ParamGroup::Kind kind : {ParamGroup::gamma, ParamGroup::beta}) {
+    const ParamGroup& g = *s.find(1, kind);
+    const ParamQuant pq = forward_param_quant(g, pol);
+    const Backend::QuantGap r = h.be->quant_gap(P + g.offset, pq.rows, pq.cols, pq.axis, pq.q, pq.round_bf16_first,
+                                                pq.bf16_mode);
+    const std::vector<float>& q = kind == ParamGroup::gamma ? gq : bq;
+    double sum = 0, mx = 0;
+    uint64_t above = 0;
+    for (int64_t i = 0; i < g.size(); ++i) {
+      const float x = params[static_cast<size_t>(g.offset + i)];
+      const double rel = quant_gap_rel(x, q[static_cast<size_t>(i)]);
+      sum += rel;
+      mx = std::max(mx, rel);
+    }
+    above = mx_stats(params.data() + g.offset, 1, s.d, Axis::contiguous, pq.q).clamped;
+    EXPECT_EQ(r.sum_rel, sum) << g.name;
+    EXPECT_EQ(r.max_rel, mx) << g.name;
+    EXPECT_EQ(r.above, above) << g.name;
+    EXPECT_GT(r.sum_rel, 0.0) << g.name;
+    if (kind == ParamGroup::gamma) EXPECT_GT(r.above, 0u) << "gamma near 0.89 must clamp in some blocks";
+  }
+  // The weights: the forward GEMM operand's spec (weight role, bf16 first, K-contiguous).
+  const ParamQuant w1 = forward_param_quant(*s.find(0, ParamGroup::w1), pol);
+  EXPECT_EQ(w1.q.fmt, NumFmt::mxfp8_e4m3);
+  EXPECT_TRUE(w1.round_bf16_first);
+  EXPECT_EQ(w1.rows, s.hidden_in);
+  EXPECT_EQ(w1.cols, s.d);
+  EXPECT_EQ(forward_param_quant(*s.find(0, ParamGroup::b2), pol).q.fmt, NumFmt::fp32);
 }
