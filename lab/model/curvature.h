@@ -40,7 +40,7 @@ class Curvature {
   // Lanczos steps per eigenvalue, fewer when the Krylov space becomes invariant. The start
   // vector is N(0, 1) sample i of (seed, Stream::curvature, StepScalars.step) for parameter i,
   // the same for both solves, so a measurement is a function of (weights, batch, v, seed,
-  // step) and repeats bit for bit on one backend. Synchronises (3 reductions per step).
+  // step) and repeats bit for bit on one backend. Synchronises (2 reductions per Lanczos step).
   CurvatureResult measure(const float* params, const float* x, const float* y, const float* adam_v, float bc2,
                           float eps, int iters, uint64_t seed);
 
