@@ -31,12 +31,14 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_backend_internal.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/curvature.cuh"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/loss.cuh"
 #include "kernels/optim.cuh"
+#include "kernels/quant_gap.cuh"
 #include "kernels/quantize.cuh"
 #include "kernels/reduce.cuh"
 
@@ -442,6 +444,71 @@ class CudaBackend final : public Backend {
     }
     return out;
   }
+
+  // ==== stability instruments (backend.h): curvature tangents and the quantization gap ====
+  void act_jvp(Act act, const float* h, const float* rh, float* ra, int64_t rows, int64_t cols) override {
+    ctx();
+    launch_act_jvp(act, h, rh, ra, rows, cols, cur());
+  }
+  void act_bwd_tangent(Act act, const float* h, const float* rh, const float* da, const float* rda, float* rdh,
+                       int64_t rows, int64_t cols) override {
+    ctx();
+    launch_act_bwd_tangent(act, h, rh, da, rda, rdh, rows, cols, cur());
+  }
+  void ln_affine_tangent(const float* rxhat, const float* xhat, const float* gamma, const float* vgamma,
+                         const float* vbeta, float* ry, int64_t rows, int64_t d) override {
+    ctx();
+    launch_ln_affine_tangent(rxhat, xhat, gamma, vgamma, vbeta, ry, rows, d, cur());
+  }
+  void layernorm_bwd_tangent(const float* dy, const float* rdy, const float* xhat, const float* rxhat, const float* rx,
+                             const float* rstd, const float* gamma, const float* vgamma, float* rdx, int64_t rows,
+                             int64_t d) override {
+    ctx();
+    MXLAB_ASSERT((gamma == nullptr) == (vgamma == nullptr), "layernorm tangent needs both gamma and its tangent");
+    launch_layernorm_bwd_tangent(dy, rdy, xhat, rxhat, rx, rstd, gamma, vgamma, rdx, rows, d, cur());
+  }
+  void col_dot(const float* a, const float* b, float* out, int64_t rows, int64_t d) override {
+    ctx();
+    // layernorm_bwd's dgamma sum: (float) double sum over rows of a * b.
+    double* scratch = lane_scratch(col_sum_scratch_doubles(rows, d, 2));
+    launch_col_sum_ln(a, b, out, nullptr, rows, d, scratch, cur());
+  }
+  void axpby(float* y, const float* x, float a, float b, size_t n) override {
+    ctx();
+    launch_axpby(y, x, a, b, static_cast<int64_t>(n), cur());
+  }
+  void mul(float* dst, const float* a, const float* b, size_t n) override {
+    ctx();
+    launch_mul(dst, a, b, static_cast<int64_t>(n), cur());
+  }
+  void precond_isqrt(const float* v, float* out, size_t n, float bc2, float eps) override {
+    ctx();
+    launch_precond_isqrt(v, out, static_cast<int64_t>(n), bc2, eps, cur());
+  }
+  void loss_kl_tangent(const float* out, const float* rout, float* rdout, int64_t rows, int64_t d,
+                       float temperature) override {
+    ctx();
+    launch_loss_kl_tangent(out, rout, rdout, rows, d, temperature, cur());
+  }
+  QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q, bool round_bf16_first,
+                     Rounding bf16_mode) override {
+    ctx();
+    refuse_in_capture("quant_gap");
+    join();
+    if (is_mx(q.fmt) && q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
+    double* scratch = lane_scratch(quant_gap_scratch_doubles(rows * cols));
+    launch_quant_gap(x, rows, cols, axis, q, round_bf16_first, bf16_mode, d_step_, scratch, results_.get(), cur());
+    double r[5];
+    read_results(5, r);
+    QuantGap g;
+    g.sum_rel = r[0];
+    g.max_rel = r[1];
+    g.above = static_cast<uint64_t>(r[2]);
+    g.n = static_cast<uint64_t>(r[3]);
+    g.nonfinite = static_cast<uint64_t>(r[4]);
+    return g;
+  }
+  // ==== end of the stability instruments ====
 
  private:
   static constexpr size_t kHostResults = 1024;  // doubles per reduce batch read back

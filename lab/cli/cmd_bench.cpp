@@ -14,7 +14,13 @@
 // and, on CUDA, in the same process, the floors these are measured against: the step's GEMMs
 // alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off for FP32,
 // bf16 operands already quantized for MX; the teacher's 2 per block), each figure also as a
-// ratio to its floor. The last line is one JSON object for scripts.
+// ratio to its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the
+// primal pass plus --curvature-iters Lanczos steps of exact Hessian-vector products per
+// eigenvalue, probe batch = data.batch) at the FP32 trajectory's weights, for lambda_max(H)
+// alone and for both lambda_max(H) and lambda_max(P^-1 H), in ms (host clock around a
+// synchronised measurement, median of a few after one warm-up that records the product's
+// graph) and in forward-backward equivalents: the FP32 forward + loss + backward of the same
+// run (timed like the step figures). The last line is one JSON object for scripts.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +34,8 @@
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
+#include "lab/model/curvature.h"
+#include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
 #include "lab/train/trainer.h"
@@ -44,9 +52,11 @@ constexpr int kCudaWarmup = 10;        // >= 3: eager pass, recording, then repl
 constexpr int kCpuSteps = 3;           // a paper-size CPU step takes seconds
 constexpr int kCpuWarmup = 1;
 constexpr int kFloorReps = 50;         // timed replays of each cuBLAS floor graph
+constexpr int kCurvatureReps = 5;      // timed curvature measurements on a GPU (1 on the CPU)
+constexpr int kCurvatureIters = 20;    // the default log.curvature_iters
 
 // Capture keys of the benchmarked regions (any distinct ints).
-enum Key : int { kKeyFp32 = 101, kKeyMx, kKeyShadow, kKeyData, kKeyPaired };
+enum Key : int { kKeyFp32 = 101, kKeyMx, kKeyShadow, kKeyData, kKeyPaired, kKeyFwdBwd };
 
 struct Args {
   std::string path;
@@ -57,6 +67,7 @@ struct Args {
   bool no_graphs = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
+  int curvature_iters = kCurvatureIters;
 };
 
 // The trainer's own step (compute, update, the shadow pass every bias_every steps and its
@@ -296,12 +307,13 @@ void run_bench(const Args& a) {
       {kKeyData, [&] { bench.data(); }},
       {kKeyPaired, [&] { bench.paired(); }},
   };
-  static const char* const kOnlyNames[] = {"fp32", "mx", "shadow", "data", "paired"};
+  static const char* const kOnlyNames[] = {"fp32", "mx", "shadow", "data", "paired", "curvature"};
+  constexpr int kOnlyCurvature = 5;
   int only = -1;
   if (!a.only.empty()) {
-    for (int i = 0; i < 5; ++i)
+    for (int i = 0; i <= kOnlyCurvature; ++i)
       if (a.only == kOnlyNames[i]) only = i;
-    if (only < 0) throw Error(msg("--only ", a.only, ": use one of fp32, mx, shadow, data, paired"));
+    if (only < 0) throw Error(msg("--only ", a.only, ": use one of fp32, mx, shadow, data, paired, curvature"));
   }
   bench.data();  // targets for the single-trajectory figures
   for (int i = 0; i < 5; ++i)
@@ -372,6 +384,47 @@ void run_bench(const Args& a) {
     std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", K, tk / K, t1, saving);
   }
 
+  // ---- curvature: one measurement at the FP32 weights on the batch, vs one forward-backward ----
+  const bool curv = only < 0 || only == kOnlyCurvature;
+  double fb_ms = 0.0, curv_ms = 0.0, curv_h_ms = 0.0;
+  CurvatureResult cres;
+  if (curv) {
+    if (a.curvature_iters < 2) throw Error(msg("--curvature-iters must be at least 2 (got ", a.curvature_iters, ")"));
+    fb_ms = time_region(kKeyFwdBwd, [&] { bench.fwd_bwd(bench.p32, bench.ws32, bench.g32, bench.pol32); });
+    Curvature curvature(*be, bench.S, cfg, bench.B);
+    const StepScalars sc = bench.scalars(static_cast<uint32_t>(steps + warmup));
+    be->set_step(sc);
+    auto time_measure = [&](const float* v) {
+      std::vector<double> ms;
+      const int reps = is_cuda ? kCurvatureReps : 1;
+      for (int i = 0; i <= reps; ++i) {  // i == 0: warm-up (records the product's graph)
+        be->synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        cres = curvature.measure(bench.p32, bench.x, bench.target, v, sc.bc2, cfg.optimizer.eps, a.curvature_iters,
+                                 cfg.seed);
+        be->synchronize();
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+      return median(ms);
+    };
+    curv_h_ms = time_measure(nullptr);
+    curv_ms = time_measure(bench.v32);
+    const int gemms = hvp_gemms(bench.S), fb_gemms = 6 * bench.S.depth;
+    std::printf("\n  curvature (probe batch %lld rows, %d Lanczos steps per eigenvalue, FP32 SGEMM):\n",
+                static_cast<long long>(bench.B), a.curvature_iters);
+    std::printf("    FP32 forward+backward (no optimizer)  %10.3f ms\n", fb_ms);
+    std::printf("    lambda_max(H) alone                  %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", curv_h_ms,
+                curv_h_ms / fb_ms, curv_h_ms / fb_ms / a.curvature_iters);
+    std::printf("    lambda_max(H) and lambda_max(P^-1 H) %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", curv_ms,
+                curv_ms / fb_ms, curv_ms / fb_ms / a.curvature_iters);
+    std::printf("    per Hessian-vector product: %d GEMMs (a forward+backward: %d); one primal pass per measurement\n",
+                gemms, fb_gemms);
+    std::printf("    at the FP32 weights: lambda_max(H) %.6g (resid %.2g), lambda_max(P^-1 H) %.6g (resid %.2g), "
+                "probe loss %.6g\n",
+                cres.hessian_lmax, cres.hessian_resid, cres.precond_lmax, cres.precond_resid, cres.loss);
+  }
+
   std::string json = msg("{\"bench\":\"mxlab\",\"device\":\"", be->name(), "\",\"math_mode\":\"", be->math_mode(),
                          "\",\"config\":\"", a.path, "\",\"depth\":", bench.S.depth, ",\"width\":", bench.S.d,
                          ",\"batch\":", bench.B, ",\"steps\":", steps, ",\"warmup\":", warmup,
@@ -384,6 +437,10 @@ void run_bench(const Args& a) {
   if (K > 0)
     json += msg(",\"arms\":", K, ",\"trainer_1arm_ms\":", t1, ",\"trainer_arms_ms\":", tk, ",\"arms_serial_ms\":", serial,
                 ",\"arms_saving\":", saving);
+  if (curv)
+    json += msg(",\"fwd_bwd_ms\":", fb_ms, ",\"curvature_iters\":", a.curvature_iters, ",\"curvature_hessian_ms\":",
+                curv_h_ms, ",\"curvature_ms\":", curv_ms, ",\"curvature_hessian_fb_equiv\":", curv_h_ms / fb_ms,
+                ",\"curvature_fb_equiv\":", curv_ms / fb_ms, ",\"hvp_gemms\":", hvp_gemms(bench.S));
   json += msg(",\"step_gflop\":", gflop(student), "}");
   std::printf("%s\n", json.c_str());
 }
@@ -401,11 +458,15 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--width", args->width, "override model.width");
   sub->add_option("--batch", args->batch, "override data.batch");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
-  sub->add_option("--only", args->only, "time one figure only (fp32, mx, shadow, data, paired), no cuBLAS floors");
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
                   "experiment's own arms: are used)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--only", args->only,
+                  "time one figure only (fp32, mx, shadow, data, paired, curvature), no cuBLAS floors");
+  sub->add_option("--curvature-iters", args->curvature_iters,
+                  "Lanczos steps per eigenvalue of the curvature figure (log.curvature_iters)")
+      ->capture_default_str();
   sub->callback([args] { run_bench(*args); });
 });
 

@@ -18,6 +18,7 @@ enum class Stream : uint32_t {
   validation = 5,
   teacher_init = 6,
   probe = 7,        // the fixed probe batch of the curvature instrument and snapshots (x, then noise)
+  curvature = 8,    // start vectors of the curvature eigensolver (lab/model/curvature.h)
 };
 
 struct U32x4 {

@@ -14,7 +14,9 @@
 
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
+#include "lab/model/instrument_elementwise.h"
 #include "lab/mx/quantize.h"
+#include "lab/mx/scalar.h"
 
 namespace mxlab {
 
@@ -265,6 +267,163 @@ class CpuBackend final : public Backend {
   }
   void reset_stats(int slots) override { stats_.assign(static_cast<size_t>(std::max(slots, 0)), QuantStats{}); }
   std::vector<QuantStats> read_stats() override { return stats_; }
+
+  // ==== stability instruments (backend.h): curvature tangents and the quantization gap ====
+  void act_jvp(Act act, const float* h, const float* rh, float* ra, int64_t rows, int64_t cols) override {
+    if (act == Act::swiglu) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t u = i * 2 * cols + j, g = u + cols;
+          ra[i * cols + j] = swiglu_jvp_elem(h[u], h[g], rh[u], rh[g]);
+        }
+      return;
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) ra[i] = act_jvp_elem(act, h[i], rh[i]);
+  }
+
+  void act_bwd_tangent(Act act, const float* h, const float* rh, const float* da, const float* rda, float* rdh,
+                       int64_t rows, int64_t cols) override {
+    if (act == Act::swiglu) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t u = i * 2 * cols + j, g = u + cols, e = i * cols + j;
+          swiglu_bwd_tangent_elem(h[u], h[g], rh[u], rh[g], da[e], rda[e], rdh[u], rdh[g]);
+        }
+      return;
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) rdh[i] = act_bwd_tangent_elem(act, h[i], rh[i], da[i], rda[i]);
+  }
+
+  void ln_affine_tangent(const float* rxhat, const float* xhat, const float* gamma, const float* vgamma,
+                         const float* vbeta, float* ry, int64_t rows, int64_t d) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < d; ++j) {
+        const int64_t e = i * d + j;
+        ry[e] = ln_affine_tangent_elem(rxhat ? rxhat[e] : 0.0f, xhat[e], gamma[j], vgamma[j], vbeta[j]);
+      }
+  }
+
+  void layernorm_bwd_tangent(const float* dy, const float* rdy, const float* xhat, const float* rxhat, const float* rx,
+                             const float* rstd, const float* gamma, const float* vgamma, float* rdx, int64_t rows,
+                             int64_t d) override {
+    MXLAB_ASSERT((gamma == nullptr) == (vgamma == nullptr), "layernorm tangent needs both gamma and its tangent");
+    std::vector<float> g(static_cast<size_t>(d)), rg(static_cast<size_t>(d));
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t o = i * d;
+      double sg = 0.0, sgx = 0.0, srg = 0.0, srgx = 0.0, sx = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        g[j] = gamma ? ln_bwd_g(dy[o + j], gamma[j], false, Rounding::nearest_even) : dy[o + j];
+        rg[j] = gamma ? ln_bwd_tangent_g(rdy[o + j], dy[o + j], gamma[j], vgamma[j]) : rdy[o + j];
+        sg += g[j];
+        sgx += dot_term(g[j], xhat[o + j]);
+        srg += rg[j];
+        srgx += ln_tangent_rmgx_term(rg[j], xhat[o + j], g[j], rxhat[o + j]);
+        sx += dot_term(xhat[o + j], rx[o + j]);
+      }
+      const float mg = mean_from_sum(sg, d), mgx = mean_from_sum(sgx, d);
+      const float rmg = mean_from_sum(srg, d), rmgx = mean_from_sum(srgx, d);
+      const float rrstd = ln_tangent_rrstd(rstd[i], mean_from_sum(sx, d));
+      for (int64_t j = 0; j < d; ++j)
+        rdx[o + j] = ln_bwd_tangent_dx(rstd[i], rrstd, g[j], mg, xhat[o + j], mgx, rg[j], rmg, rxhat[o + j], rmgx);
+    }
+  }
+
+  void col_dot(const float* a, const float* b, float* out, int64_t rows, int64_t d) override {
+    for (int64_t j = 0; j < d; ++j) {
+      double s = 0.0;
+      for (int64_t i = 0; i < rows; ++i) s += dot_term(a[i * d + j], b[i * d + j]);
+      out[j] = static_cast<float>(s);
+    }
+  }
+
+  void axpby(float* y, const float* x, float a, float b, size_t n) override {
+    for (size_t i = 0; i < n; ++i) y[i] = axpby_elem(x[i], y[i], a, b);
+  }
+  void mul(float* dst, const float* a, const float* b, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] = a[i] * b[i];
+  }
+  void precond_isqrt(const float* v, float* out, size_t n, float bc2, float eps) override {
+    for (size_t i = 0; i < n; ++i) out[i] = precond_isqrt_elem(v[i], bc2, eps);
+  }
+
+  void loss_kl_tangent(const float* out, const float* rout, float* rdout, int64_t rows, int64_t d,
+                       float temperature) override {
+    const float scale = kl_tangent_scale(temperature, rows);
+    std::vector<float> q(static_cast<size_t>(d)), logq(static_cast<size_t>(d));
+    for (int64_t i = 0; i < rows; ++i) {
+      softmax_row(out + i * d, d, temperature, q.data(), logq.data());
+      double s = 0.0;
+      for (int64_t j = 0; j < d; ++j) s += dot_term(q[j], rout[i * d + j]);
+      const float sf = static_cast<float>(s);
+      for (int64_t j = 0; j < d; ++j) rdout[i * d + j] = kl_tangent_elem(q[j], rout[i * d + j], sf, scale);
+    }
+  }
+
+  QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q, bool round_bf16_first,
+                     Rounding bf16_mode) override {
+    // Per element: rel (or "skip" for NaN/Inf blocks) and the clamp flag, then the fixed-order sums.
+    const int64_t n = rows * cols;
+    std::vector<double> rel(static_cast<size_t>(n), 0.0);
+    std::vector<uint8_t> flag(static_cast<size_t>(n), 0);  // 1: clamped, 2: in a NaN/Inf block
+    auto v_of = [&](int64_t idx) { return round_bf16_first ? mxlab::round_bf16(x[idx], bf16_mode) : x[idx]; };
+    if (!is_mx(q.fmt)) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = v_of(i);
+        const float qv = q.fmt == NumFmt::bf16 ? mxlab::round_bf16(v, q.rounding)
+                                               : (q.fmt == NumFmt::fp16 ? round_fp16(v, q.rounding) : v);
+        if (!std::isfinite(x[i]) || !std::isfinite(qv)) flag[i] = 2;
+        else rel[i] = quant_gap_rel(x[i], qv);
+      }
+    } else {
+      if (q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
+      const ElemSpec& es = elem_spec(mx_elem(q.fmt));
+      const bool contiguous = axis == Axis::contiguous;
+      const int64_t lines = contiguous ? rows : cols, length = contiguous ? cols : rows;
+      auto index = [&](int64_t line, int64_t pos) { return contiguous ? line * cols + pos : pos * cols + line; };
+      for (int64_t line = 0; line < lines; ++line)
+        for (int64_t b = 0; b < length; b += q.block) {
+          const int64_t end = std::min<int64_t>(b + q.block, length);
+          float amax = 0.0f;
+          bool special = false;
+          for (int64_t p = b; p < end; ++p) {
+            const float v = v_of(index(line, p));
+            if (!std::isfinite(v)) special = true;
+            amax = std::max(amax, std::fabs(v));
+          }
+          const int s = special ? 0 : shared_exponent(amax, es, q.rule, q.bump);
+          for (int64_t p = b; p < end; ++p) {
+            const int64_t idx = index(line, p);
+            if (special) {
+              flag[idx] = 2;
+              continue;
+            }
+            uint32_t rnd = 0;
+            if (q.rounding == Rounding::stochastic)
+              rnd = philox(q.seed, Stream::stochastic_round, step_.step, static_cast<uint64_t>(idx)).v[0];
+            const ElemResult r = quantize_element(v_of(idx), s, es, q.rounding, rnd);
+            rel[idx] = quant_gap_rel(x[idx], r.value);
+            flag[idx] = r.clamped ? 1 : 0;
+          }
+        }
+    }
+    QuantGap out;
+    for (int64_t c0 = 0; c0 < n; c0 += kQuantGapChunk) {
+      double chunk = 0.0;
+      for (int64_t i = c0; i < std::min(n, c0 + kQuantGapChunk); ++i) {
+        if (flag[i] == 2) {
+          out.nonfinite += 1;
+          continue;
+        }
+        chunk += rel[i];
+        out.max_rel = std::max(out.max_rel, rel[i]);
+        out.above += flag[i];
+        out.n += 1;
+      }
+      out.sum_rel += chunk;
+    }
+    return out;
+  }
+  // ==== end of the stability instruments ====
 
  private:
   QuantStats& slot(int s) {

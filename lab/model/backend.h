@@ -189,6 +189,68 @@ class Backend {
   // Quantization statistics slots: counts accumulated by quantize()/gemm() since reset.
   virtual void reset_stats(int slots) = 0;
   virtual std::vector<QuantStats> read_stats() = 0;
+
+  // ==== stability instruments (issue 12): curvature tangents and the quantization gap ====
+  // The exact Hessian-vector product (lab/model/hvp.h) and its eigensolver
+  // (lab/model/curvature.h) run on the FP32 loss, so these ops are FP32 and never round their
+  // outputs. Element formulas: lab/model/instrument_elementwise.h; derivations and exact
+  // semantics: lab/model/README.md ("Curvature"). The defaults throw: a backend that lacks
+  // them cannot measure curvature. They take host scalars by value, so a captured region that
+  // uses them replays those values.
+
+  // Forward tangent of act_fwd: ra = act'(h) rh (bit-identical to an FP32 act_bwd(h, rh));
+  // swiglu (h, rh [rows x 2*cols] = [u | gate]): ra = ru silu(g) + (u silu'(g)) rg.
+  virtual void act_jvp(Act act, const float* h, const float* rh, float* ra, int64_t rows, int64_t cols);
+  // Tangent of act_bwd: rdh = act'(h) rda + (da act''(h)) rh (swiglu: both halves, see
+  // swiglu_bwd_tangent_elem). h, rh, rdh: [rows x H1]; da, rda: [rows x cols].
+  virtual void act_bwd_tangent(Act act, const float* h, const float* rh, const float* da, const float* rda,
+                               float* rdh, int64_t rows, int64_t cols);
+  // Tangent of the layernorm affine: ry = (rxhat gamma + xhat vgamma) + vbeta (vectors [d]
+  // broadcast over rows; rxhat == null stands for zeros).
+  virtual void ln_affine_tangent(const float* rxhat, const float* xhat, const float* gamma, const float* vgamma,
+                                 const float* vbeta, float* ry, int64_t rows, int64_t d);
+  // Tangent of layernorm_bwd's dx (per row, double row sums; see ln_bwd_tangent_dx): dy, rdy
+  // the upstream gradient and its tangent, xhat, rstd saved by layernorm_fwd, rxhat the tangent
+  // of xhat, rx the tangent of the layernorm's input; gamma and vgamma both set or both null.
+  // (The tangent of the forward itself needs no op: the layernorm Jacobian is symmetric, so
+  // rxhat = layernorm_bwd(rx, xhat, rstd, gamma = null).)
+  virtual void layernorm_bwd_tangent(const float* dy, const float* rdy, const float* xhat, const float* rxhat,
+                                     const float* rx, const float* rstd, const float* gamma, const float* vgamma,
+                                     float* rdx, int64_t rows, int64_t d);
+  // out[j] = (float) double sum over rows (in row order) of a[i,j] * b[i,j]: layernorm_bwd's
+  // dgamma sum as an op of its own.
+  virtual void col_dot(const float* a, const float* b, float* out, int64_t rows, int64_t d);
+  // y = a x + b y (b == 0: y = a x, old y ignored); x may alias y.
+  virtual void axpby(float* y, const float* x, float a, float b, size_t n);
+  // dst = a * b element-wise (dst may alias a or b).
+  virtual void mul(float* dst, const float* a, const float* b, size_t n);
+  // out = 1 / sqrt(sqrt(v / bc2) + eps): P^{-1/2} of Adam's preconditioner (precond_isqrt_elem).
+  virtual void precond_isqrt(const float* v, float* out, size_t n, float bc2, float eps);
+  // Tangent of loss_kl's dout: rdout = the KL Hessian in `out` applied to rout (per row,
+  // kl_tangent_elem; the softmax q recomputed exactly as loss_kl computes it).
+  virtual void loss_kl_tangent(const float* out, const float* rout, float* rdout, int64_t rows, int64_t d,
+                               float temperature);
+
+  // The quantization gap of a stored tensor x [rows x cols] against what the quantizer makes
+  // of it, Q = quantize_dequantize(v) with v = round_bf16(x, bf16_mode) when round_bf16_first
+  // (as GEMM operands do), else v = x; blocks along `axis` as in quantize(), stochastic salt =
+  // StepScalars.step, q.seed as given. Per element rel = |x - Q| / |x| (quant_gap_rel; 0 where
+  // x == 0). Synchronises. Elements of a block holding NaN or Inf (which the quantizer turns
+  // into NaN) are counted in `nonfinite` only.
+  struct QuantGap {
+    double sum_rel = 0.0;    // sum of rel: double sums over chunks of kQuantGapChunk flat
+                             //   indices in index order, then over chunk sums in order
+    double max_rel = 0.0;
+    uint64_t above = 0;      // elements the quantizer clamps: |v| > max_normal * 2^s of its
+                             //   block (MX only: bf16/fp16/fp32 never clamp)
+    uint64_t n = 0;          // elements evaluated (outside NaN/Inf blocks)
+    uint64_t nonfinite = 0;  // elements of NaN/Inf blocks
+    double mean_rel() const { return n ? sum_rel / static_cast<double>(n) : 0.0; }
+    double above_frac() const { return n ? static_cast<double>(above) / static_cast<double>(n) : 0.0; }
+  };
+  virtual QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
+                             bool round_bf16_first, Rounding bf16_mode);
+  // ==== end of the stability instruments ====
 };
 
 // Create a backend from a device string: "cpu", "cuda", "cuda:N" or "auto" (cuda:0 when a

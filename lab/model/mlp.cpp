@@ -413,4 +413,28 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   }
 }
 
+ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
+  const PrecisionConfig& p = pol.p;
+  ParamQuant r;
+  r.rows = g.rows;
+  r.cols = g.cols;
+  switch (g.kind) {
+    case ParamGroup::gamma:
+    case ParamGroup::beta:
+      r.q = role_spec(p, p.ln_affine, Role::ln_affine,
+                      sr_seed(pol.seed, op_id(g.layer, g.kind == ParamGroup::gamma ? OpId::ln_gamma : OpId::ln_beta)));
+      break;
+    case ParamGroup::w1:
+    case ParamGroup::w2:
+      r.q = role_spec(p, p.weight, Role::weight,
+                      sr_seed(pol.seed, op_id(g.layer, g.kind == ParamGroup::w1 ? OpId::fc1_w : OpId::fc2_w)));
+      r.round_bf16_first = p.elementwise_bf16;
+      r.bf16_mode = p.elementwise_rounding;
+      break;
+    case ParamGroup::b2:
+      break;  // added in FP32
+  }
+  return r;
+}
+
 }  // namespace mxlab

@@ -103,4 +103,18 @@ void loss_and_grad(Backend& be, const RunConfig& cfg, const float* target, Works
 void backward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
               float* grads, const PassPolicy& pol);
 
+// How the forward pass quantizes a parameter group under `pol`, for Backend::quant_gap (the
+// clamp debt of issue 12): gamma / beta as Q_ln does (the ln_affine role, one row of d, no bf16
+// first), W1 / W2 as the forward GEMM's weight operand (the weight role, blocks along K, its
+// stochastic seed sr_seed(pol.seed, sr_op), bf16 first per the policy). b2 is never quantized
+// (q.fmt = fp32). Stochastic rounding also needs the step's StepScalars, as the pass does.
+struct ParamQuant {
+  QuantSpec q;
+  Axis axis = Axis::contiguous;
+  int64_t rows = 0, cols = 0;  // the group's stored shape
+  bool round_bf16_first = false;
+  Rounding bf16_mode = Rounding::nearest_even;
+};
+ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol);
+
 }  // namespace mxlab

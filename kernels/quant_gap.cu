@@ -1,0 +1,154 @@
+// Quantization-gap kernels (see quant_gap.cuh): pass 1 writes each element's rel and flag
+// (one thread per MX block, as mx_generic_kernel walks blocks; one per element for scalar
+// formats); pass 2 sums each chunk of kQuantGapChunk flat indices sequentially (one thread per
+// chunk); pass 3 (one thread) adds the chunk partials in order. The sequential sums are the
+// CPU reference's order, so the double results agree bit for bit.
+#include "kernels/quant_gap.cuh"
+
+#include "kernels/launch_util.cuh"
+#include "lab/model/instrument_elementwise.h"
+#include "lab/mx/scalar.h"
+
+namespace mxlab::cuda {
+
+namespace {
+
+constexpr double kFlagClamped = 1.0;
+constexpr double kFlagNonfinite = 2.0;
+constexpr int kPartialWords = 5;  // sum, max, above, n, nonfinite
+
+struct GapParams {
+  const float* x;
+  int64_t rows, cols;
+  QuantSpec q;
+  bool round_first;
+  Rounding bf16_mode;
+  const StepScalars* d_step;
+  double* rel;   // [n]
+  double* flag;  // [n]
+};
+
+__device__ float input_v(const GapParams& p, int64_t i) {
+  return p.round_first ? round_bf16(p.x[i], p.bf16_mode) : p.x[i];
+}
+
+__global__ void __launch_bounds__(kBlock) gap_mx_kernel(GapParams p, ElemSpec es, Axis axis) {
+  const bool contiguous = axis == Axis::contiguous;
+  const int64_t lines = contiguous ? p.rows : p.cols;
+  const int64_t length = contiguous ? p.cols : p.rows;
+  const int64_t k = p.q.block;
+  const int64_t nb = (length + k - 1) / k;
+  const uint32_t salt = p.d_step->step;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < lines * nb;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t line = contiguous ? u / nb : u % lines;
+    const int64_t begin = (contiguous ? u % nb : u / lines) * k;
+    const int64_t end = begin + k < length ? begin + k : length;
+    auto index = [&](int64_t pos) { return contiguous ? line * p.cols + pos : pos * p.cols + line; };
+    float amax = 0.0f;
+    bool special = false;
+    for (int64_t q = begin; q < end; ++q) {
+      const float v = input_v(p, index(q));
+      special |= !is_finite_bits(f32_bits(v));
+      amax = fmaxf(amax, fabsf(v));
+    }
+    const int s = special ? 0 : shared_exponent(amax, es, p.q.rule, p.q.bump);
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t idx = index(q);
+      if (special) {
+        p.rel[idx] = 0.0;
+        p.flag[idx] = kFlagNonfinite;
+        continue;
+      }
+      const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                               ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
+                               : 0u;
+      const ElemResult e = quantize_element(input_v(p, idx), s, es, p.q.rounding, rnd);
+      p.rel[idx] = quant_gap_rel(p.x[idx], e.value);
+      p.flag[idx] = e.clamped ? kFlagClamped : 0.0;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kBlock) gap_scalar_kernel(GapParams p) {
+  const int64_t n = p.rows * p.cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = input_v(p, i);
+    const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v, p.q.rounding)
+                                             : (p.q.fmt == NumFmt::fp16 ? round_fp16(v, p.q.rounding) : v);
+    const bool bad = !is_finite_bits(f32_bits(p.x[i])) || !is_finite_bits(f32_bits(qv));
+    p.rel[i] = bad ? 0.0 : quant_gap_rel(p.x[i], qv);
+    p.flag[i] = bad ? kFlagNonfinite : 0.0;
+  }
+}
+
+__global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, const double* flag, int64_t n,
+                                                          int64_t chunks, double* partials) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+    const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
+    for (int64_t i = c * kQuantGapChunk; i < end; ++i) {
+      if (flag[i] == kFlagNonfinite) {
+        bad += 1.0;
+        continue;
+      }
+      sum += rel[i];
+      mx = fmax(mx, rel[i]);
+      above += flag[i];
+      cnt += 1.0;
+    }
+    double* o = partials + kPartialWords * c;
+    o[0] = sum;
+    o[1] = mx;
+    o[2] = above;
+    o[3] = cnt;
+    o[4] = bad;
+  }
+}
+
+__global__ void gap_final_kernel(const double* partials, int64_t chunks, double* out) {
+  double r[kPartialWords] = {0.0, 0.0, 0.0, 0.0, 0.0};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const double* o = partials + kPartialWords * c;
+    r[0] += o[0];
+    r[1] = fmax(r[1], o[1]);
+    r[2] += o[2];
+    r[3] += o[3];
+    r[4] += o[4];
+  }
+  for (int w = 0; w < kPartialWords; ++w) out[w] = r[w];
+}
+
+int64_t chunks_of(int64_t n) { return (n + kQuantGapChunk - 1) / kQuantGapChunk; }
+
+}  // namespace
+
+int64_t quant_gap_scratch_doubles(int64_t n) { return 2 * n + kPartialWords * chunks_of(n) + 1; }
+
+void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
+                      bool round_bf16_first, Rounding bf16_mode, const StepScalars* d_step, double* scratch,
+                      double* d_results, cudaStream_t s) {
+  const int64_t n = rows * cols;
+  GapParams p{x, rows, cols, q, round_bf16_first, bf16_mode, d_step, scratch, scratch + n};
+  double* partials = scratch + 2 * n;
+  if (n > 0) {
+    if (is_mx(q.fmt)) {
+      const int64_t lines = axis == Axis::contiguous ? rows : cols;
+      const int64_t length = axis == Axis::contiguous ? cols : rows;
+      // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
+      gap_mx_kernel<<<grid_for(lines * ((length + q.block - 1) / q.block)), kBlock, 0, s>>>(
+          p, kElemSpecs[static_cast<int>(mx_elem(q.fmt))], axis);
+    } else {
+      gap_scalar_kernel<<<grid_for(n), kBlock, 0, s>>>(p);
+    }
+    MXLAB_CUDA_LAUNCH_CHECK();
+    gap_chunk_kernel<<<grid_for(chunks_of(n)), kBlock, 0, s>>>(p.rel, p.flag, n, chunks_of(n), partials);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+  gap_final_kernel<<<1, 1, 0, s>>>(partials, chunks_of(n), d_results);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mxlab::cuda
