@@ -47,7 +47,7 @@ def text():
     return _read()
 
 
-def _names(rows):
+def _names(rows, tensors_expected=S.LASTBIN_TENSORS):
     """First column: `a, b, c` lists several names; `{tensor}_x` expands over the
     `tensor ∈ ...` list given in that row's notes."""
     names = set()
@@ -58,7 +58,7 @@ def _names(rows):
                 m = re.search(r"tensor \u2208 ([a-z_, ]+)", notes)
                 assert m, f"no tensor list in the notes of row {row}"
                 tensors = [t.strip() for t in m.group(1).split(",") if t.strip()]
-                assert tuple(tensors) == S.LASTBIN_TENSORS
+                assert tuple(tensors) == tensors_expected
                 names.update(name.replace("{tensor}", t) for t in tensors)
             else:
                 names.add(name)
@@ -86,6 +86,11 @@ def test_row_datasets(tables):
     assert _names(every_group) == set(S.SCALAR_SERIES + S.GAMMA_STATS + S.LASTBIN_DATASETS +
                                       (S.DS_LOSS_ALL,))
     assert _names(mx_only) == set(S.MX_DATASETS)
+
+
+def test_attention_datasets(tables):
+    (rows,) = _tables(tables, "Attention networks only", 1)
+    assert _names(rows, S.ATTN_LASTBIN_TENSORS) == set(S.ATTN_DATASETS)
 
 
 def test_summary_attributes(tables):

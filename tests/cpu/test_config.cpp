@@ -535,7 +535,8 @@ TEST(Interventions, PatchIsDescribedAsOneLineYaml) {
 
 TEST(Interventions, Fp32PolicyIsAllFp32) {
   const PrecisionConfig p = PrecisionConfig::fp32();
-  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.ln_affine})
+  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.ln_affine,
+                   p.attn_logits_fmt(), p.attn_probs_fmt()})
     EXPECT_EQ(f, NumFmt::fp32);
   EXPECT_FALSE(p.elementwise_bf16);
 }
