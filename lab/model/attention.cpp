@@ -125,15 +125,8 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
   be.gemm(a.T, a.d, 3 * a.d,
           ops.make(ws.d_qkv, true, p.grad, k, AttnOp::dy1_dq, stats_slot(k, StatTensor::grad_qkv)),
           ops.make(Wqkv, false, w_bwd, k, AttnOp::dy1_w), ws.d_ln, 0.0f, R);
-  const float* dx = ws.d_ln;
-  if (s.layernorm) {
-    norm_backward(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], ws.d_x, grads, ws, R);
-    dx = ws.d_x;
-  }
-  if (s.residual)
-    be.add(dZ, dZ, dx, static_cast<size_t>(a.T * a.d), R);
-  else
-    be.copy(dZ, dx, static_cast<size_t>(a.T * a.d));
+  norm_backward_into_residual(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], dZ, grads,
+                              ws, R);
 }
 
 }  // namespace mxlab::model_detail

@@ -178,6 +178,21 @@ void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, 
   }
 }
 
+void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq,
+                                 const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
+                                 Workspace& ws, const ElementwiseRound& R) {
+  const size_t n = static_cast<size_t>(ws.batch * s.d);
+  const float* dx = dy;
+  if (s.layernorm) {
+    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R);
+    dx = ws.d_x;
+  }
+  if (s.residual)
+    be.add(dA, dA, dx, n, R);
+  else
+    be.copy(dA, dx, n);
+}
+
 }  // namespace model_detail
 
 double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, int layer) {
@@ -531,15 +546,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
     be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
             ops.make(W1, false, w_bwd, k, OpId::dy_w), ws.d_ln, 0.0f, R);
-    const float* dx = ws.d_ln;
-    if (s.layernorm) {
-      norm_backward(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], ws.d_x, grads, ws, R);
-      dx = ws.d_x;
-    }
-    if (s.residual)
-      be.add(dA, dA, dx, static_cast<size_t>(B * d), R);
-    else
-      be.copy(dA, dx, static_cast<size_t>(B * d));
+    norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }

@@ -137,6 +137,13 @@ void norm_backward(Backend& be, const NetShape& s, int layer, const NormSite& si
                    const float* dy, const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
                    const ElementwiseRound& R);
 
+// The end of a sub-block's backward: the norm's backward on dy (the gradient of the norm's
+// output; without a norm dy is already the input's gradient), then the residual stream:
+// dA = R(dA + dx) (plain teacher: dA = dx).
+void norm_backward_into_residual(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
+                                 const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
+                                 Workspace& ws, const ElementwiseRound& R);
+
 // The self-attention sub-block of Eq. 11 for layer k (attention.cpp): forward A -> ws.z[k];
 // backward consumes dZ (gradient of z_k, in place) and leaves the gradient of A_{k-1} in it.
 void attention_forward(Backend& be, const NetShape& s, const float* params, int k, const float* A, Workspace& ws,
