@@ -73,13 +73,13 @@ double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int d
   for (const GemmShape& g : shapes) {
     Call c{g, nullptr, nullptr, nullptr};
     if (bf) {
-      c.a = noise_buffer<__nv_bfloat16>(g.M * g.K, salt++, s);
-      c.b = noise_buffer<__nv_bfloat16>(g.N * g.K, salt++, s);
+      c.a = noise_buffer<__nv_bfloat16>(g.batch * g.M * g.K, salt++, s);
+      c.b = noise_buffer<__nv_bfloat16>(g.batch * g.N * g.K, salt++, s);
     } else {
-      c.a = noise_buffer<float>(g.M * g.K, salt++, s);
-      c.b = noise_buffer<float>(g.N * g.K, salt++, s);
+      c.a = noise_buffer<float>(g.batch * g.M * g.K, salt++, s);
+      c.b = noise_buffer<float>(g.batch * g.N * g.K, salt++, s);
     }
-    c.c = noise_buffer<float>(g.M * g.N, salt++, s);
+    c.c = noise_buffer<float>(g.batch * g.M * g.N, salt++, s);
     bufs.insert(bufs.end(), {c.a, c.b, c.c});
     calls.push_back(c);
   }
@@ -93,9 +93,16 @@ double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int d
       const cublasOperation_t tb = g.a_kc ? CUBLAS_OP_N : CUBLAS_OP_T;
       const int lda = static_cast<int>(g.b_kc ? g.K : g.N);
       const int ldb = static_cast<int>(g.a_kc ? g.K : g.M);
-      MXLAB_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(g.N), static_cast<int>(g.M), static_cast<int>(g.K),
-                                      &one, c.b, in_t, lda, c.a, in_t, ldb, &zero, c.c, CUDA_R_32F,
-                                      static_cast<int>(g.N), ct, CUBLAS_GEMM_DEFAULT));
+      if (g.batch == 1) {
+        MXLAB_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(g.N), static_cast<int>(g.M),
+                                        static_cast<int>(g.K), &one, c.b, in_t, lda, c.a, in_t, ldb, &zero, c.c,
+                                        CUDA_R_32F, static_cast<int>(g.N), ct, CUBLAS_GEMM_DEFAULT));
+      } else {
+        MXLAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            h, ta, tb, static_cast<int>(g.N), static_cast<int>(g.M), static_cast<int>(g.K), &one, c.b, in_t, lda,
+            g.N * g.K, c.a, in_t, ldb, g.M * g.K, &zero, c.c, CUDA_R_32F, static_cast<int>(g.N), g.M * g.N,
+            static_cast<int>(g.batch), ct, CUBLAS_GEMM_DEFAULT));
+      }
     }
   };
   run_all();  // heuristics and lazy initialisation outside the capture

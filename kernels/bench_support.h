@@ -15,6 +15,7 @@ namespace mxlab::cuda {
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool a_kc = true, b_kc = true;
+  int64_t batch = 1;  // > 1: that many GEMMs of this shape in one strided-batched call (attention)
 };
 
 enum class FloorKind : uint8_t {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_backend_internal.cuh"
 #include "kernels/cuda_check.cuh"
@@ -308,17 +309,7 @@ class CudaBackend final : public Backend {
     ctx();
     if (a.stats_slot >= 0) slot_counters(a.stats_slot);  // validates the slot
     if (b.stats_slot >= 0) slot_counters(b.stats_slot);
-    Lane& l = lanes_[cur_];
-    const int64_t need = std::max(M * K, N * K);
-    if (need > l.gemm_reserved) {
-      refuse_in_capture("a GEMM larger than any run before (the first pass of a captured region runs eagerly "
-                        "to size its workspaces)");
-      synchronize_all();
-      l.gemm->reserve(need);
-      l.gemm_reserved = need;
-      invalidate_graphs();
-    }
-    l.gemm->run(M, N, K, a, b, C, beta, out, &d_step_->step, stats_.get());
+    reserve_gemm(std::max(M * K, N * K))->run(M, N, K, a, b, C, beta, out, &d_step_->step, stats_.get());
   }
 
   // ---- vector ops ----
@@ -423,6 +414,52 @@ class CudaBackend final : public Backend {
     MXLAB_CUDA_CHECK(cudaMemsetAsync(stats_.get(), 0, sizeof(unsigned long long) * kStatWords * stat_capacity_,
                                      lanes_[0].stream));
   }
+  // ==== attention blocks and RMS/MX norms (backend.h section of the same name) ====
+  void gemm_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
+                    float* C, float beta, const ElementwiseRound& out) override {
+    ctx();
+    if (a.stats_slot >= 0) slot_counters(a.stats_slot);  // validates the slot
+    if (b.stats_slot >= 0) slot_counters(b.stats_slot);
+    reserve_gemm(batch * std::max(M * K, N * K))
+        ->run_batched(batch, M, N, K, a, b, C, beta, out, &d_step_->step, stats_.get());
+  }
+  void rmsnorm_fwd(const float* x, const float* gamma, float* y, float* xhat, float* rstd, int64_t rows, int64_t d,
+                   float eps, const RmsEstimate& est, const ElementwiseRound& r) override {
+    ctx();
+    launch_rmsnorm_fwd(x, gamma, y, xhat, rstd, rows, d, eps, est, r, cur());
+  }
+  void rmsnorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                   float* dgamma, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(rmsnorm_bwd_scratch_doubles(rows, d));
+    launch_rmsnorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, rows, d, r, scratch, cur());
+  }
+  void scale_cols(const float* x, const float* g, float* out, int64_t rows, int64_t cols,
+                  const ElementwiseRound& r) override {
+    ctx();
+    launch_scale_cols(x, g, out, rows, cols, r, cur());
+  }
+  void softmax_fwd(const float* logits, float* probs, float* rowmax, int64_t rows, int64_t n, float scale,
+                   const ElementwiseRound& r) override {
+    ctx();
+    launch_softmax_fwd(logits, probs, rowmax, rows, n, scale, r, cur());
+  }
+  void softmax_bwd(const float* probs, const float* dprobs, float* dlogits, int64_t rows, int64_t n, float scale,
+                   const ElementwiseRound& r) override {
+    ctx();
+    launch_softmax_bwd(probs, dprobs, dlogits, rows, n, scale, r, cur());
+  }
+  void heads_split(const float* x, float* heads, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                   int64_t col0) override {
+    ctx();
+    launch_heads_copy(x, heads, nb, S, h, dh, ld, col0, true, cur());
+  }
+  void heads_merge(const float* heads, float* x, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                   int64_t col0) override {
+    ctx();
+    launch_heads_copy(heads, x, nb, S, h, dh, ld, col0, false, cur());
+  }
+
   std::vector<QuantStats> read_stats() override {
     ctx();
     refuse_in_capture("read_stats");
@@ -542,6 +579,21 @@ class CudaBackend final : public Backend {
       invalidate_graphs();
     }
     return l.scratch.get();
+  }
+
+  // The current lane's GEMM runner with scratch for operands of `need` elements (grown outside
+  // capture only: the first pass of a captured region runs eagerly and sizes it).
+  GemmRunner* reserve_gemm(int64_t need) {
+    Lane& l = lanes_[cur_];
+    if (need > l.gemm_reserved) {
+      refuse_in_capture("a GEMM larger than any run before (the first pass of a captured region runs eagerly "
+                        "to size its workspaces)");
+      synchronize_all();
+      l.gemm->reserve(need);
+      l.gemm_reserved = need;
+      invalidate_graphs();
+    }
+    return l.gemm.get();
   }
 
   unsigned long long* slot_counters(int slot) {

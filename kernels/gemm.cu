@@ -128,45 +128,64 @@ const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_
 // Row-major C[M x N] = A * B^T is column-major C^T[N x M] = op(B) * op(A) where, column-major,
 //   B k-contiguous ([N x K] row-major) is a K x N matrix (ld K): op = T;  else [K x N] is N x K (ld N): op = N;
 //   A k-contiguous ([M x K] row-major) is a K x M matrix (ld K): op = N;  else [K x M] is M x K (ld M): op = T.
-void GemmRunner::sgemm(int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B, bool b_kc,
-                       float* C, float beta) {
+// One cuBLAS call of either input type (CUDA_R_32F with the pedantic FP32 compute type, or
+// CUDA_R_16BF with FP32 accumulation); batch > 1 is the strided-batched form.
+namespace {
+void cublas_gemm(cublasHandle_t h, int64_t batch, int64_t M, int64_t N, int64_t K, const void* A, bool a_kc,
+                 const void* B, bool b_kc, float* C, float beta, cudaDataType_t in, cublasComputeType_t compute) {
   const float alpha = 1.0f;
-  MXLAB_CUBLAS_CHECK(cublasGemmEx(handle_, b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, a_kc ? CUBLAS_OP_N : CUBLAS_OP_T,
-                                  as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), &alpha, B, CUDA_R_32F,
-                                  as_int(b_kc ? K : N, "ld"), A, CUDA_R_32F, as_int(a_kc ? K : M, "ld"), &beta, C,
-                                  CUDA_R_32F, as_int(N, "N"), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  const cublasOperation_t tb = b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, ta = a_kc ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const int n = as_int(N, "N"), m = as_int(M, "M"), k = as_int(K, "K");
+  const int ldb = as_int(b_kc ? K : N, "ld"), lda = as_int(a_kc ? K : M, "ld");
+  if (batch == 1) {
+    MXLAB_CUBLAS_CHECK(cublasGemmEx(h, tb, ta, n, m, k, &alpha, B, in, ldb, A, in, lda, &beta, C, CUDA_R_32F, n,
+                                    compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    MXLAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, tb, ta, n, m, k, &alpha, B, in, ldb, N * K, A, in, lda, M * K,
+                                                  &beta, C, CUDA_R_32F, n, M * N, as_int(batch, "batch"), compute,
+                                                  CUBLAS_GEMM_DEFAULT));
+  }
+}
+}  // namespace
+
+void GemmRunner::sgemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B,
+                       bool b_kc, float* C, float beta) {
+  cublas_gemm(handle_, batch, M, N, K, A, a_kc, B, b_kc, C, beta, CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC);
 }
 
-void GemmRunner::bf16_gemm(int64_t M, int64_t N, int64_t K, const void* A, bool a_kc, const void* B, bool b_kc,
-                           float* C, float beta) {
-  const float alpha = 1.0f;
-  MXLAB_CUBLAS_CHECK(cublasGemmEx(handle_, b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, a_kc ? CUBLAS_OP_N : CUBLAS_OP_T,
-                                  as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), &alpha, B, CUDA_R_16BF,
-                                  as_int(b_kc ? K : N, "ld"), A, CUDA_R_16BF, as_int(a_kc ? K : M, "ld"), &beta, C,
-                                  CUDA_R_32F, as_int(N, "N"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+void GemmRunner::bf16_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* A, bool a_kc, const void* B,
+                           bool b_kc, float* C, float beta) {
+  cublas_gemm(handle_, batch, M, N, K, A, a_kc, B, b_kc, C, beta, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
 }
 
 void GemmRunner::run(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C,
                      float beta, const ElementwiseRound& out, const uint32_t* d_step,
                      unsigned long long* d_stats_base) {
-  if (M < 0 || N < 0 || K < 0) throw Error(msg("gemm: negative shape M=", M, " N=", N, " K=", K));
-  if (M == 0 || N == 0) return;
+  run_batched(1, M, N, K, a, b, C, beta, out, d_step, d_stats_base);
+}
+
+void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a,
+                             const GemmOperand& b, float* C, float beta, const ElementwiseRound& out,
+                             const uint32_t* d_step, unsigned long long* d_stats_base) {
+  if (M < 0 || N < 0 || K < 0 || batch < 0)
+    throw Error(msg("gemm: negative shape batch=", batch, " M=", M, " N=", N, " K=", K));
+  if (M == 0 || N == 0 || batch == 0) return;
   if (!C) throw Error("gemm: null output C");
   if (K > 0 && (!a.p || !b.p)) throw Error("gemm: null operand pointer");
   if (K == 0) {  // A * B^T is the zero matrix: C = beta * C
     if (beta == 0.0f) {
-      MXLAB_CUDA_CHECK(cudaMemsetAsync(C, 0, static_cast<size_t>(M * N) * sizeof(float), stream_));
+      MXLAB_CUDA_CHECK(cudaMemsetAsync(C, 0, static_cast<size_t>(batch * M * N) * sizeof(float), stream_));
     } else if (beta != 1.0f) {
-      MXLAB_CUBLAS_CHECK(cublasSscal(handle_, as_int(M * N, "M*N"), &beta, C, 1));
+      MXLAB_CUBLAS_CHECK(cublasSscal(handle_, as_int(batch * M * N, "M*N"), &beta, C, 1));
     }
   } else {
-    // Stored shapes (row-major) of the operands: blocks run along K.
-    const int64_t a_rows = a.k_contiguous ? M : K, a_cols = a.k_contiguous ? K : M;
-    const int64_t b_rows = b.k_contiguous ? N : K, b_cols = b.k_contiguous ? K : N;
+    // Stored shapes (row-major) of the stacked operands: blocks run along K.
+    const int64_t a_rows = a.k_contiguous ? batch * M : batch * K, a_cols = a.k_contiguous ? K : M;
+    const int64_t b_rows = b.k_contiguous ? batch * N : batch * K, b_cols = b.k_contiguous ? K : N;
     const OperandPath pa = operand_path(a), pb = operand_path(b);
     bool done = false;
     if (pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact) {
-      ensure_scratch(std::max(M * K, N * K));
+      ensure_scratch(batch * std::max(M * K, N * K));
       auto* sa = reinterpret_cast<__nv_bfloat16*>(scratch_);
       auto* sb = reinterpret_cast<__nv_bfloat16*>(scratch_ + scratch_elems_);
       QuantLaunch La = operand_launch(a, a_rows, a_cols, d_step, d_stats_base);
@@ -185,7 +204,7 @@ void GemmRunner::run(int64_t M, int64_t N, int64_t K, const GemmOperand& a, cons
       }
       if (inexact == 0) {
         // Relied on here: every value in sa/sb equals the dequantized FP32 value (see gemm.cuh).
-        bf16_gemm(M, N, K, sa, a.k_contiguous, sb, b.k_contiguous, C, beta);
+        bf16_gemm(batch, M, N, K, sa, a.k_contiguous, sb, b.k_contiguous, C, beta);
         done = true;
       } else {
         ++bf16_fallbacks_;
@@ -194,13 +213,13 @@ void GemmRunner::run(int64_t M, int64_t N, int64_t K, const GemmOperand& a, cons
     if (!done) {
       // After a bf16 fallback the statistics were already counted by the bf16 pass.
       const bool count = !(pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact);
-      if (pa != OperandPath::raw_fp32 || pb != OperandPath::raw_fp32) ensure_scratch(std::max(M * K, N * K));
+      if (pa != OperandPath::raw_fp32 || pb != OperandPath::raw_fp32) ensure_scratch(batch * std::max(M * K, N * K));
       const float* A = prepare_f32(a, a_rows, a_cols, scratch_, d_step, d_stats_base, count);
       const float* B = prepare_f32(b, b_rows, b_cols, scratch_ + scratch_elems_, d_step, d_stats_base, count);
-      sgemm(M, N, K, A, a.k_contiguous, B, b.k_contiguous, C, beta);
+      sgemm(batch, M, N, K, A, a.k_contiguous, B, b.k_contiguous, C, beta);
     }
   }
-  if (out.bf16) round_bf16_inplace(C, M * N, out.mode, stream_);
+  if (out.bf16) round_bf16_inplace(C, batch * M * N, out.mode, stream_);
 }
 
 }  // namespace mxlab::cuda

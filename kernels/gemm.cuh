@@ -60,6 +60,12 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   // beta == 0: C is not read (it may hold NaN).
   void run(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
            const ElementwiseRound& out, const uint32_t* d_step, unsigned long long* d_stats_base);
+  // `batch` GEMMs of that shape over consecutive items (Backend::gemm_batched): each operand is
+  // quantized as its stacked tensor, then one strided-batched cuBLAS call (the same path
+  // choice as run()). batch == 1 is run().
+  void run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
+                   float* C, float beta, const ElementwiseRound& out, const uint32_t* d_step,
+                   unsigned long long* d_stats_base);
   std::string math_mode() const;
   // Reserve scratch for operands of up to max_operand_elems elements each, up front: no
   // cudaMalloc may happen while a CUDA graph is captured (run() throws then instead).
@@ -75,10 +81,11 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   void ensure_scratch(int64_t elems_per_operand);
   const float* prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch, const uint32_t* d_step,
                            unsigned long long* d_stats_base, bool count_stats);
-  void sgemm(int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B, bool b_kc, float* C,
-             float beta);
-  void bf16_gemm(int64_t M, int64_t N, int64_t K, const void* A, bool a_kc, const void* B, bool b_kc, float* C,
-                 float beta);
+  // batch > 1: strided-batched over items of M*K, N*K and M*N elements.
+  void sgemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B, bool b_kc,
+             float* C, float beta);
+  void bf16_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* A, bool a_kc, const void* B, bool b_kc,
+                 float* C, float beta);
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;

@@ -76,6 +76,14 @@ LASTBIN_DATASETS = tuple(lastbin_name(t, s) for t in LASTBIN_TENSORS for s in LA
 PER_LAYER_DATASETS = GAMMA_STATS + LASTBIN_DATASETS  # shape [n, L]
 DS_LOSS_ALL = "loss_all"  # [steps run]: every step's loss, not one row per logged step
 
+# Attention networks only (model.block: attention): more last-bin tensors and the logit maximum,
+# all [n, L]; MLP networks' files do not have them.
+ATTN_LASTBIN_TENSORS = ("attn_ln_out", "attn_q", "attn_k", "attn_p", "attn_v", "attn_ctx", "grad_attn_out",
+                        "grad_ctx", "grad_logits", "grad_qkv", "attn_gamma", "attn_beta")
+DS_ATTN_LOGIT_MAX = "attn_logit_max"
+ATTN_DATASETS = tuple(lastbin_name(t, s) for t in ATTN_LASTBIN_TENSORS for s in LASTBIN_SUFFIXES) + \
+    (DS_ATTN_LOGIT_MAX,)
+
 # MX trajectory and branches only; NaN on rows where the shadow pass did not run.
 DS_BIAS_RATIO = "bias_ratio"
 DS_COSINE = "cosine"

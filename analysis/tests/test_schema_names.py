@@ -122,6 +122,11 @@ def test_new_names_are_documented_together(tables, text, family):
     assert not missing, f"SCHEMA.md documents {family} without {missing}: rename in schema.py?"
 
 
+def test_attention_datasets(tables):
+    (rows,) = _tables(tables, "Attention networks only", 1)
+    assert _names(rows) == set(S.ATTN_DATASETS)
+
+
 def test_summary_attributes(tables):
     assert _names(_tables(tables, "Summary attributes", 1)[0]) == set(S.SUMMARY_ATTRS)
 

@@ -7,13 +7,15 @@
 #   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
 #   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 4200 / 4800
 #   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 2 seeds
+#   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
+#   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
 # MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
 # a rerun into the same OUTDIR resumes the others).
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=./build/mxlab
 # mxlab run, under the optional time limit.
@@ -73,6 +75,16 @@ case "$PART" in
     summaries rounding_lr5e-4 depth6_lr5e-4
     python3 -m mxlab_analysis curves "$RUNS/rounding_lr5e-4" "$RUNS/depth6_lr5e-4" --row model.depth --color seed -o "$OUT/knobs_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
-  *) echo "unknown part $PART (A|B|C|D|E|F|G)" >&2; exit 2 ;;
+  H)
+    train experiments/paper/attn_vs_mlp_lr5e-4.yaml --device cuda --out "$RUNS/attn_vs_mlp_lr5e-4" --quiet --jobs 2
+    summaries attn_vs_mlp_lr5e-4
+    python3 -m mxlab_analysis curves "$RUNS/attn_vs_mlp_lr5e-4" --row model.block --color seed -o "$OUT/attn_vs_mlp_lr5e-4_curves.png" 2>&1 | tail -1
+    ;;
+  I)
+    train experiments/paper/norms_lr5e-4.yaml --device cuda --out "$RUNS/norms_lr5e-4" --quiet --jobs 2
+    summaries norms_lr5e-4
+    python3 -m mxlab_analysis curves "$RUNS/norms_lr5e-4" --row model.norm --color seed -o "$OUT/norms_lr5e-4_curves.png" 2>&1 | tail -1
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"

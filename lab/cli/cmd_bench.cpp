@@ -13,7 +13,8 @@
 // shadow / bias_every) + data, and the cost per recipe-step against K separate runs.
 // and, on CUDA, in the same process, the floors these are measured against: the step's GEMMs
 // alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off for FP32,
-// bf16 operands already quantized for MX; the teacher's 2 per block), each figure also as a
+// bf16 operands already quantized for MX; the teacher's 2 per block; an attention block adds
+// its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a
 // ratio to its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the
 // primal pass plus --curvature-iters Lanczos steps of exact Hessian-vector products per
 // eigenvalue, probe batch = data.batch) at the FP32 trajectory's weights, for lambda_max(H)
@@ -112,9 +113,9 @@ struct Bench {
   Backend::AdamHyper hyper;
 
   Bench(Backend& b, const RunConfig& c) : be(b), cfg(c) {
-    S = NetShape::student(cfg.model);
-    T = NetShape::teacher(cfg.model, cfg.teacher);
-    B = cfg.data.batch;
+    S = NetShape::student(cfg.model, cfg.data.seq_len);
+    T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
+    B = cfg.tokens();
     P = static_cast<size_t>(S.num_params);
     const std::vector<float> init = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
     const std::vector<float> tinit = init_params(T, InitKind::pytorch, 1.0f, cfg.seed, Stream::teacher_init);
@@ -184,18 +185,27 @@ struct Bench {
   }
 };
 
-// One GEMM in the Backend's convention (C[M x N] = A B^T; *_kc: stored with K contiguous).
+// One GEMM in the Backend's convention (C[M x N] = A B^T; *_kc: stored with K contiguous),
+// `batch` of them in one strided-batched call.
 struct Shape {
   int64_t M, N, K;
   bool a_kc, b_kc;
+  int64_t batch = 1;
 };
 
-// The GEMMs of one pass of `s` at batch B (lab/model/README.md): forward only, or forward and
+// The GEMMs of one pass of `s` at B tokens (lab/model/README.md): forward only, or forward and
 // backward (the dgrad of layer 0 included: the model computes it).
 std::vector<Shape> pass_gemms(const NetShape& s, int64_t B, bool backward) {
   const int64_t d = s.d, H = s.hidden, H1 = s.hidden_in;
+  const int64_t S = s.seq_len, dh = s.head_dim(), bh = B / S * s.heads;
   std::vector<Shape> v;
   for (int k = 0; k < s.depth; ++k) {
+    if (s.attention()) {
+      v.push_back({B, 3 * d, d, true, true});      // qkv = y1 Wqkv^T
+      v.push_back({S, S, dh, true, true, bh});     // logits = Q K^T per (sequence, head)
+      v.push_back({S, dh, S, true, false, bh});    // O = P V
+      v.push_back({B, d, d, true, true});          // o = ctx Wo^T
+    }
     v.push_back({B, H1, d, true, true});  // h = y W1^T
     v.push_back({B, d, H, true, true});   // o = a W2^T
   }
@@ -205,13 +215,25 @@ std::vector<Shape> pass_gemms(const NetShape& s, int64_t B, bool backward) {
       v.push_back({B, H, d, true, false});    // da = dA W2
       v.push_back({H1, d, B, false, false});  // dW1 = dh^T y
       v.push_back({B, d, H1, true, false});   // dy = dh W1
+      if (s.attention()) {
+        v.push_back({d, d, B, false, false});        // dWo = dZ^T ctx
+        v.push_back({B, d, d, true, false});         // dctx = dZ Wo
+        v.push_back({S, S, dh, true, true, bh});     // dP = dO V^T
+        v.push_back({S, dh, S, false, false, bh});   // dV = P^T dO
+        v.push_back({S, dh, S, true, false, bh});    // dQ = dS K
+        v.push_back({S, dh, S, false, false, bh});   // dK = dS^T Q
+        v.push_back({3 * d, d, B, false, false});    // dWqkv = dQKV^T y1
+        v.push_back({B, d, 3 * d, true, false});     // dy1 = dQKV Wqkv
+      }
     }
   return v;
 }
 
 double gflop(const std::vector<Shape>& v) {
   double f = 0.0;
-  for (const Shape& g : v) f += 2.0 * static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
+  for (const Shape& g : v)
+    f += 2.0 * static_cast<double>(g.batch) * static_cast<double>(g.M) * static_cast<double>(g.N) *
+         static_cast<double>(g.K);
   return f * 1e-9;
 }
 
@@ -247,6 +269,11 @@ void run_bench(const Args& a) {
               a.path.empty() ? "(defaults)" : a.path.c_str(), bench.S.depth, bench.S.d, bench.S.hidden,
               static_cast<long long>(bench.B), act_name(cfg.model.activation), name(cfg.precision.weight),
               name(cfg.precision.activation), name(cfg.precision.grad), cfg.precision.elementwise_bf16 ? "bf16" : "fp32");
+  if (bench.S.attention())
+    std::printf("  attention blocks: %d sequences x %d tokens (B above = tokens), %d heads of %d; attn_logits=%s "
+                "attn_probs=%s\n",
+                cfg.data.batch, cfg.data.seq_len, bench.S.heads, bench.S.head_dim(),
+                name(cfg.precision.attn_logits_fmt()), name(cfg.precision.attn_probs_fmt()));
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
               graphs ? "CUDA graphs on, CUDA events" : (is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
 
@@ -330,7 +357,7 @@ void run_bench(const Args& a) {
     if (a.device.size() > 5) dev = std::stoi(a.device.substr(5));
     auto to_cuda = [](const std::vector<Shape>& v) {
       std::vector<cuda::GemmShape> out;
-      for (const Shape& g : v) out.push_back({g.M, g.N, g.K, g.a_kc, g.b_kc});
+      for (const Shape& g : v) out.push_back({g.M, g.N, g.K, g.a_kc, g.b_kc, g.batch});
       return out;
     };
     floor_sgemm = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::sgemm, dev, 3, kFloorReps);
@@ -427,7 +454,8 @@ void run_bench(const Args& a) {
 
   std::string json = msg("{\"bench\":\"mxlab\",\"device\":\"", be->name(), "\",\"math_mode\":\"", be->math_mode(),
                          "\",\"config\":\"", a.path, "\",\"depth\":", bench.S.depth, ",\"width\":", bench.S.d,
-                         ",\"batch\":", bench.B, ",\"steps\":", steps, ",\"warmup\":", warmup,
+                         ",\"batch\":", bench.B, ",\"block\":\"", bench.S.attention() ? "attention" : "mlp",
+                         "\",\"seq_len\":", cfg.data.seq_len, ",\"steps\":", steps, ",\"warmup\":", warmup,
                          ",\"graphs\":", graphs ? "true" : "false");
   for (const Figure& f : figs) {
     if (f.ms <= 0) continue;
@@ -456,7 +484,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--warmup", args->warmup, "warm-up steps per figure (default 10 on CUDA, 1 on the CPU)");
   sub->add_option("--depth", args->depth, "override model.depth");
   sub->add_option("--width", args->width, "override model.width");
-  sub->add_option("--batch", args->batch, "override data.batch");
+  sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "

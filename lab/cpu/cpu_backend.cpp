@@ -72,26 +72,7 @@ class CpuBackend final : public Backend {
             const ElementwiseRound& out) override {
     prepare_operand(a, M, K, qa_);
     prepare_operand(b, N, K, qb_);
-    // Logical A [M x K] and B [N x K], whichever way they are stored.
-    Map c(C, M, N);
-    product_.resize(M, N);
-    if (K == 0) {
-      product_.setZero();
-    } else {
-      const ConstMap as(qa_.data(), a.k_contiguous ? M : K, a.k_contiguous ? K : M);
-      const ConstMap bs(qb_.data(), b.k_contiguous ? N : K, b.k_contiguous ? K : N);
-      if (a.k_contiguous && b.k_contiguous) product_.noalias() = as * bs.transpose();
-      else if (a.k_contiguous) product_.noalias() = as * bs;
-      else if (b.k_contiguous) product_.noalias() = as.transpose() * bs.transpose();
-      else product_.noalias() = as.transpose() * bs;
-    }
-    // beta == 0 overwrites C (its old contents may be garbage or NaN).
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) {
-        const float p = product_(i, j);
-        const float v = beta == 0.0f ? p : beta * c(i, j) + p;
-        c(i, j) = ew_round(v, out.bf16, out.mode);
-      }
+    product_into(M, N, K, qa_.data(), a.k_contiguous, qb_.data(), b.k_contiguous, C, beta, out);
   }
 
   // ---- vector ops ----
@@ -425,7 +406,149 @@ class CpuBackend final : public Backend {
   }
   // ==== end of the stability instruments ====
 
+  // ==== attention blocks and RMS/MX norms (backend.h section of the same name) ====
+  void gemm_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
+                    float* C, float beta, const ElementwiseRound& out) override {
+    // The stacked operands, quantized as one tensor each: [batch*rows x K] or [batch*K x rows].
+    prepare_operand(a, a.k_contiguous ? batch * M : M, a.k_contiguous ? K : batch * K, qa_);
+    prepare_operand(b, b.k_contiguous ? batch * N : N, b.k_contiguous ? K : batch * K, qb_);
+    for (int64_t i = 0; i < batch; ++i)
+      product_into(M, N, K, qa_.data() + i * M * K, a.k_contiguous, qb_.data() + i * N * K, b.k_contiguous,
+                   C + i * M * N, beta, out);
+  }
+
+  void rmsnorm_fwd(const float* x, const float* gamma, float* y, float* xhat, float* rstd, int64_t rows, int64_t d,
+                   float eps, const RmsEstimate& est, const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = x + i * d;
+      float ms;
+      if (est.block > 0) {
+        // MXNorm: the p-mean of the block absmaxes (blocks of est.block along the row).
+        double sum = 0.0;
+        int64_t blocks = 0;
+        for (int64_t b0 = 0; b0 < d; b0 += est.block, ++blocks) {
+          float m = 0.0f;
+          for (int64_t j = b0; j < std::min<int64_t>(b0 + est.block, d); ++j) m = std::max(m, std::fabs(xr[j]));
+          sum += est.p == 2 ? dot_term(m, m) : static_cast<double>(m);
+        }
+        ms = mxnorm_ms(sum, blocks, est.p, est.c, r.bf16, r.mode);
+      } else {
+        double sq = 0.0;
+        for (int64_t j = 0; j < d; ++j) sq += dot_term(xr[j], xr[j]);
+        ms = ew_round(mean_from_sum(sq, d), r.bf16, r.mode);
+      }
+      const float rs = ln_rstd(ms, eps, r.bf16, r.mode);
+      rstd[i] = rs;
+      for (int64_t j = 0; j < d; ++j) {
+        const float xh = ln_xhat(xr[j], rs, r.bf16, r.mode);
+        xhat[i * d + j] = xh;
+        y[i * d + j] = gamma ? mul_elem(xh, gamma[j], r.bf16, r.mode) : xh;
+      }
+    }
+  }
+
+  void rmsnorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                   float* dgamma, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+    std::vector<float> g(static_cast<size_t>(d));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* dyr = dy + i * d;
+      const float* xr = xhat + i * d;
+      double sgx = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        g[j] = gamma ? ln_bwd_g(dyr[j], gamma[j], r.bf16, r.mode) : dyr[j];
+        sgx += dot_term(g[j], xr[j]);
+      }
+      const float mgx = mean_from_sum(sgx, d);
+      for (int64_t j = 0; j < d; ++j) dx[i * d + j] = rms_bwd_dx(rstd[i], g[j], xr[j], mgx, r.bf16, r.mode);
+    }
+    if (!dgamma) return;
+    for (int64_t j = 0; j < d; ++j) {
+      double sgam = 0.0;
+      for (int64_t i = 0; i < rows; ++i) sgam += dot_term(dy[i * d + j], xhat[i * d + j]);
+      dgamma[j] = static_cast<float>(sgam);
+    }
+  }
+
+  void scale_cols(const float* x, const float* g, float* out, int64_t rows, int64_t cols,
+                  const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = mul_elem(x[i * cols + j], g[j], r.bf16, r.mode);
+  }
+
+  void softmax_fwd(const float* logits, float* probs, float* rowmax, int64_t rows, int64_t n, float scale,
+                   const ElementwiseRound& r) override {
+    std::vector<float> z(static_cast<size_t>(n));
+    for (int64_t i = 0; i < rows; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        z[j] = attn_logit(logits[i * n + j], scale, r.bf16, r.mode);
+        m = std::max(m, z[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        z[j] = softmax_exp(z[j], m, r.bf16, r.mode);
+        sum += z[j];
+      }
+      for (int64_t j = 0; j < n; ++j) probs[i * n + j] = softmax_prob(z[j], sum, r.bf16, r.mode);
+      rowmax[i] = m;
+    }
+  }
+
+  void softmax_bwd(const float* probs, const float* dprobs, float* dlogits, int64_t rows, int64_t n, float scale,
+                   const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      double dot = 0.0;
+      for (int64_t j = 0; j < n; ++j) dot += dot_term(probs[i * n + j], dprobs[i * n + j]);
+      const float D = static_cast<float>(dot);
+      for (int64_t j = 0; j < n; ++j)
+        dlogits[i * n + j] = softmax_bwd_elem(probs[i * n + j], dprobs[i * n + j], D, scale, r.bf16, r.mode);
+    }
+  }
+
+  void heads_split(const float* x, float* heads, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                   int64_t col0) override {
+    for_heads(nb, S, h, dh, ld, col0, [&](int64_t hi, int64_t xi) { heads[hi] = x[xi]; });
+  }
+  void heads_merge(const float* heads, float* x, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                   int64_t col0) override {
+    for_heads(nb, S, h, dh, ld, col0, [&](int64_t hi, int64_t xi) { x[xi] = heads[hi]; });
+  }
+
  private:
+  // f(heads index, x index) for every element of the heads layout (backend.h, heads_split).
+  template <class F>
+  static void for_heads(int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld, int64_t col0, F f) {
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t j = 0; j < h; ++j)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t c = 0; c < dh; ++c) f(((b * h + j) * S + s) * dh + c, (b * S + s) * ld + col0 + j * dh + c);
+  }
+
+  // C[M x N] = beta C + A B^T from quantized operand copies qa (logical [M x K]) and qb
+  // ([N x K]), stored as their k_contiguous flags say, then R(C).
+  void product_into(int64_t M, int64_t N, int64_t K, const float* qa, bool a_kc, const float* qb, bool b_kc, float* C,
+                    float beta, const ElementwiseRound& out) {
+    Map c(C, M, N);
+    product_.resize(M, N);
+    if (K == 0) {
+      product_.setZero();
+    } else {
+      const ConstMap as(qa, a_kc ? M : K, a_kc ? K : M);
+      const ConstMap bs(qb, b_kc ? N : K, b_kc ? K : N);
+      if (a_kc && b_kc) product_.noalias() = as * bs.transpose();
+      else if (a_kc) product_.noalias() = as * bs;
+      else if (b_kc) product_.noalias() = as.transpose() * bs.transpose();
+      else product_.noalias() = as.transpose() * bs;
+    }
+    // beta == 0 overwrites C (its old contents may be garbage or NaN).
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        const float p = product_(i, j);
+        const float v = beta == 0.0f ? p : beta * c(i, j) + p;
+        c(i, j) = ew_round(v, out.bf16, out.mode);
+      }
+  }
+
   QuantStats& slot(int s) {
     MXLAB_ASSERT(s >= 0 && static_cast<size_t>(s) < stats_.size(), "statistics slot ", s, " not reset (have ",
                  stats_.size(), ")");

@@ -251,6 +251,55 @@ class Backend {
   virtual QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
                              bool round_bf16_first, Rounding bf16_mode);
   // ==== end of the stability instruments ====
+
+  // ==== attention blocks and RMS/MX norms (issue 14; lab/model/README.md "Norms", "Attention") ====
+  // Both backends implement every op of this section; the defaults only let test doubles that
+  // never run an attention or RMS-norm network leave them out (they throw mxlab::Error).
+
+  // `batch` independent GEMMs C_i[M x N] = beta * C_i + A_i * B_i^T (i < batch) with operands as
+  // in gemm(): item i of A at a.p + i*M*K, of B at b.p + i*N*K, of C at C + i*M*N. Each operand
+  // is quantized as the one stacked tensor it is in memory ([batch*rows x K] when k_contiguous,
+  // else [batch*K x rows]) along K, so the statistics and the stochastic-rounding words are
+  // those of gemm() on the stacked tensor; a K-strided operand's blocks stay inside one item
+  // when K is a multiple of the block size (the model makes sure of that).
+  virtual void gemm_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a,
+                            const GemmOperand& b, float* C, float beta, const ElementwiseRound& out);
+  // How rmsnorm_fwd estimates the mean square of a row: exactly (mean of x^2), or MXNorm's
+  // estimate from the absolute maxima of the row's blocks of `block` elements (block > 0):
+  // ms = (c * G_p)^2, G_p = the p-mean (p = 1 or 2) of the block absmaxes.
+  struct RmsEstimate {
+    int block = 0;     // 0: exact RMSNorm; > 0: MXNorm blocks
+    int p = 2;
+    float c = 1.0f;
+  };
+  // RMSNorm / MXNorm over the last axis of x[rows x d]: rstd = 1/sqrt(ms + eps), xhat = x * rstd,
+  // y = xhat * gamma (gamma may be null: y = xhat). Saves xhat [rows x d] and rstd [rows].
+  virtual void rmsnorm_fwd(const float* x, const float* gamma, float* y, float* xhat, float* rstd, int64_t rows,
+                           int64_t d, float eps, const RmsEstimate& est, const ElementwiseRound& r);
+  // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * gamma (or dy): RMSNorm's gradient,
+  // and MXNorm's straight-through one (its rstd is the estimate); dgamma = sum_rows dy * xhat
+  // (written, may be null).
+  virtual void rmsnorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                           float* dgamma, int64_t rows, int64_t d, const ElementwiseRound& r);
+  // out[i, j] = R(x[i, j] * g[j]) for x[rows x cols], g[cols] (out may alias x): the MXNorm gain
+  // folded into the next weight, and that weight's gradient scaled back.
+  virtual void scale_cols(const float* x, const float* g, float* out, int64_t rows, int64_t cols,
+                          const ElementwiseRound& r);
+  // Row softmax of scaled logits, in place allowed (probs == logits): z = R(scale * l),
+  // m = max z (written to rowmax[row]), p = R(exp(z - m) / sum exp(z - m)). [rows x n].
+  virtual void softmax_fwd(const float* logits, float* probs, float* rowmax, int64_t rows, int64_t n, float scale,
+                           const ElementwiseRound& r);
+  // dl = R(p * (dp - sum_j p_j dp_j) * scale) per row (dl may alias dp).
+  virtual void softmax_bwd(const float* probs, const float* dprobs, float* dlogits, int64_t rows, int64_t n,
+                           float scale, const ElementwiseRound& r);
+  // Heads layout <-> token layout (exact copies). x is [nb*S x ld], its columns [col0, col0 + h*dh)
+  // hold h heads of dh features; heads is [nb*h x S x dh]:
+  //   heads[((b*h + j)*S + s)*dh + c] = x[(b*S + s)*ld + col0 + j*dh + c].
+  // heads_split reads x and writes heads; heads_merge writes those columns of x from heads.
+  virtual void heads_split(const float* x, float* heads, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                           int64_t col0);
+  virtual void heads_merge(const float* heads, float* x, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
+                           int64_t col0);
 };
 
 // Create a backend from a device string: "cpu", "cuda", "cuda:N" or "auto" (cuda:0 when a

@@ -164,6 +164,32 @@ MXLAB_HD float kl_grad_elem(float q, float p, float scale, bool rb, Rounding rm)
   return ew_round((q - p) * scale, rb, rm);
 }
 
+// ---- RMSNorm / MXNorm, softmax, products (attention blocks; lab/model/README.md) -------------
+
+// R(a * b): the RMSNorm gain (y = xhat * gamma), scale_cols.
+MXLAB_HD float mul_elem(float a, float b, bool rb, Rounding rm) { return ew_round(a * b, rb, rm); }
+// MXNorm's mean-square estimate of a row from `sum` over its K blocks of m_k^p (double; m_k the
+// block absmax): G = (sum / K)^(1/p) for p in {1, 2}, the RMS estimate r = c * G, ms = R(r * r).
+MXLAB_HD float mxnorm_ms(double sum, int64_t blocks, int p, float c, bool rb, Rounding rm) {
+  const float mean = mean_from_sum(sum, blocks);
+  const float g = p == 2 ? sqrtf_ieee(mean) : mean;
+  const float r = c * g;
+  return ew_round(r * r, rb, rm);
+}
+// RMSNorm backward (no centring): dx = R(rstd * (g - xhat * mgx)), mgx = mean_from_sum(sum g * xhat, d).
+MXLAB_HD float rms_bwd_dx(float rstd, float g, float xhat, float mgx, bool rb, Rounding rm) {
+  return ew_round(rstd * (g - xhat * mgx), rb, rm);
+}
+// Softmax over a row of attention logits l: z = R(l * scale), m = max z, e = R(exp(z - m)),
+// S = double sum of e, p = R((float)(e / S)).
+MXLAB_HD float attn_logit(float l, float scale, bool rb, Rounding rm) { return ew_round(l * scale, rb, rm); }
+MXLAB_HD float softmax_exp(float z, float row_max, bool rb, Rounding rm) { return ew_round(det_exp(z - row_max), rb, rm); }
+MXLAB_HD float softmax_prob(float e, double sum, bool rb, Rounding rm) { return ew_round(kl_prob(e, sum), rb, rm); }
+// Softmax backward: dl = R((p * (dp - D)) * scale), D = (float) double sum_j dot_term(p_j, dp_j).
+MXLAB_HD float softmax_bwd_elem(float p, float dp, float dot, float scale, bool rb, Rounding rm) {
+  return ew_round((p * (dp - dot)) * scale, rb, rm);
+}
+
 // One standard normal sample per index i of (seed, stream, step): the pair i/2 of Philox words
 // through det_box_muller, z0 for even i and z1 for odd i.
 MXLAB_HD float randn_elem(uint64_t seed, Stream stream, uint32_t step, uint64_t i) {

@@ -4,111 +4,43 @@
 // documented in lab/model/README.md; both backends run it unchanged.
 #include "lab/model/mlp.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lab/core/detmath.h"
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
+#include "lab/model/model_internal.h"
 
 namespace mxlab {
 
-namespace {
+using namespace model_detail;
 
-// Stochastic-rounding op ids: one per (layer, quantized operand), so that no two quantizations
-// of a step share a random stream (lab/model/README.md lists them).
-enum class OpId : int {
-  fc1_x = 0, fc1_w,   // forward h = y W1^T
-  fc2_x, fc2_w,       // forward o = a W2^T
-  dw2_dy, dw2_x,      // wgrad dW2 = dA^T a
-  da_dy, da_w,        // dgrad da = dA W2
-  dw1_dy, dw1_x,      // wgrad dW1 = dh^T y
-  dy_dy, dy_w,        // dgrad dy = dh W1
-  ln_gamma, ln_beta,  // Q(gamma), Q(beta)
-};
-constexpr int kOpsPerLayer = 16;
-uint64_t op_id(int layer, OpId op) {
-  return static_cast<uint64_t>(layer) * kOpsPerLayer + static_cast<uint64_t>(op) + 1;
-}
+namespace {
 
 // SwiGLU hidden width H' = round(mult * 2/3 * width) in integers (never a tie: the
 // fractional part of 2*mult*width/3 is 0, 1/3 or 2/3).
 int swiglu_hidden(int mult, int width) { return (2 * mult * width + 1) / 3; }
 
-using Role = PrecisionConfig::Role;
-
-// The QuantSpec of a role with format f under policy p. MX formats round elements with the
-// role's rounding mode; scalar formats (bf16/fp16) only round to nearest, so they take the
-// element-wise rounding mode.
-QuantSpec role_spec(const PrecisionConfig& p, NumFmt f, Role role, uint64_t seed) {
-  QuantSpec s;
-  s.fmt = f;
-  s.block = p.block_size;
-  s.rule = p.scale_rule;
-  s.bump = p.bump;
-  s.rounding = is_mx(f) ? p.rounding_of(role) : p.elementwise_rounding;
-  s.seed = seed;
-  return s;
-}
-
-// The spec the last-bin statistics of a role are counted under: the role's own MX spec, or
-// the diagnostic format for a role that is not MX-quantized (round to nearest even there:
-// a diagnostic must not depend on random bits).
-QuantSpec stats_spec(const PrecisionConfig& p, NumFmt f, Role role, uint64_t seed) {
-  if (is_mx(f)) return role_spec(p, f, role, seed);
-  QuantSpec s = role_spec(p, p.diagnostic_format, role, seed);
-  if (s.rounding == Rounding::stochastic) s.rounding = Rounding::nearest_even;
-  return s;
-}
-
-// How the GEMM operands of one pass direction are built from the policy.
-struct OperandRules {
-  const PrecisionConfig* p;  // configured policy (formats, and the statistics specs)
-  bool quantize;             // false: operands stay FP32 (backward with `backward: false`)
-  uint64_t seed;
-  bool collect;              // fill statistics slots
-  int stats_base;            // slot offset of this pass (PassPolicy::stats_base)
-
-  GemmOperand make(const float* data, bool k_contiguous, NumFmt fmt, Role role, int layer, OpId op,
-                   int slot = -1) const {
-    GemmOperand o;
-    o.p = data;
-    o.k_contiguous = k_contiguous;
-    o.q = role_spec(*p, quantize ? fmt : NumFmt::fp32, role, seed);
-    o.round_bf16_first = quantize && p->elementwise_bf16;
-    o.bf16_mode = p->elementwise_rounding;
-    o.sr_op = op_id(layer, op);
-    if (collect && slot >= 0) {
-      o.stats_slot = stats_base + slot;
-      o.stats_q = stats_spec(*p, fmt, role, seed);
-    }
-    return o;
-  }
-};
-
-ElementwiseRound policy_round(const PrecisionConfig& p) { return ElementwiseRound{p.elementwise_bf16, p.elementwise_rounding}; }
-
-const ParamGroup& group(const NetShape& s, int layer, ParamGroup::Kind kind) {
-  const ParamGroup* g = s.find(layer, kind);
-  MXLAB_ASSERT(g != nullptr, "layer ", layer, " has no parameter group of kind ", static_cast<int>(kind));
-  return *g;
-}
-
-// Q(gamma), Q(beta) of layer k into ws.gq_gamma / ws.gq_beta (DESIGN.md section 3). The
+// Q(gamma), Q(beta) of `site` into ws.gq_gamma / ws.gq_beta (DESIGN.md section 3). The
 // statistics are collected even when ln_affine does not quantize (under the diagnostic spec).
-void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int k, Workspace& ws,
-                        const PassPolicy& pol, bool collect) {
+// RMSNorm and MXNorm have no beta.
+void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
+                        Workspace& ws, const PassPolicy& pol, bool collect) {
   const PrecisionConfig& p = pol.p;
   struct Item {
     ParamGroup::Kind kind;
     float* dst;
     StatTensor tensor;
-    OpId op;
+    uint64_t op;
   };
-  const Item items[] = {{ParamGroup::gamma, ws.gq_gamma, StatTensor::gamma, OpId::ln_gamma},
-                        {ParamGroup::beta, ws.gq_beta, StatTensor::beta, OpId::ln_beta}};
+  const Item items[] = {{site.gamma, ws.gq_gamma, site.gamma_stat, site.gamma_op},
+                        {site.beta, ws.gq_beta, site.beta_stat, site.beta_op}};
   for (const Item& it : items) {
+    if (it.kind == site.beta && s.norm != NormKind::layernorm) continue;
     const float* src = params + group(s, k, it.kind).offset;
-    const uint64_t seed = sr_seed(pol.seed, op_id(k, it.op));
+    const uint64_t seed = sr_seed(pol.seed, it.op);
     int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
     if (slot >= 0 && !is_mx(p.ln_affine)) {
       // Diagnostic only: `dst` serves as scratch and is overwritten just below.
@@ -138,6 +70,13 @@ void check_model(const char* what, int depth, int width, int hidden_mult, Act ac
     throw Error(msg(what, ".activation is not a valid activation (use relu, gelu, gelu_tanh, swiglu or linear)"));
 }
 
+void check_attention(const char* what, int width, BlockKind block, int heads, int seq_len) {
+  if (seq_len < 1) throw Error(msg("data.seq_len must be at least 1 (got ", seq_len, ")"));
+  if (block != BlockKind::attention) return;
+  if (heads < 1 || width % heads != 0)
+    throw Error(msg("model.heads = ", heads, " must divide ", what, " width ", width, " (head dim = width / heads)"));
+}
+
 // Lay out the groups of `s` (fields other than groups/num_params already set).
 void layout(NetShape& s) {
   s.groups.clear();
@@ -153,11 +92,18 @@ void layout(NetShape& s) {
     off += g.size();
     s.groups.push_back(g);
   };
+  // Gains for every norm with ln_affine; a bias (beta) for layernorm only.
+  const bool gain = s.layernorm && s.ln_affine, bias = gain && s.norm == NormKind::layernorm;
   for (int k = 0; k < s.depth; ++k) {
-    if (s.layernorm && s.ln_affine) {
-      push("gamma", ParamGroup::gamma, k, 1, s.d);
-      push("beta", ParamGroup::beta, k, 1, s.d);
+    if (s.attention()) {
+      if (gain) push("attn_gamma", ParamGroup::attn_gamma, k, 1, s.d);
+      if (bias) push("attn_beta", ParamGroup::attn_beta, k, 1, s.d);
+      push("Wqkv", ParamGroup::wqkv, k, 3 * static_cast<int64_t>(s.d), s.d);
+      push("Wo", ParamGroup::wo, k, s.d, s.d);
+      if (s.fc2_bias) push("bo", ParamGroup::bo, k, 1, s.d);
     }
+    if (gain) push("gamma", ParamGroup::gamma, k, 1, s.d);
+    if (bias) push("beta", ParamGroup::beta, k, 1, s.d);
     push("W1", ParamGroup::w1, k, s.hidden_in, s.d);
     push("W2", ParamGroup::w2, k, s.d, s.hidden);
     if (s.fc2_bias) push("b2", ParamGroup::b2, k, 1, s.d);
@@ -167,6 +113,97 @@ void layout(NetShape& s) {
 
 }  // namespace
 
+// ---- norms (lab/model/README.md "Norms") --------------------------------------------------
+namespace model_detail {
+
+NormSite mlp_norm_site(int k) {
+  return {ParamGroup::gamma,        ParamGroup::beta,         StatTensor::gamma,
+          StatTensor::beta,         op_id(k, OpId::ln_gamma), op_id(k, OpId::ln_beta)};
+}
+
+NormSite attn_norm_site(int k) {
+  return {ParamGroup::attn_gamma,     ParamGroup::attn_beta,      StatTensor::attn_gamma,
+          StatTensor::attn_beta,      op_id(k, AttnOp::ln_gamma), op_id(k, AttnOp::ln_beta)};
+}
+
+const float* norm_gains(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
+                        Workspace& ws, const PassPolicy& pol, bool collect) {
+  if (!s.ln_affine) return nullptr;
+  ln_affine_operands(be, s, params, k, site, ws, pol, collect);
+  return ws.gq_gamma;
+}
+
+const float* norm_forward(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
+                          const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
+                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R) {
+  const int64_t B = ws.batch, d = s.d;
+  const float* gq = norm_gains(be, s, params, k, site, ws, pol, pol.collect_stats);
+  switch (s.norm) {
+    case NormKind::layernorm:
+      be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R);
+      return W;
+    case NormKind::rmsnorm:
+      be.rmsnorm_fwd(x, gq, y, xhat, rstd, B, d, s.ln_eps, Backend::RmsEstimate{}, R);
+      return W;
+    case NormKind::mxnorm:
+      // The normalised x feeds the GEMM as it is; the gain goes onto the weight (MXNormLinear).
+      be.rmsnorm_fwd(x, nullptr, y, xhat, rstd, B, d, s.ln_eps,
+                     Backend::RmsEstimate{s.mxnorm_block, s.mxnorm_p, s.mxnorm_c}, R);
+      if (!gq) return W;
+      be.scale_cols(W, gq, ws.w_fused, w_rows, d, R);
+      return ws.w_fused;
+    case NormKind::none:
+      break;
+  }
+  MXLAB_ASSERT(false, "norm_forward on a network without a norm");
+  return W;
+}
+
+void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW, int64_t w_rows,
+                      const ElementwiseRound& R) {
+  if (s.norm == NormKind::mxnorm && gq) be.scale_cols(dW, gq, dW, w_rows, s.d, R);
+}
+
+void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq, const float* dy,
+                   const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
+                   const ElementwiseRound& R) {
+  const int64_t B = ws.batch, d = s.d;
+  float* dgamma = gq ? grads + group(s, k, site.gamma).offset : nullptr;
+  if (s.norm == NormKind::layernorm) {
+    float* dbeta = gq ? grads + group(s, k, site.beta).offset : nullptr;
+    be.layernorm_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta, B, d, R);
+  } else {
+    // RMSNorm's gradient; for MXNorm the straight-through estimator of papers/mxnorm.md App. E.
+    be.rmsnorm_bwd(dy, xhat, rstd, gq, dx, dgamma, B, d, R);
+  }
+}
+
+void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq,
+                                 const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
+                                 Workspace& ws, const ElementwiseRound& R) {
+  const size_t n = static_cast<size_t>(ws.batch * s.d);
+  const float* dx = dy;
+  if (s.layernorm) {
+    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R);
+    dx = ws.d_x;
+  }
+  if (s.residual)
+    be.add(dA, dA, dx, n, R);
+  else
+    be.copy(dA, dx, n);
+}
+
+}  // namespace model_detail
+
+double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, int layer) {
+  MXLAB_ASSERT(s.attention() && layer >= 0 && layer < static_cast<int>(ws.rowmax.size()),
+               "attention_logit_max on a network or layer without attention");
+  const size_t n = static_cast<size_t>(ws.batch * s.heads);  // rows of probs: nb * h * S = B * h
+  double m4[4];
+  be.moments(ws.rowmax[layer], n, m4);
+  return std::isfinite(m4[2]) ? m4[1] : std::numeric_limits<double>::quiet_NaN();
+}
+
 const char* name(StatTensor t) {
   switch (t) {
     case StatTensor::ln_out: return "ln_out";
@@ -175,21 +212,93 @@ const char* name(StatTensor t) {
     case StatTensor::grad_hidden: return "grad_hidden";
     case StatTensor::gamma: return "gamma";
     case StatTensor::beta: return "beta";
+    case StatTensor::attn_ln_out: return "attn_ln_out";
+    case StatTensor::attn_q: return "attn_q";
+    case StatTensor::attn_k: return "attn_k";
+    case StatTensor::attn_p: return "attn_p";
+    case StatTensor::attn_v: return "attn_v";
+    case StatTensor::attn_ctx: return "attn_ctx";
+    case StatTensor::grad_attn_out: return "grad_attn_out";
+    case StatTensor::grad_ctx: return "grad_ctx";
+    case StatTensor::grad_logits: return "grad_logits";
+    case StatTensor::grad_qkv: return "grad_qkv";
+    case StatTensor::attn_gamma: return "attn_gamma";
+    case StatTensor::attn_beta: return "attn_beta";
     default: return "unknown";
   }
 }
 
-NetShape NetShape::student(const ModelConfig& m) {
+std::vector<StatTensor> stat_tensors(const NetShape& s) {
+  const int n = s.attention() ? kStatTensors : static_cast<int>(StatTensor::attn_ln_out);
+  std::vector<StatTensor> v;
+  for (int t = 0; t < n; ++t) v.push_back(static_cast<StatTensor>(t));
+  return v;
+}
+
+NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t) {
+  switch (t) {
+    case StatTensor::gamma:
+    case StatTensor::beta:
+    case StatTensor::attn_gamma:
+    case StatTensor::attn_beta: return p.ln_affine;
+    case StatTensor::grad_out:
+    case StatTensor::grad_hidden:
+    case StatTensor::grad_attn_out:
+    case StatTensor::grad_ctx:
+    case StatTensor::grad_logits:
+    case StatTensor::grad_qkv: return p.grad;
+    case StatTensor::attn_q:
+    case StatTensor::attn_k: return p.attn_logits_fmt();
+    case StatTensor::attn_p:
+    case StatTensor::attn_v: return p.attn_probs_fmt();
+    default: return p.activation;  // ln_out, act_out, attn_ln_out, attn_ctx
+  }
+}
+
+bool stat_quantized(const PrecisionConfig& p, StatTensor t) {
+  // Gradient operands are quantized only with `backward: true`.
+  const bool grad = t == StatTensor::grad_out || t == StatTensor::grad_hidden || t == StatTensor::grad_attn_out ||
+                    t == StatTensor::grad_ctx || t == StatTensor::grad_logits || t == StatTensor::grad_qkv;
+  return is_mx(stat_role_format(p, t)) && (!grad || p.backward);
+}
+
+float mxnorm_coefficient(int p, int block) {
+  // papers/mxnorm.md appendix F, absmax_scale_factor: RMS(X) / G_p(block absmaxes), Gaussian X.
+  struct Entry {
+    int block, p;
+    float c;
+  };
+  static const Entry kTable[] = {{16, 1, 0.4814f}, {16, 2, 0.4688f}, {32, 1, 0.4261f},
+                                 {32, 2, 0.4185f}, {64, 1, 0.3852f}, {64, 2, 0.3803f}};
+  for (const Entry& e : kTable)
+    if (e.block == block && e.p == p) return e.c;
+  throw Error(msg("MXNorm has no coefficient for mxnorm_p = ", p, ", mxnorm_block = ", block,
+                  " (the paper tabulates p in {1, 2} and block in {16, 32, 64})"));
+}
+
+NetShape NetShape::student(const ModelConfig& m, int seq_len) {
   check_model("model", m.depth, m.width, m.hidden_mult, m.activation);
   if (m.layernorm && !(m.ln_eps > 0.0f)) throw Error(msg("model.ln_eps must be positive (got ", m.ln_eps, ")"));
+  if (!m.layernorm && (m.norm == NormKind::rmsnorm || m.norm == NormKind::mxnorm))
+    throw Error("model.norm names a norm but model.layernorm: false removes it: drop one of them");
   NetShape s;
+  check_attention("model", m.width, m.block, m.heads, seq_len);
+  s.block = m.block;
+  s.heads = m.heads;
+  s.seq_len = seq_len;
+  s.norm = m.effective_norm();
+  if (s.norm == NormKind::mxnorm) {
+    s.mxnorm_p = m.mxnorm_p;
+    s.mxnorm_block = m.mxnorm_block;
+    s.mxnorm_c = mxnorm_coefficient(m.mxnorm_p, m.mxnorm_block);
+  }
   s.depth = m.depth;
   s.d = m.width;
   s.act = m.activation;
   s.hidden = m.activation == Act::swiglu ? swiglu_hidden(m.hidden_mult, m.width) : m.hidden_mult * m.width;
   s.hidden_in = m.activation == Act::swiglu ? 2 * s.hidden : s.hidden;
-  s.layernorm = m.layernorm;
-  s.ln_affine = m.layernorm && m.ln_affine;
+  s.layernorm = s.norm != NormKind::none;
+  s.ln_affine = s.layernorm && m.ln_affine;
   s.fc2_bias = m.fc2_bias;
   s.residual = true;
   s.ln_eps = m.ln_eps;
@@ -197,7 +306,7 @@ NetShape NetShape::student(const ModelConfig& m) {
   return s;
 }
 
-NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t) {
+NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t, int seq_len) {
   const int depth = t.depth == 0 ? m.depth : t.depth;
   const int width = t.width == 0 ? m.width : t.width;
   const Act act = t.activation.value_or(m.activation);
@@ -205,6 +314,11 @@ NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t) {
   if (t.width < 0) throw Error(msg("teacher.width must be >= 0 (0 = model.width; got ", t.width, ")"));
   check_model("teacher", depth, width, m.hidden_mult, act);
   NetShape s;
+  check_attention("teacher", m.width, t.block, m.heads, seq_len);
+  s.block = t.block;
+  s.heads = m.heads;
+  s.seq_len = seq_len;
+  s.norm = NormKind::none;
   s.depth = depth;
   s.d = m.width;
   s.act = act;
@@ -239,17 +353,22 @@ std::vector<float> init_params(const NetShape& s, InitKind init, float gain, uin
     const uint32_t step = static_cast<uint32_t>(gi);  // the group index is the Philox step word
     switch (g.kind) {
       case ParamGroup::gamma:
+      case ParamGroup::attn_gamma:
         for (int64_t i = 0; i < g.size(); ++i) dst[i] = 1.0f;
         break;
       case ParamGroup::beta:
+      case ParamGroup::attn_beta:
         break;  // zeros
       case ParamGroup::w1:
       case ParamGroup::w2:
-      case ParamGroup::b2: {
-        const bool weight = g.kind != ParamGroup::b2;
+      case ParamGroup::b2:
+      case ParamGroup::wqkv:
+      case ParamGroup::wo:
+      case ParamGroup::bo: {
+        const bool weight = g.kind != ParamGroup::b2 && g.kind != ParamGroup::bo;
         if (init == InitKind::pytorch) {
           // nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the weight and the bias.
-          const int64_t fan_in = weight ? g.cols : s.hidden;
+          const int64_t fan_in = weight ? g.cols : (g.kind == ParamGroup::bo ? s.d : s.hidden);
           const float bound = 1.0f / sqrtf_ieee(static_cast<float>(fan_in));
           for (int64_t i = 0; i < g.size(); ++i) {
             const float u = u32_to_uniform(philox(seed, stream, step, static_cast<uint64_t>(i)).v[0]);
@@ -271,6 +390,8 @@ std::vector<float> init_params(const NetShape& s, InitKind init, float gain, uin
 Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   if (batch <= 0) throw Error(msg("data.batch must be positive (got ", batch, ")"));
   MXLAB_ASSERT(s.depth > 0 && s.d > 0 && s.hidden > 0, "workspace for an unbuilt NetShape");
+  if (batch % s.seq_len != 0)
+    throw Error(msg("a pass of ", batch, " tokens is not a whole number of sequences of data.seq_len = ", s.seq_len));
   const size_t bd = static_cast<size_t>(batch * s.d);
   const size_t bh = static_cast<size_t>(batch * s.hidden);
   const size_t bh1 = static_cast<size_t>(batch * s.hidden_in);
@@ -295,6 +416,38 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   ws.gq_beta = be.alloc(static_cast<size_t>(s.d));
   ws.y = be.alloc(bd);
   ws.loss = be.alloc(1);
+  if (s.norm == NormKind::mxnorm && s.ln_affine) {
+    const int64_t w_rows = std::max<int64_t>(s.hidden_in, s.attention() ? 3 * int64_t{s.d} : 0);
+    ws.w_fused = be.alloc(static_cast<size_t>(w_rows * s.d));
+  }
+  if (s.attention()) {
+    const size_t heads_n = bd;  // nb*h*S*dh = B*d
+    const size_t probs_n = static_cast<size_t>(batch / s.seq_len * s.heads) * static_cast<size_t>(s.seq_len) *
+                           static_cast<size_t>(s.seq_len);
+    const size_t rows_n = static_cast<size_t>(batch / s.seq_len * s.heads * s.seq_len);
+    for (int k = 0; k < s.depth; ++k) {
+      ws.z.push_back(be.alloc(bd));
+      ws.attn_y.push_back(s.layernorm ? be.alloc(bd) : ws.a_in[k]);
+      ws.attn_xhat.push_back(s.layernorm ? be.alloc(bd) : nullptr);
+      ws.attn_rstd.push_back(s.layernorm ? be.alloc(static_cast<size_t>(batch)) : nullptr);
+      ws.qkv.push_back(be.alloc(3 * bd));
+      ws.qh.push_back(be.alloc(heads_n));
+      ws.kh.push_back(be.alloc(heads_n));
+      ws.vh.push_back(be.alloc(heads_n));
+      ws.probs.push_back(be.alloc(probs_n));
+      ws.rowmax.push_back(be.alloc(rows_n));
+      ws.ctx.push_back(be.alloc(bd));
+    }
+    ws.ctx_h = be.alloc(heads_n);
+    ws.d_qkv = be.alloc(3 * bd);
+    ws.d_qh = be.alloc(heads_n);
+    ws.d_kh = be.alloc(heads_n);
+    ws.d_vh = be.alloc(heads_n);
+    ws.d_probs = be.alloc(probs_n);
+    // The MLP sub-block reads z_k, not A_{k-1}: without a norm its W1 input is z_k itself.
+    if (!s.layernorm)
+      for (int k = 0; k < s.depth; ++k) ws.ln_y[k] = ws.z[k];
+  }
   return ws;
 }
 
@@ -313,17 +466,15 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   for (int k = 0; k < s.depth; ++k) {
     const float* A = ws.a_in[k];
     float* next = k + 1 < s.depth ? ws.a_in[k + 1] : ws.out;
-    if (s.layernorm) {
-      const float *gq = nullptr, *bq = nullptr;
-      if (s.ln_affine) {
-        ln_affine_operands(be, s, params, k, ws, pol, pol.collect_stats);
-        gq = ws.gq_gamma;
-        bq = ws.gq_beta;
-      }
-      be.layernorm_fwd(A, gq, bq, ws.ln_y[k], ws.xhat[k], ws.rstd[k], B, d, s.ln_eps, R);
+    if (s.attention()) {  // Eq. 11: z_k = A_{k-1} + SelfAttn(LN_1(A_{k-1})); the MLP sub-block reads z_k
+      attention_forward(be, s, params, k, A, ws, pol);
+      A = ws.z[k];
     }
     const float* W1 = params + group(s, k, ParamGroup::w1).offset;
     const float* W2 = params + group(s, k, ParamGroup::w2).offset;
+    if (s.layernorm)
+      W1 = norm_forward(be, s, params, k, mlp_norm_site(k), A, ws.ln_y[k], ws.xhat[k], ws.rstd[k], W1, H1, ws, pol,
+                        R);
     // h [B x H1] = y [B x d] . W1 [H1 x d]^T
     be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
             ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, R);
@@ -388,28 +539,15 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
+    // The forward's Q(gamma) again (deterministic: same seed, op and step); gradients w.r.t.
+    // the quantized values go straight through to the FP32 masters.
+    const float* gq = s.ln_affine ? norm_gains(be, s, params, k, mlp_norm_site(k), ws, pol, false) : nullptr;
+    norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
     be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
             ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f, R);
-    const float* dx = ws.d_ln;
-    if (s.layernorm) {
-      const float* gq = nullptr;
-      float *dgamma = nullptr, *dbeta = nullptr;
-      if (s.ln_affine) {
-        // The forward's Q(gamma) again (deterministic: same seed, op and step); gradients
-        // w.r.t. the quantized values go straight through to the FP32 masters.
-        ln_affine_operands(be, s, params, k, ws, pol, false);
-        gq = ws.gq_gamma;
-        dgamma = grads + group(s, k, ParamGroup::gamma).offset;
-        dbeta = grads + group(s, k, ParamGroup::beta).offset;
-      }
-      be.layernorm_bwd(ws.d_ln, ws.xhat[k], ws.rstd[k], gq, ws.d_x, dgamma, dbeta, B, d, R);
-      dx = ws.d_x;
-    }
-    if (s.residual)
-      be.add(dA, dA, dx, static_cast<size_t>(B * d), R);
-    else
-      be.copy(dA, dx, static_cast<size_t>(B * d));
+    norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R);
+    if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }
 

@@ -1,6 +1,9 @@
 // The proxy model (paper Eq. 1, DESIGN.md section 1): a residual MLP student and the fixed
 // teacher, written once against the Backend interface. Parameters of one network live in
 // one flat buffer (so the optimizer and global norms are single calls) with named groups.
+// With model.block: attention each block is Eq. 11 of the paper's appendix D (a self-attention
+// sub-block, then the MLP sub-block; lab/model/attention.cpp), and the norm before each
+// sub-block is layernorm, RMSNorm or MXNorm (lab/model/README.md).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,11 +16,13 @@ namespace mxlab {
 
 // One named slice of the flat parameter buffer.
 struct ParamGroup {
-  std::string name;  // "layer0.gamma", "layer0.beta", "layer0.W1", "layer0.W2", "layer0.b2"
-  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2 } kind;
+  std::string name;  // "layer0.gamma", "layer0.beta", "layer0.W1", "layer0.W2", "layer0.b2"; attention
+                     // blocks also "layer0.attn_gamma", "layer0.attn_beta", "layer0.Wqkv", "layer0.Wo", "layer0.bo"
+  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2, attn_gamma, attn_beta, wqkv, wo, bo } kind;
   int layer = 0;
   int64_t offset = 0;  // in floats
-  int64_t rows = 0, cols = 0;  // W1: [H1 x d], W2: [d x H], vectors: [1 x d]
+  int64_t rows = 0, cols = 0;  // W1: [H1 x d], W2: [d x H], Wqkv: [3d x d] (rows Q | K | V), Wo: [d x d],
+                               // vectors: [1 x d]
   int64_t size() const { return rows * cols; }
 };
 
@@ -27,16 +32,29 @@ struct NetShape {
   int hidden = 0;     // H: width of phi's output (input of W2)
   int hidden_in = 0;  // H1: rows of W1 (= 2H for swiglu, else H)
   Act act = Act::gelu;
-  bool layernorm = true, ln_affine = true, fc2_bias = true;
+  bool layernorm = true, ln_affine = true, fc2_bias = true;  // layernorm: the block has a norm (any kind)
   bool residual = true;  // teacher.residual: false gives the plain MLP (A_k = W2 phi(W1 A_{k-1}))
   float ln_eps = 1e-5f;
+  NormKind norm = NormKind::layernorm;  // which norm (none when !layernorm)
+  int mxnorm_p = 2, mxnorm_block = 32;
+  float mxnorm_c = 0.0f;  // MXNorm's RMS / p-mean-of-block-absmax ratio c(p, block) (papers/mxnorm.md App. F)
+  BlockKind block = BlockKind::mlp;
+  int heads = 1;
+  int seq_len = 1;        // tokens per sequence (attention mixes the tokens of one sequence)
   std::vector<ParamGroup> groups;
   int64_t num_params = 0;
 
-  static NetShape student(const ModelConfig& m);
-  static NetShape teacher(const ModelConfig& m, const TeacherConfig& t);
+  // seq_len: data.seq_len (matters for attention blocks only; an MLP treats every token alone).
+  static NetShape student(const ModelConfig& m, int seq_len = 1);
+  static NetShape teacher(const ModelConfig& m, const TeacherConfig& t, int seq_len = 1);
   const ParamGroup* find(int layer, ParamGroup::Kind kind) const;  // null when absent
+  bool attention() const { return block == BlockKind::attention; }
+  int head_dim() const { return d / heads; }
 };
+
+// MXNorm's ratio c(p, block) of papers/mxnorm.md appendix F (Monte Carlo, Gaussian input);
+// throws mxlab::Error for a (p, block) the paper does not tabulate.
+float mxnorm_coefficient(int p, int block);
 
 // Initial parameters on the host (deterministic: Philox stream `stream`, seed):
 // pytorch: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases; xavier_normal(gain)
@@ -61,11 +79,31 @@ enum class StatTensor : uint8_t {
   grad_hidden,  // dH into the W1 backward GEMMs
   gamma,        // Q(gamma)
   beta,         // Q(beta)
+  // Attention blocks only (lab/model/README.md "Attention"):
+  attn_ln_out,    // norm-1 output into Wqkv (activation)
+  attn_q,         // Q in S = Q K^T (attn_logits)
+  attn_k,         // K in S = Q K^T (attn_logits)
+  attn_p,         // P in O = P V (attn_probs)
+  attn_v,         // V in O = P V (attn_probs)
+  attn_ctx,       // merged heads O into Wo (activation)
+  grad_attn_out,  // dZ into Wo's dgrad (grad)
+  grad_ctx,       // dO into dP = dO V^T (grad)
+  grad_logits,    // dS into dQ = dS K (grad)
+  grad_qkv,       // d[Q|K|V] into Wqkv's dgrad (grad)
+  attn_gamma,     // Q(gamma) of norm 1
+  attn_beta,      // Q(beta) of norm 1
   kCount
 };
 constexpr int kStatTensors = static_cast<int>(StatTensor::kCount);
 inline int stats_slot(int layer, StatTensor t) { return layer * kStatTensors + static_cast<int>(t); }
 const char* name(StatTensor t);
+// The tensors a network of this shape has statistics for, in dataset order (an MLP network
+// lists the first six only, so its files are what they were before attention existed).
+std::vector<StatTensor> stat_tensors(const NetShape& s);
+// Whether policy `p` MX-quantizes tensor `t` (else its statistics are a diagnostic under
+// p.diagnostic_format), and the format of the role it belongs to.
+bool stat_quantized(const PrecisionConfig& p, StatTensor t);
+NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t);
 
 // Activation storage for one forward/backward pass of a network at batch B.
 struct Workspace {
@@ -86,6 +124,25 @@ struct Workspace {
   float* gq_beta = nullptr;
   float* y = nullptr;         // block output scratch                    [B x d]
   float* loss = nullptr;      // [1]
+  float* w_fused = nullptr;   // MXNorm: W o Q(gamma), the weight after the norm [max(H1, 3d) x d]
+  // Attention blocks (B here is the token count; nb = B / seq_len sequences, heads h, S = seq_len,
+  // dh = d / h; "heads layout" is [nb*h x S x dh]); empty for MLP blocks:
+  std::vector<float*> z;          // [L] residual stream after attention        [B x d]
+  std::vector<float*> attn_y;     // [L] norm-1 output (Wqkv's input)           [B x d]
+  std::vector<float*> attn_xhat;  // [L]                                        [B x d]
+  std::vector<float*> attn_rstd;  // [L]                                        [B]
+  std::vector<float*> qkv;        // [L] projections                            [B x 3d]
+  std::vector<float*> qh, kh, vh; // [L] Q, K, V in heads layout
+  std::vector<float*> probs;      // [L] softmax(scale Q K^T)                   [nb*h x S x S]
+  std::vector<float*> rowmax;     // [L] max scaled logit of each row of probs [nb*h*S]
+  std::vector<float*> ctx;        // [L] heads merged (Wo's input)              [B x d]
+  float* ctx_h = nullptr;         // scratch in heads layout (O, then dO)
+  float* d_qkv = nullptr;         //                                            [B x 3d]
+  float* d_qh = nullptr;          // heads layout
+  float* d_kh = nullptr;
+  float* d_vh = nullptr;
+  float* d_probs = nullptr;       // dP, then dS                                [nb*h x S x S]
+  // batch: rows (tokens) of one pass; a multiple of s.seq_len.
   static Workspace make(Backend& be, const NetShape& s, int64_t batch);
 };
 
@@ -116,5 +173,9 @@ struct ParamQuant {
   Rounding bf16_mode = Rounding::nearest_even;
 };
 ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol);
+
+// The largest scaled attention logit (scale * q.k, the softmax input) of layer `layer` in the
+// last forward pass run on `ws` (attention blocks only; synchronises). NaN when non-finite.
+double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, int layer);
 
 }  // namespace mxlab

@@ -357,6 +357,24 @@ std::string rounding_text(const PrecisionConfig& p) {
   return s + "}";
 }
 
+// An int leaf that takes one of `allowed`.
+template <typename F>
+Leaf choice_int_leaf(std::string key, F f, std::vector<int> allowed) {
+  Leaf l = int_leaf(std::move(key), f, 1);
+  l.check = [f, allowed](const RunConfig& c) {
+    const int v = field_of(f, c);
+    std::string list;
+    for (int a : allowed) {
+      if (a == v) return std::string();
+      list += (list.empty() ? "" : ", ") + std::to_string(a);
+    }
+    return msg("must be one of ", list, ", got ", v);
+  };
+  return l;
+}
+
+const std::vector<std::string> kBlockNames = {"mlp", "attention"};
+
 bool valid_device(const std::string& d) {
   return d == "cpu" || d == "auto" || d == "cuda" || (d.rfind("cuda:", 0) == 0 && all_digits(d, 5));
 }
@@ -390,7 +408,15 @@ std::vector<Item> build_schema() {
            bool_leaf("fc2_bias", [](RunConfig& c) -> bool& { return c.model.fc2_bias; }),
            enum_leaf<InitKind>("init", [](RunConfig& c) -> InitKind& { return c.model.init; }, {"pytorch", "xavier_normal"},
                                "init"),
-           float_leaf("init_gain", [](RunConfig& c) -> float& { return c.model.init_gain; }, FRange::positive)});
+           float_leaf("init_gain", [](RunConfig& c) -> float& { return c.model.init_gain; }, FRange::positive),
+           since_v2(enum_leaf<BlockKind>("block", [](RunConfig& c) -> BlockKind& { return c.model.block; }, kBlockNames,
+                                         "block")),
+           since_v2(int_leaf("heads", [](RunConfig& c) -> int& { return c.model.heads; }, 1)),
+           since_v2(enum_leaf<NormKind>("norm", [](RunConfig& c) -> NormKind& { return c.model.norm; },
+                                        {"layernorm", "rmsnorm", "mxnorm", "none"}, "norm")),
+           since_v2(choice_int_leaf("mxnorm_p", [](RunConfig& c) -> int& { return c.model.mxnorm_p; }, {1, 2})),
+           since_v2(choice_int_leaf("mxnorm_block", [](RunConfig& c) -> int& { return c.model.mxnorm_block; },
+                                    {16, 32, 64}))});
 
   section("teacher",
           {int_leaf("depth", [](RunConfig& c) -> int& { return c.teacher.depth; }, 0),
@@ -405,10 +431,13 @@ std::vector<Item> build_schema() {
             },
             [](const RunConfig& c) { return std::string(c.teacher.activation ? act_name(*c.teacher.activation) : "same"); },
             {}},
-           bool_leaf("residual", [](RunConfig& c) -> bool& { return c.teacher.residual; })});
+           bool_leaf("residual", [](RunConfig& c) -> bool& { return c.teacher.residual; }),
+           since_v2(enum_leaf<BlockKind>("block", [](RunConfig& c) -> BlockKind& { return c.teacher.block; },
+                                         kBlockNames, "block"))});
 
   section("data", {int_leaf("batch", [](RunConfig& c) -> int& { return c.data.batch; }, 1),
-                   float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative)});
+                   float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative),
+                   since_v2(int_leaf("seq_len", [](RunConfig& c) -> int& { return c.data.seq_len; }, 1))});
 
   top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl"}, "loss"));
   top(float_leaf("kl_temperature", [](RunConfig& c) -> float& { return c.kl_temperature; }, FRange::positive));
@@ -471,7 +500,9 @@ std::vector<Item> build_schema() {
         [](RunConfig& c, const YNode& n, const std::string& k) {
           c.precision.diagnostic_format = parse_numfmt(mx_format_names()[parse_choice(n, k, mx_format_names(), "MX format")]);
         },
-        [](const RunConfig& c) { return std::string(name(c.precision.diagnostic_format)); }, {}}});
+        [](const RunConfig& c) { return std::string(name(c.precision.diagnostic_format)); }, {}},
+       since_v2(bwd_leaf("attn_logits", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.attn_logits; })),
+       since_v2(bwd_leaf("attn_probs", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.attn_probs; }))});
 
   section("log",
           {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
@@ -734,6 +765,47 @@ std::vector<std::string> mx_roles(const PrecisionConfig& p) {
   return roles;
 }
 
+// Why the attention or norm settings of `cfg` cannot run under policy `p`, or "" (the model
+// checks the same shapes again, lab/model/mlp.cpp; here they get a file and line).
+std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
+  const ModelConfig& m = cfg.model;
+  const bool student_attn = m.block == BlockKind::attention;
+  if ((student_attn || cfg.teacher.block == BlockKind::attention) && m.width % m.heads != 0) {
+    *key = "model.heads";
+    return msg("model.heads = ", m.heads, " does not divide model.width = ", m.width,
+               " (each head takes width / heads features): pick a divisor of ", m.width);
+  }
+  // The P V GEMM and the backward GEMMs of attention quantize blocks along the sequence; the
+  // statistics count them even under an FP32 role, so this holds whatever the formats.
+  if (student_attn && p.block_size > 0 && cfg.data.seq_len % p.block_size != 0) {
+    *key = "data.seq_len";
+    return msg("data.seq_len = ", cfg.data.seq_len, " is not a multiple of precision.block_size = ", p.block_size,
+               ", which model.block: attention needs (MX blocks of the attention GEMMs run along the sequence): use "
+               "data.seq_len = ", (cfg.data.seq_len / p.block_size + 1) * p.block_size,
+               " or a block_size that divides it");
+  }
+  if (!m.layernorm && (m.norm == NormKind::rmsnorm || m.norm == NormKind::mxnorm)) {
+    *key = "model.norm";
+    return msg("model.norm: ", m.norm == NormKind::rmsnorm ? "rmsnorm" : "mxnorm",
+               " contradicts model.layernorm: false (which removes the norm): drop `layernorm: false`, or write "
+               "`norm: none` for no norm");
+  }
+  if (m.effective_norm() == NormKind::mxnorm) {
+    if (m.width % m.mxnorm_block != 0) {
+      *key = "model.mxnorm_block";
+      return msg("model.width = ", m.width, " is not a multiple of model.mxnorm_block = ", m.mxnorm_block,
+                 " (MXNorm's blocks run along the width)");
+    }
+    if (is_mx(p.activation) && p.block_size != m.mxnorm_block) {
+      *key = "model.mxnorm_block";
+      return msg("model.mxnorm_block = ", m.mxnorm_block, " differs from precision.block_size = ", p.block_size,
+                 ": MXNorm reuses the block absmaxes of the MX cast of its output, so the blocks must be the same; "
+                 "set both to one of 16, 32, 64");
+    }
+  }
+  return "";
+}
+
 // Why (width, policy) is impossible, or "".
 std::string shape_problem(int width, const PrecisionConfig& p) {
   const std::vector<std::string> roles = mx_roles(p);
@@ -761,6 +833,9 @@ void check_patched_policy(const RunConfig& cfg, const PrecisionConfig& patched, 
   }
   const std::string problem = shape_problem(cfg.model.width, patched);
   if (!problem.empty()) fail(where, msg(who, ": ", problem));
+  std::string key;
+  const std::string model_prob = model_problem(cfg, patched, &key);
+  if (!model_prob.empty()) fail(where, msg(who, ": ", model_prob));
 }
 
 void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& origin) {
@@ -787,6 +862,11 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
       fail(locate("log.snapshot_steps"), msg("log.snapshot_steps holds step ", st, ", after the run's last (steps = ",
                                              cfg.steps, "): snapshots are taken at the start of a step, or at `steps` "
                                              "for the final state"));
+  {
+    std::string key;
+    const std::string problem = model_problem(cfg, cfg.precision, &key);
+    if (!problem.empty()) fail(find(key).value_or(locate("precision.block_size")), problem);
+  }
   // Arms: plain unique names (they name groups), not `fp32`, patches that apply and give a
   // possible shape.
   std::map<std::string, std::string> taken;  // name -> "arms[i]" / "interventions[i]"
@@ -966,6 +1046,8 @@ PrecisionConfig apply_intervention(const PrecisionConfig& base, const Interventi
     p.weight_bwd = NumFmt::fp32;
     p.activation_bwd = NumFmt::fp32;
     p.ln_affine = NumFmt::fp32;
+    p.attn_logits = NumFmt::fp32;
+    p.attn_probs = NumFmt::fp32;
     p.elementwise_bf16 = false;
   } else if (a == "skip_ln_quant") {
     p.ln_affine = NumFmt::fp32;
@@ -1099,13 +1181,15 @@ std::string config_hash(const RunConfig& cfg) {
 bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.depth == b.depth && a.width == b.width && a.hidden_mult == b.hidden_mult && a.activation == b.activation &&
          a.layernorm == b.layernorm && a.ln_affine == b.ln_affine && a.ln_eps == b.ln_eps && a.fc2_bias == b.fc2_bias &&
-         a.init == b.init && a.init_gain == b.init_gain;
+         a.init == b.init && a.init_gain == b.init_gain && a.block == b.block && a.heads == b.heads &&
+         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block;
 }
 bool operator==(const TeacherConfig& a, const TeacherConfig& b) {
-  return a.depth == b.depth && a.width == b.width && a.activation == b.activation && a.residual == b.residual;
+  return a.depth == b.depth && a.width == b.width && a.activation == b.activation && a.residual == b.residual &&
+         a.block == b.block;
 }
 bool operator==(const DataConfig& a, const DataConfig& b) {
-  return a.batch == b.batch && a.label_noise == b.label_noise;
+  return a.batch == b.batch && a.label_noise == b.label_noise && a.seq_len == b.seq_len;
 }
 bool operator==(const OptimizerConfig& a, const OptimizerConfig& b) {
   return a.name == b.name && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
@@ -1123,7 +1207,7 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.rounding_of(PrecisionConfig::Role::grad) == b.rounding_of(PrecisionConfig::Role::grad) &&
          a.rounding_of(PrecisionConfig::Role::ln_affine) == b.rounding_of(PrecisionConfig::Role::ln_affine) &&
          a.elementwise_rounding == b.elementwise_rounding &&
-         a.diagnostic_format == b.diagnostic_format;
+         a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs;
 }
 bool operator==(const LogConfig& a, const LogConfig& b) {
   return a.log_every == b.log_every && a.bias_every == b.bias_every && a.spike_factor == b.spike_factor &&

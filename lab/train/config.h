@@ -18,6 +18,11 @@ enum class InitKind : uint8_t { pytorch = 0, xavier_normal };
 enum class OptKind : uint8_t { adam = 0, adamw, sgd };
 enum class SchedKind : uint8_t { constant = 0, cosine };
 enum class OnNonfinite : uint8_t { stop = 0, cont };  // YAML: stop | continue
+// Residual block of the student (and, with teacher.block, of the teacher): the paper's Eq. 1
+// MLP block, or Eq. 11's self-attention sub-block followed by the MLP sub-block (appendix D).
+enum class BlockKind : uint8_t { mlp = 0, attention };
+// Normalisation before each GEMM input (lab/model/README.md "Norms"): none = layernorm: false.
+enum class NormKind : uint8_t { layernorm = 0, rmsnorm, mxnorm, none };
 
 struct ModelConfig {
   int depth = 4;               // L residual blocks
@@ -30,6 +35,14 @@ struct ModelConfig {
   bool fc2_bias = true;        // b2
   InitKind init = InitKind::pytorch;
   float init_gain = 1.0f;      // xavier_normal gain
+  BlockKind block = BlockKind::mlp;
+  int heads = 1;               // attention heads (block: attention); head dim = width / heads
+  NormKind norm = NormKind::layernorm;  // with layernorm: false there is no norm (see effective_norm)
+  int mxnorm_p = 2;            // MXNorm power mean of the block absmaxes: 1 | 2
+  int mxnorm_block = 32;       // MXNorm block length along the width (16 | 32 | 64)
+
+  // The norm the model applies: `norm`, or none when `layernorm` is false.
+  NormKind effective_norm() const { return layernorm ? norm : NormKind::none; }
 };
 
 struct TeacherConfig {
@@ -37,10 +50,12 @@ struct TeacherConfig {
   int width = 0;               // 0 = model.width (hidden width w of each block)
   std::optional<Act> activation;  // unset = model.activation
   bool residual = false;       // false: plain MLP of the paper's code; true: student-shaped, no LN
+  BlockKind block = BlockKind::mlp;  // attention: Eq. 11 blocks without norms (heads = model.heads)
 };
 
 struct DataConfig {
-  int batch = 2048;
+  int batch = 2048;            // sequences per step (with seq_len 1: tokens per step)
+  int seq_len = 1;             // tokens per sequence: rows per step = batch * seq_len
   float label_noise = 0.005f;
 };
 
@@ -79,12 +94,17 @@ struct PrecisionConfig {
   std::optional<Rounding> rounding_weight, rounding_activation, rounding_grad, rounding_ln_affine;
   Rounding elementwise_rounding = Rounding::nearest_even;  // nearest_even | nearest_away
   NumFmt diagnostic_format = NumFmt::mxfp8_e4m3;  // last-bin statistics of tensors not quantized
+  // Attention GEMM operands (model.block: attention; lab/model/README.md "Attention"):
+  std::optional<NumFmt> attn_logits;      // Q and K in S = Q K^T (and in dQ, dK); unset ("same") = activation
+  std::optional<NumFmt> attn_probs;       // P and V in O = P V (and in dV, dP); unset ("same") = activation
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
   enum class Role : uint8_t { weight = 0, activation, grad, ln_affine };
   Rounding rounding_of(Role r) const;
   bool rounding_uniform() const;  // every role rounds with the same mode
+  NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
+  NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
   // The all-FP32 policy of the reference trajectory and the shadow pass.
   static PrecisionConfig fp32();
 };
@@ -145,6 +165,9 @@ struct RunConfig {
   int checkpoint_every = 0;     // 0 = only at intervention steps
   std::vector<ArmConfig> arms;
   std::vector<InterventionConfig> interventions;
+
+  // Rows of one step's batch: data.batch sequences of data.seq_len tokens.
+  int64_t tokens() const { return static_cast<int64_t>(data.batch) * data.seq_len; }
 };
 
 // An arm resolved: its name and policy (precision with its patch applied).

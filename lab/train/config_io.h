@@ -43,7 +43,8 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 
 // ---- interventions (DESIGN.md section 6) ----
 // Presets and what each sets (nothing else changes):
-//   to_fp32              every role fp32 (weight_bwd, activation_bwd too), ln_affine none, elementwise fp32
+//   to_fp32              every role fp32 (weight_bwd, activation_bwd, attn_logits, attn_probs too), ln_affine
+//                        none, elementwise fp32
 //   skip_ln_quant        ln_affine none
 //   bump_exponent        scale_rule floor_bump, bump clamp
 //   bump_exponent_always scale_rule floor_bump, bump always

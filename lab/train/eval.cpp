@@ -48,8 +48,8 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
   if (!f.is_group(dir))
     throw Error(msg(run_file, " has no snapshot of '", trajectory, "' at step ", step,
                     " (mxlab export --snapshot lists none? run with log.snapshot_steps: [", step, "])"));
-  const NetShape S = NetShape::student(cfg.model);
-  const NetShape T = NetShape::teacher(cfg.model, cfg.teacher);
+  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len);
+  const NetShape T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
   std::vector<float> params(static_cast<size_t>(S.num_params));
   for (const ParamGroup& g : S.groups) {
     const std::vector<float> v = read_floats(f, dir + "/" + g.name);
@@ -58,7 +58,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
     std::copy(v.begin(), v.end(), params.begin() + g.offset);
   }
   const int64_t d = cfg.model.width;
-  int64_t rows = cfg.data.batch;
+  int64_t rows = cfg.tokens();
   std::vector<float> px, py;
   if (!train_batch) {
     if (!f.is_dataset("snapshots/probe_x")) throw Error(msg(run_file, " holds no probe batch (snapshots/probe_x)"));
@@ -87,7 +87,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
   }
   Workspace ws = Workspace::make(be, S, rows);
   RunConfig lcfg = cfg;
-  lcfg.data.batch = static_cast<int>(rows);
+  lcfg.data.batch = static_cast<int>(rows / cfg.data.seq_len);
   auto loss_under = [&](const PrecisionConfig& pol) {
     PassPolicy pp;
     pp.p = pol;

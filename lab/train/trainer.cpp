@@ -36,10 +36,10 @@ bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant; }
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg), be_(be), sink_(sink) {
-  shape_ = NetShape::student(cfg_.model);
-  teacher_shape_ = NetShape::teacher(cfg_.model, cfg_.teacher);
+  shape_ = NetShape::student(cfg_.model, cfg_.data.seq_len);
+  teacher_shape_ = NetShape::teacher(cfg_.model, cfg_.teacher, cfg_.data.seq_len);
   bias_every_ = cfg_.log.bias_every > 0 ? cfg_.log.bias_every : cfg_.log.log_every;
-  const int64_t B = cfg_.data.batch;
+  const int64_t B = cfg_.tokens();
   const int64_t d = cfg_.model.width;
 
   // Teacher: fixed FP32 network from its own init stream.
@@ -473,21 +473,26 @@ void Trainer::log_metrics(bool shadow_step) {
       row.add("gtilde_norm_group", gtg);
     }
     // Last-bin statistics of this trajectory's pass.
-    for (int t = 0; t < kStatTensors; ++t) {
+    for (const StatTensor t : stat_tensors(shape_)) {
       std::vector<double> lastbin(L, kNaN), clamped(L, kNaN);
       for (int l = 0; l < L; ++l) {
-        const size_t slot = static_cast<size_t>(stats_base(static_cast<int>(i)) + stats_slot(l, static_cast<StatTensor>(t)));
+        const size_t slot = static_cast<size_t>(stats_base(static_cast<int>(i)) + stats_slot(l, t));
         if (slot < qs.size() && qs[slot].n > 0) {
           lastbin[l] = qs[slot].lastbin_frac();
           clamped[l] = qs[slot].clamped_frac();
         }
       }
-      const std::string nm = name(static_cast<StatTensor>(t));
-      if (static_cast<StatTensor>(t) == StatTensor::gamma)
+      const std::string nm = name(t);
+      if (t == StatTensor::gamma)
         for (double f : lastbin)
           if (std::isfinite(f) && !(f <= tr.max_gamma_lastbin)) tr.max_gamma_lastbin = f;
       row.add(nm + "_lastbin", lastbin);
       row.add(nm + "_clamped", clamped);
+    }
+    if (shape_.attention()) {
+      std::vector<double> logit_max(L);
+      for (int l = 0; l < L; ++l) logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
+      row.add("attn_logit_max", logit_max);
     }
   }
 
@@ -646,20 +651,13 @@ Attrs Trainer::group_attrs(const Trajectory& tr) const {
 std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const {
   std::map<std::string, Attrs> m;
   const PrecisionConfig& p = tr.policy;
-  const bool mx_fwd_act = is_mx(p.activation);
-  const bool mx_grad = p.backward && is_mx(p.grad);
-  const bool mx_ln = is_mx(p.ln_affine);
-  const std::map<std::string, bool> quantized = {
-      {"gamma", mx_ln}, {"beta", mx_ln}, {"ln_out", mx_fwd_act}, {"act_out", mx_fwd_act},
-      {"grad_out", mx_grad}, {"grad_hidden", mx_grad}};
-  for (const auto& [t, q] : quantized) {
+  for (const StatTensor t : stat_tensors(shape_)) {
+    const bool q = stat_quantized(p, t);
     for (const char* suffix : {"_lastbin", "_clamped"}) {
       Attrs a;
       a.ints["quantized"] = q ? 1 : 0;
-      a.str["format"] = q ? name(t == "gamma" || t == "beta" ? p.ln_affine
-                                 : (t.rfind("grad", 0) == 0 ? p.grad : p.activation))
-                          : name(p.diagnostic_format);
-      m[t + suffix] = a;
+      a.str["format"] = name(q ? stat_role_format(p, t) : p.diagnostic_format);
+      m[std::string(name(t)) + suffix] = a;
     }
   }
   Attrs names;

@@ -64,6 +64,15 @@ RunConfig every_field_changed() {
   c.model.fc2_bias = false;
   c.model.init = InitKind::xavier_normal;
   c.model.init_gain = 0.7071067811865476f;
+  c.model.block = BlockKind::attention;
+  c.model.heads = 3;
+  c.model.norm = NormKind::none;  // layernorm: false names no other norm
+  c.model.mxnorm_p = 1;
+  c.model.mxnorm_block = 64;
+  c.teacher.block = BlockKind::attention;
+  c.data.seq_len = 16;             // a multiple of block_size (attention)
+  c.precision.attn_logits = NumFmt::mxfp8_e5m2;
+  c.precision.attn_probs = NumFmt::bf16;
   c.teacher.depth = 2;
   c.teacher.width = 48;
   c.teacher.activation = Act::relu;
@@ -327,6 +336,22 @@ TEST(Config, BadInputsGiveOneLineMessagesWithFileLineAndHint) {
        {"bad.yaml:4:", "intervention 'a'", "not a multiple of precision.block_size = 48"}},
       {"bad intervention name", "interventions:\n  - {name: a/b, at: 10, apply: to_fp32}\n",
        {"bad.yaml:2:", "'a/b' must be a non-empty name"}},
+      {"norm contradicting layernorm: false", "model:\n  layernorm: false\n  norm: rmsnorm\n",
+       {"bad.yaml:3:", "model.norm: rmsnorm contradicts model.layernorm: false", "norm: none"}},
+      {"heads not dividing the width", "model: {block: attention, width: 64, heads: 3}\n",
+       {"bad.yaml:1:", "model.heads = 3 does not divide model.width = 64"}},
+      {"teacher attention with bad heads", "model: {width: 64, heads: 5}\nteacher: {block: attention}\n",
+       {"bad.yaml:1:", "model.heads = 5 does not divide"}},
+      {"sequence not a multiple of the block", "model: {block: attention, width: 64, heads: 2}\ndata:\n  seq_len: 12\n",
+       {"bad.yaml:3:", "data.seq_len = 12 is not a multiple of precision.block_size = 32", "data.seq_len = 32"}},
+      {"mxnorm blocks unlike the cast's", "model: {norm: mxnorm, mxnorm_block: 16}\n",
+       {"bad.yaml:1:", "model.mxnorm_block = 16 differs from precision.block_size = 32"}},
+      {"mxnorm power", "model:\n  mxnorm_p: 3\n", {"bad.yaml:2:", "model.mxnorm_p must be one of 1, 2, got 3"}},
+      {"unknown norm", "model: {norm: batchnorm}\n", {"bad.yaml:1:", "unknown norm 'batchnorm'", "rmsnorm"}},
+      {"intervention breaking attention's blocks",
+       "model: {block: attention, width: 64, heads: 2}\ndata: {seq_len: 32}\n"
+       "interventions:\n  - name: a\n    at: 10\n    set: {block_size: 64}\n",
+       {"bad.yaml:6:", "intervention 'a'", "data.seq_len = 32 is not a multiple of precision.block_size = 64"}},
   };
   ASSERT_GE(cases.size(), 12u);
   for (const Case& c : cases) {
@@ -379,6 +404,9 @@ TEST(Config, RunIdIgnoresPresentationFieldsOnly) {
       [](RunConfig& c) { c.precision.weight_bwd = NumFmt::mxfp8_e4m3; },  // explicit, though equal to `same` now
       [](RunConfig& c) { c.log.log_every = 20; },
       [](RunConfig& c) { c.interventions.push_back({"x", 10, "to_fp32", {}}); },
+      [](RunConfig& c) { c.model.norm = NormKind::rmsnorm; },  // keys added after schema 1, off their defaults
+      [](RunConfig& c) { c.data.seq_len = 2; },
+      [](RunConfig& c) { c.precision.attn_probs = NumFmt::bf16; },
   };
   for (size_t i = 0; i < changes.size(); ++i) {
     RunConfig c = base;
@@ -409,6 +437,8 @@ std::vector<std::string> changed_fields(const PrecisionConfig& a, const Precisio
   if (a.rounding != b.rounding) d.push_back("rounding");
   if (a.elementwise_rounding != b.elementwise_rounding) d.push_back("elementwise_rounding");
   if (a.diagnostic_format != b.diagnostic_format) d.push_back("diagnostic_format");
+  if (a.attn_logits_fmt() != b.attn_logits_fmt()) d.push_back("attn_logits");
+  if (a.attn_probs_fmt() != b.attn_probs_fmt()) d.push_back("attn_probs");
   return d;
 }
 
@@ -437,13 +467,16 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
     std::vector<std::string> changed;
   };
   const std::vector<Expect> table = {
-      {"to_fp32", {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "ln_affine", "elementwise"}},
+      {"to_fp32",
+       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "ln_affine", "elementwise", "attn_logits",
+        "attn_probs"}},
       {"skip_ln_quant", {"ln_affine"}},
       {"bump_exponent", {"scale_rule", "bump"}},
       {"forward_only", {"backward"}},
-      {"bf16_activations", {"activation", "activation_bwd"}},
+      // The attention roles at `same` follow `activation` (explicit ones stay: checked below).
+      {"bf16_activations", {"activation", "activation_bwd", "attn_logits", "attn_probs"}},
       {"bf16_weights", {"weight", "weight_bwd"}},
-      {"bf16_fwd_activations", {"activation"}},
+      {"bf16_fwd_activations", {"activation", "attn_logits", "attn_probs"}},
   };
   for (const Expect& e : table) EXPECT_EQ(changed_fields(base, apply(base, e.preset)), e.changed) << e.preset;
   PrecisionConfig clamp_base = base;
@@ -472,6 +505,11 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
   PrecisionConfig explicit_bwd = base;
   explicit_bwd.activation_bwd = NumFmt::mxfp6_e3m2;
   EXPECT_EQ(apply(explicit_bwd, "bf16_fwd_activations").activation_bwd_fmt(), NumFmt::mxfp6_e3m2);
+  PrecisionConfig explicit_attn = base;
+  explicit_attn.attn_logits = NumFmt::mxfp8_e5m2;
+  EXPECT_EQ(apply(explicit_attn, "bf16_activations").attn_logits_fmt(), NumFmt::mxfp8_e5m2);
+  EXPECT_EQ(apply(explicit_attn, "bf16_activations").attn_probs_fmt(), NumFmt::bf16);
+  EXPECT_EQ(apply(explicit_attn, "to_fp32").attn_logits_fmt(), NumFmt::fp32);
 }
 
 TEST(Interventions, SetAppliesAfterThePreset) {
@@ -511,7 +549,8 @@ TEST(Interventions, PatchIsDescribedAsOneLineYaml) {
 
 TEST(Interventions, Fp32PolicyIsAllFp32) {
   const PrecisionConfig p = PrecisionConfig::fp32();
-  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.ln_affine})
+  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.ln_affine,
+                   p.attn_logits_fmt(), p.attn_probs_fmt()})
     EXPECT_EQ(f, NumFmt::fp32);
   EXPECT_FALSE(p.elementwise_bf16);
 }

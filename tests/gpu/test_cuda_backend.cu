@@ -678,5 +678,190 @@ TEST(CudaBackend, GraphReplayEqualsEager) {
   graph->end_capture(kKey + 1);
 }
 
+// ---- attention blocks and RMS/MX norms (issue 14) ----------------------------------------
+// Compared as the header says: the batched GEMM like the GEMM (bit-identical quantized
+// operands, accumulation-order tolerance; statistics equal), RMSNorm/MXNorm and softmax like
+// layernorm (row sums in double in another order: >= 99% of rows bit-exact, every element
+// within 4 ulps; the softmax row maximum and MXNorm's block absmaxes are exact), scale_cols and
+// the heads copies bit-exact.
+
+TEST(CudaBackend, GemmBatchedMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  const int64_t batch = 6, M = 33, N = 40, K = 64;  // K a multiple of the block: blocks stay in an item
+  const auto av = normal(batch * M * K, 40), bv = normal(batch * N * K, 41, 0.5f);
+  Buf A = t.make(av), B = t.make(bv), C = t.poisoned(batch * M * N);
+  t.set_step(StepScalars{3, 0.0f, 1.0f, 1.0f});
+  for (NumFmt f : {NumFmt::fp32, NumFmt::mxfp8_e4m3, NumFmt::mxfp4_e2m1}) {
+    for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic}) {
+      if (!is_mx(f) && rounding == Rounding::stochastic) continue;
+      for (int layout = 0; layout < 4; ++layout) {
+        const bool ak = layout & 1, bk = layout & 2;
+        GemmOperand a;
+        a.k_contiguous = ak;
+        a.q.fmt = f;
+        a.q.rounding = rounding;
+        a.q.seed = 77;
+        a.round_bf16_first = is_mx(f);
+        a.stats_slot = is_mx(f) ? 0 : -1;
+        a.stats_q = a.q;
+        a.sr_op = 5;
+        GemmOperand b = a;
+        b.k_contiguous = bk;
+        b.stats_slot = is_mx(f) ? 1 : -1;
+        b.sr_op = 6;
+        t.cpu->reset_stats(2);
+        t.gpu->reset_stats(2);
+        t.poison(C);
+        GemmOperand ag = a, bg = b, ac = a, bc = b;
+        ag.p = A.g, bg.p = B.g, ac.p = A.c, bc.p = B.c;
+        t.gpu->gemm_batched(batch, M, N, K, ag, bg, C.g, 0.0f, kBf16Even);
+        t.cpu->gemm_batched(batch, M, N, K, ac, bc, C.c, 0.0f, kBf16Even);
+        const auto ref = t.host_cpu(C), got = t.host_gpu(C);
+        // Tolerance from the quantized stacked operands (the CPU quantizer, as the backends use it).
+        auto quantized = [&](std::vector<float> v, const GemmOperand& op, int64_t rows) {
+          if (op.round_bf16_first)
+            for (float& x : v) x = round_bf16(x, Rounding::nearest_even);
+          QuantSpec q = op.q;
+          q.seed = sr_seed(q.seed, op.sr_op);
+          q.salt = 3;
+          const int64_t sr = op.k_contiguous ? batch * rows : batch * K, sc = op.k_contiguous ? K : rows;
+          quantize_dequantize(v.data(), v.data(), sr, sc, op.k_contiguous ? Axis::contiguous : Axis::strided, q);
+          return v;
+        };
+        const auto aq = quantized(av, a, M), bq = quantized(bv, b, N);
+        std::vector<double> tol(ref.size());
+        for (int64_t i = 0; i < batch; ++i)
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t c = 0; c < N; ++c) {
+              double s = 0.0;
+              for (int64_t k = 0; k < K; ++k) {
+                const float x = aq[i * M * K + (ak ? r * K + k : k * M + r)];
+                const float y = bq[i * N * K + (bk ? c * K + k : k * N + c)];
+                s += std::fabs(static_cast<double>(x) * y);
+              }
+              const size_t o = static_cast<size_t>((i * M + r) * N + c);
+              tol[o] = 2.0 * K * std::ldexp(s, -24) + ulp(ref[o], 7);
+            }
+        EXPECT_TRUE(within(ref, got, tol)) << name(f) << " " << name(rounding) << " layout " << layout;
+        if (is_mx(f)) {
+          const auto sc = t.cpu->read_stats(), sg = t.gpu->read_stats();
+          for (int s = 0; s < 2; ++s) {
+            EXPECT_EQ(sc[s].n, sg[s].n) << name(f);
+            EXPECT_EQ(sc[s].lastbin, sg[s].lastbin) << name(f);
+            EXPECT_EQ(sc[s].clamped, sg[s].clamped) << name(f);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, RmsNormAndMxNormMatchCpu) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  const int64_t rows = 1031;
+  for (int64_t d : {int64_t{96}, int64_t{776}}) {  // 776: a final partial MXNorm block
+    const auto x = normal(rows * d, 50 + d, 2.0f, 0.5f), dy = normal(rows * d, 51, 0.01f);
+    const auto gm = normal(d, 52, 0.2f, 1.0f);
+    Buf X = t.make(x), DY = t.make(dy), G = t.make(gm);
+    Buf Y = t.poisoned(rows * d), H = t.poisoned(rows * d), R = t.poisoned(rows);
+    Buf DX = t.poisoned(rows * d), DG = t.poisoned(d);
+    for (const Backend::RmsEstimate est : {Backend::RmsEstimate{}, Backend::RmsEstimate{32, 2, 0.4185f},
+                                           Backend::RmsEstimate{16, 1, 0.4814f}}) {
+      for (const ElementwiseRound& r : {kFp32, kBf16Even}) {
+        for (bool affine : {true, false}) {
+          t.poison(Y);
+          t.poison(H);
+          t.poison(R);
+          t.cpu->rmsnorm_fwd(X.c, affine ? G.c : nullptr, Y.c, H.c, R.c, rows, d, 1e-5f, est, r);
+          t.gpu->rmsnorm_fwd(X.g, affine ? G.g : nullptr, Y.g, H.g, R.g, rows, d, 1e-5f, est, r);
+          const std::string what =
+              msg("d=", d, " block=", est.block, " p=", est.p, r.bf16 ? " bf16" : " fp32", affine ? " affine" : "");
+          expect_rows_nearly_exact(t.host_cpu(Y), t.host_gpu(Y), rows, d, r.bf16, (what + " y").c_str());
+          expect_rows_nearly_exact(t.host_cpu(H), t.host_gpu(H), rows, d, r.bf16, (what + " xhat").c_str());
+          expect_rows_nearly_exact(t.host_cpu(R), t.host_gpu(R), rows, 1, r.bf16, (what + " rstd").c_str());
+          // Backward from the CPU's forward outputs on both sides.
+          const auto xh = t.host_cpu(H), rs = t.host_cpu(R);
+          t.gpu->upload(H.g, xh.data(), xh.size());
+          t.gpu->upload(R.g, rs.data(), rs.size());
+          t.poison(DX);
+          t.poison(DG);
+          t.cpu->rmsnorm_bwd(DY.c, H.c, R.c, affine ? G.c : nullptr, DX.c, DG.c, rows, d, r);
+          t.gpu->rmsnorm_bwd(DY.g, H.g, R.g, affine ? G.g : nullptr, DX.g, DG.g, rows, d, r);
+          expect_rows_nearly_exact(t.host_cpu(DX), t.host_gpu(DX), rows, d, r.bf16, (what + " dx").c_str());
+          const auto dgc = t.host_cpu(DG);
+          std::vector<double> tg(d);
+          for (int64_t j = 0; j < d; ++j) {
+            double sg = 0.0;
+            for (int64_t i = 0; i < rows; ++i) sg += std::fabs(static_cast<double>(dy[i * d + j]) * xh[i * d + j]);
+            tg[j] = sum_tol(rows, sg, dgc[j]);
+          }
+          EXPECT_TRUE(within(dgc, t.host_gpu(DG), tg)) << what << " dgamma";
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, SoftmaxMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  const int64_t rows = 517;
+  for (int64_t n : {int64_t{37}, int64_t{300}}) {
+    const auto l = normal(rows * n, 60 + n, 3.0f), dp = normal(rows * n, 61, 0.1f);
+    Buf L = t.make(l), DP = t.make(dp), P = t.poisoned(rows * n), M = t.poisoned(rows), DL = t.poisoned(rows * n);
+    for (const ElementwiseRound& r : {kFp32, kBf16Even, kBf16Away}) {
+      t.poison(P);
+      t.poison(M);
+      t.cpu->softmax_fwd(L.c, P.c, M.c, rows, n, 0.125f, r);
+      t.gpu->softmax_fwd(L.g, P.g, M.g, rows, n, 0.125f, r);
+      const std::string what = msg("n=", n, r.bf16 ? " bf16" : " fp32");
+      expect_rows_nearly_exact(t.host_cpu(P), t.host_gpu(P), rows, n, r.bf16, (what + " probs").c_str());
+      EXPECT_TRUE(same_bits(t.host_cpu(M), t.host_gpu(M))) << what << " rowmax";
+      // Backward from the CPU's probabilities on both sides; in place over dP on the GPU.
+      const auto pc = t.host_cpu(P);
+      t.gpu->upload(P.g, pc.data(), pc.size());
+      t.poison(DL);
+      t.cpu->softmax_bwd(P.c, DP.c, DL.c, rows, n, 0.125f, r);
+      Buf DP2 = t.make(dp);
+      t.gpu->softmax_bwd(P.g, DP2.g, DP2.g, rows, n, 0.125f, r);
+      expect_rows_nearly_exact(t.host_cpu(DL), t.host_gpu(DP2), rows, n, r.bf16, (what + " dlogits").c_str());
+    }
+    // In place forward (probs == logits) gives the same as out of place.
+    Buf L2 = t.make(l);
+    t.gpu->softmax_fwd(L2.g, L2.g, M.g, rows, n, 0.125f, kFp32);
+    t.gpu->softmax_fwd(L.g, P.g, M.g, rows, n, 0.125f, kFp32);
+    EXPECT_TRUE(same_bits(t.host_gpu(P), t.host_gpu(L2))) << "in place n=" << n;
+  }
+}
+
+TEST(CudaBackend, ScaleColsAndHeadsCopiesMatchCpu) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  const int64_t rows = 301, cols = 77;
+  const auto x = normal(rows * cols, 70), g = normal(cols, 71, 0.5f, 1.0f);
+  Buf X = t.make(x), G = t.make(g), O = t.poisoned(rows * cols);
+  for (const ElementwiseRound& r : {kFp32, kBf16Even, kBf16Away}) {
+    t.poison(O);
+    t.cpu->scale_cols(X.c, G.c, O.c, rows, cols, r);
+    t.gpu->scale_cols(X.g, G.g, O.g, rows, cols, r);
+    EXPECT_TRUE(same_bits(t.host_cpu(O), t.host_gpu(O))) << "scale_cols";
+  }
+  const int64_t nb = 5, S = 13, h = 3, dh = 24, ld = 3 * h * dh;
+  const auto q = normal(nb * S * ld, 72);
+  Buf Q = t.make(q), Hh = t.poisoned(nb * h * S * dh), Back = t.make(std::vector<float>(nb * S * ld, 0.0f));
+  for (int64_t col0 : {int64_t{0}, h * dh, 2 * h * dh}) {
+    t.poison(Hh);
+    t.cpu->heads_split(Q.c, Hh.c, nb, S, h, dh, ld, col0);
+    t.gpu->heads_split(Q.g, Hh.g, nb, S, h, dh, ld, col0);
+    EXPECT_TRUE(same_bits(t.host_cpu(Hh), t.host_gpu(Hh))) << "split col0 " << col0;
+    t.cpu->heads_merge(Hh.c, Back.c, nb, S, h, dh, ld, col0);
+    t.gpu->heads_merge(Hh.g, Back.g, nb, S, h, dh, ld, col0);
+  }
+  EXPECT_TRUE(same_bits(q, t.host_gpu(Back))) << "merge(split(x)) == x";
+  EXPECT_TRUE(same_bits(q, t.host_cpu(Back)));
+}
+
 }  // namespace
 }  // namespace mxlab

@@ -1,0 +1,132 @@
+// The self-attention sub-block of the paper's Eq. 11 (appendix D): z_k = A_{k-1} +
+// SelfAttn(LN_1(A_{k-1})), multi-head, no mask, on sequences of s.seq_len tokens (rows
+// b*S .. b*S + S - 1 of a pass form sequence b). Every GEMM quantizes its operands per the
+// policy's roles (lab/model/README.md "Attention" lists the op sequence, roles and statistics).
+#include <cstdint>
+
+#include "lab/core/detmath.h"
+#include "lab/model/model_internal.h"
+
+namespace mxlab::model_detail {
+
+namespace {
+
+// Shapes of one attention pass: T tokens = nb sequences of S, h heads of dh features.
+struct AttnDims {
+  int64_t T, d, h, dh, S, nb, bh;
+  float scale;  // 1 / sqrt(dh), the logit scale (rounded to float once)
+};
+
+AttnDims dims(const NetShape& s, const Workspace& ws) {
+  AttnDims a;
+  a.T = ws.batch;
+  a.d = s.d;
+  a.h = s.heads;
+  a.dh = s.head_dim();
+  a.S = s.seq_len;
+  a.nb = a.T / a.S;
+  a.bh = a.nb * a.h;
+  a.scale = 1.0f / sqrtf_ieee(static_cast<float>(a.dh));
+  return a;
+}
+
+}  // namespace
+
+void attention_forward(Backend& be, const NetShape& s, const float* params, int k, const float* A, Workspace& ws,
+                       const PassPolicy& pol) {
+  const PrecisionConfig& p = pol.p;
+  const ElementwiseRound R = policy_round(p);
+  const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
+  const AttnDims a = dims(s, ws);
+  const NumFmt f_logits = p.attn_logits_fmt(), f_probs = p.attn_probs_fmt();
+  const float* Wqkv = params + group(s, k, ParamGroup::wqkv).offset;
+  const float* Wo = params + group(s, k, ParamGroup::wo).offset;
+  if (s.layernorm)
+    Wqkv = norm_forward(be, s, params, k, attn_norm_site(k), A, ws.attn_y[k], ws.attn_xhat[k], ws.attn_rstd[k],
+                        Wqkv, 3 * a.d, ws, pol, R);
+  // Without a norm ws.attn_y[k] is A itself (Workspace::make aliases it).
+  const float* y1 = ws.attn_y[k];
+
+  // qkv [T x 3d] = y1 [T x d] . Wqkv [3d x d]^T, then Q, K, V to the heads layout [nb*h x S x dh].
+  be.gemm(a.T, 3 * a.d, a.d,
+          ops.make(y1, true, p.activation, Role::activation, k, AttnOp::qkv_x, stats_slot(k, StatTensor::attn_ln_out)),
+          ops.make(Wqkv, true, p.weight, Role::weight, k, AttnOp::qkv_w), ws.qkv[k], 0.0f, R);
+  be.heads_split(ws.qkv[k], ws.qh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, 0);
+  be.heads_split(ws.qkv[k], ws.kh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, a.d);
+  be.heads_split(ws.qkv[k], ws.vh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, 2 * a.d);
+  // Logits [S x S] = Q [S x dh] . K [S x dh]^T per (sequence, head); P = softmax(scale * logits).
+  be.gemm_batched(a.bh, a.S, a.S, a.dh,
+                  ops.make(ws.qh[k], true, f_logits, Role::activation, k, AttnOp::s_q, stats_slot(k, StatTensor::attn_q)),
+                  ops.make(ws.kh[k], true, f_logits, Role::activation, k, AttnOp::s_k, stats_slot(k, StatTensor::attn_k)),
+                  ws.probs[k], 0.0f, R);
+  be.softmax_fwd(ws.probs[k], ws.probs[k], ws.rowmax[k], a.bh * a.S, a.S, a.scale, R);
+  // O [S x dh] = P [S x S] . V: V is stored [S x dh] = [K x N], so its blocks run along the sequence.
+  be.gemm_batched(a.bh, a.S, a.dh, a.S,
+                  ops.make(ws.probs[k], true, f_probs, Role::activation, k, AttnOp::o_p, stats_slot(k, StatTensor::attn_p)),
+                  ops.make(ws.vh[k], false, f_probs, Role::activation, k, AttnOp::o_v, stats_slot(k, StatTensor::attn_v)), ws.ctx_h,
+                  0.0f, R);
+  be.heads_merge(ws.ctx_h, ws.ctx[k], a.nb, a.S, a.h, a.dh, a.d, 0);
+  // o [T x d] = ctx . Wo^T; z = A + R(o + bo) (the plain teacher: z = o).
+  const ParamGroup* bo = s.find(k, ParamGroup::bo);
+  float* o = s.residual ? ws.y : ws.z[k];
+  be.gemm(a.T, a.d, a.d,
+          ops.make(ws.ctx[k], true, p.activation, Role::activation, k, AttnOp::out_x, stats_slot(k, StatTensor::attn_ctx)),
+          ops.make(Wo, true, p.weight, Role::weight, k, AttnOp::out_w), o, 0.0f, R);
+  MXLAB_ASSERT(s.residual || bo == nullptr, "a plain (non-residual) block has no output bias");
+  if (s.residual) {
+    be.copy(ws.z[k], A, static_cast<size_t>(a.T * a.d));
+    be.residual_add(ws.z[k], ws.y, bo ? params + bo->offset : nullptr, a.T, a.d, R);
+  }
+}
+
+void attention_backward(Backend& be, const NetShape& s, const float* params, int k, float* dZ, Workspace& ws,
+                        float* grads, const PassPolicy& pol) {
+  const PrecisionConfig& p = pol.p;
+  // As in backward(): `backward: false` runs this in FP32 (statistics still counted).
+  const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
+  const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
+  const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt();
+  const NumFmt f_logits = p.attn_logits_fmt(), f_probs = p.attn_probs_fmt();
+  const AttnDims a = dims(s, ws);
+  const ParamGroup& gqkv = group(s, k, ParamGroup::wqkv);
+  const ParamGroup& go = group(s, k, ParamGroup::wo);
+  const float* Wqkv = params + gqkv.offset;
+  const float* Wo = params + go.offset;
+
+  if (const ParamGroup* bo = s.find(k, ParamGroup::bo)) be.col_sum(dZ, grads + bo->offset, a.T, a.d);
+  // dWo [d x d] = dZ^T ctx (reduction over tokens); dctx [T x d] = dZ Wo (over d).
+  be.gemm(a.d, a.d, a.T, ops.make(dZ, false, p.grad, Role::grad, k, AttnOp::dwo_dz),
+          ops.make(ws.ctx[k], false, x_bwd, Role::activation, k, AttnOp::dwo_x), grads + go.offset, 0.0f, R);
+  be.gemm(a.T, a.d, a.d, ops.make(dZ, true, p.grad, Role::grad, k, AttnOp::dctx_dz, stats_slot(k, StatTensor::grad_attn_out)),
+          ops.make(Wo, false, w_bwd, Role::weight, k, AttnOp::dctx_w), ws.d_ln, 0.0f, R);
+  be.heads_split(ws.d_ln, ws.ctx_h, a.nb, a.S, a.h, a.dh, a.d, 0);  // dO in the heads layout
+  // dP [S x S] = dO [S x dh] . V [S x dh]^T (over dh); dV [S x dh] = P^T dO (over the queries).
+  be.gemm_batched(a.bh, a.S, a.S, a.dh,
+                  ops.make(ws.ctx_h, true, p.grad, Role::grad, k, AttnOp::dp_do, stats_slot(k, StatTensor::grad_ctx)),
+                  ops.make(ws.vh[k], true, f_probs, Role::activation, k, AttnOp::dp_v), ws.d_probs, 0.0f, R);
+  be.gemm_batched(a.bh, a.S, a.dh, a.S, ops.make(ws.probs[k], false, f_probs, Role::activation, k, AttnOp::dv_p),
+                  ops.make(ws.ctx_h, false, p.grad, Role::grad, k, AttnOp::dv_do), ws.d_vh, 0.0f, R);
+  // dS = scale * softmax' (the logits' gradient), in place over dP.
+  be.softmax_bwd(ws.probs[k], ws.d_probs, ws.d_probs, a.bh * a.S, a.S, a.scale, R);
+  // dQ [S x dh] = dS K (over the keys); dK [S x dh] = dS^T Q (over the queries).
+  be.gemm_batched(a.bh, a.S, a.dh, a.S,
+                  ops.make(ws.d_probs, true, p.grad, Role::grad, k, AttnOp::dq_ds, stats_slot(k, StatTensor::grad_logits)),
+                  ops.make(ws.kh[k], false, f_logits, Role::activation, k, AttnOp::dq_k), ws.d_qh, 0.0f, R);
+  be.gemm_batched(a.bh, a.S, a.dh, a.S, ops.make(ws.d_probs, false, p.grad, Role::grad, k, AttnOp::dk_ds),
+                  ops.make(ws.qh[k], false, f_logits, Role::activation, k, AttnOp::dk_q), ws.d_kh, 0.0f, R);
+  be.heads_merge(ws.d_qh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, 0);
+  be.heads_merge(ws.d_kh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, a.d);
+  be.heads_merge(ws.d_vh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, 2 * a.d);
+  // dWqkv [3d x d] = dQKV^T y1 (over tokens); dy1 [T x d] = dQKV Wqkv (over 3d).
+  be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, false, p.grad, Role::grad, k, AttnOp::dwqkv_dq),
+          ops.make(ws.attn_y[k], false, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset, 0.0f, R);
+  const float* gq = norm_gains(be, s, params, k, attn_norm_site(k), ws, pol, false);
+  if (s.layernorm) norm_scale_wgrad(be, s, gq, grads + gqkv.offset, 3 * a.d, R);
+  be.gemm(a.T, a.d, 3 * a.d,
+          ops.make(ws.d_qkv, true, p.grad, Role::grad, k, AttnOp::dy1_dq, stats_slot(k, StatTensor::grad_qkv)),
+          ops.make(Wqkv, false, w_bwd, Role::weight, k, AttnOp::dy1_w), ws.d_ln, 0.0f, R);
+  norm_backward_into_residual(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], dZ, grads,
+                              ws, R);
+}
+
+}  // namespace mxlab::model_detail

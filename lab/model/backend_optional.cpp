@@ -1,0 +1,44 @@
+// Default bodies of the Backend ops added for attention blocks and RMS/MX norms (backend.h,
+// "attention blocks and RMS/MX norms"): both real backends override every one of them; these
+// only let test doubles that never run such a network omit them.
+#include "lab/core/error.h"
+#include "lab/model/backend.h"
+
+namespace mxlab {
+
+namespace {
+[[noreturn]] void missing(const Backend& be, const char* op) {
+  throw Error(msg("backend '", be.name(), "' does not implement ", op,
+                  " (needed by model.block: attention and model.norm: rmsnorm | mxnorm)"));
+}
+}  // namespace
+
+void Backend::gemm_batched(int64_t, int64_t, int64_t, int64_t, const GemmOperand&, const GemmOperand&, float*, float,
+                           const ElementwiseRound&) {
+  missing(*this, "gemm_batched");
+}
+void Backend::rmsnorm_fwd(const float*, const float*, float*, float*, float*, int64_t, int64_t, float,
+                          const RmsEstimate&, const ElementwiseRound&) {
+  missing(*this, "rmsnorm_fwd");
+}
+void Backend::rmsnorm_bwd(const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t,
+                          const ElementwiseRound&) {
+  missing(*this, "rmsnorm_bwd");
+}
+void Backend::scale_cols(const float*, const float*, float*, int64_t, int64_t, const ElementwiseRound&) {
+  missing(*this, "scale_cols");
+}
+void Backend::softmax_fwd(const float*, float*, float*, int64_t, int64_t, float, const ElementwiseRound&) {
+  missing(*this, "softmax_fwd");
+}
+void Backend::softmax_bwd(const float*, const float*, float*, int64_t, int64_t, float, const ElementwiseRound&) {
+  missing(*this, "softmax_bwd");
+}
+void Backend::heads_split(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+  missing(*this, "heads_split");
+}
+void Backend::heads_merge(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+  missing(*this, "heads_merge");
+}
+
+}  // namespace mxlab
