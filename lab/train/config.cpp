@@ -857,6 +857,13 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
       fail(find("model.width").value_or(locate("precision.block_size")), problem);
     }
   }
+  if (cfg.log.curvature_every > 0 && (cfg.model.block != BlockKind::mlp ||
+                                      (cfg.model.effective_norm() != NormKind::layernorm &&
+                                       cfg.model.effective_norm() != NormKind::none)))
+    fail(locate("log.curvature_every"),
+         msg("log.curvature_every: the curvature instrument's Hessian-vector products cover the MLP block with "
+             "layernorm or no norm (lab/model/README.md, \"Stability instruments\"), not this model.block / "
+             "model.norm: set log.curvature_every: 0"));
   for (int st : cfg.log.snapshot_steps)
     if (st > cfg.steps)
       fail(locate("log.snapshot_steps"), msg("log.snapshot_steps holds step ", st, ", after the run's last (steps = ",

@@ -29,7 +29,7 @@ const std::set<std::string> kScalarMetrics = {"loss", "lr", "grad_norm", "update
                                               "gtilde_norm", "eps_par", "eps_perp", "shadow_loss",
                                               // issue 12: curvature
                                               "hessian_lmax", "hessian_resid", "precond_lmax", "precond_resid",
-                                              "precond_threshold", "eq10_lhs"};
+                                              "precond_threshold", "eq10_lhs", "probe_loss"};
 constexpr const char* kAxisAttr = "axis";  // dataset attribute: the step dataset of its series
 constexpr const char* kStep = "step";
 constexpr const char* kLossAll = "loss_all";

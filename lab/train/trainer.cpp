@@ -107,6 +107,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     probe_y_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
     make_probe_batch(be_, cfg_, teacher_shape_, teacher_params_, probe_rows_, probe_x_, probe_y_);
   }
+  if (cfg_.log.curvature_every > 0) curvature_ = std::make_unique<Curvature>(be_, shape_, cfg_, probe_rows_);
 }
 
 int Trainer::train_lane(int j) const { return lanes_ > 1 ? 1 + (2 * j) % (lanes_ - 1) : kLaneMain; }
@@ -472,6 +473,7 @@ void Trainer::log_metrics(bool shadow_step) {
       row.add("gbar_norm_group", sg);
       row.add("gtilde_norm_group", gtg);
     }
+    clamp_debt(tr, static_cast<int>(i), row);  // the stored weights the step's forward used
     // Last-bin statistics of this trajectory's pass.
     for (const StatTensor t : stat_tensors(shape_)) {
       std::vector<double> lastbin(L, kNaN), clamped(L, kNaN);
@@ -540,9 +542,80 @@ void Trainer::log_metrics(bool shadow_step) {
   if (cfg_.log.flush_every > 0 && traj_[0]->rows_logged % cfg_.log.flush_every == 0) sink_.flush();
 }
 
+// The curvature instrument at the start of step_ (every log.curvature_every-th step from the
+// first such step on: Adam's v then holds step_ updates): for every live trajectory, on the
+// probe batch, the largest eigenvalue of the FP32 loss's Hessian and of P^-1 H (Adam: P =
+// diag(sqrt(v_hat) + eps); SGD: P = I), the edge-of-stability threshold of Cohen et al. 2022 for
+// the optimizer at this step's lr, and the left-hand side of the paper's Eq. 10.
+void Trainer::measure_curvature() {
+  const StepScalars sc = scalars(step_);
+  be_.set_step(sc);
+  const auto& o = cfg_.optimizer;
+  const bool adam = o.name != OptKind::sgd;
+  const double lr = sc.lr;
+  // Adam (Cohen et al. 2022, eq. 2): (2 + 2 beta1) / ((1 - beta1) lr); heavy-ball SGD: (2 + 2 m) / lr.
+  const double threshold = adam ? (2.0 + 2.0 * o.beta1) / ((1.0 - o.beta1) * lr) : (2.0 + 2.0 * o.momentum) / lr;
+  // v after step_ updates: its bias correction is 1 - beta2^step_ (scalars(t) holds that of t + 1).
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(step_)));
+  for (auto& t : traj_) {
+    Trajectory& tr = *t;
+    if (!live(tr) || tr.muted) continue;
+    const CurvatureResult c = curvature_->measure(tr.params, probe_x_, probe_y_, adam ? tr.v : nullptr, bc2,
+                                                  o.eps, cfg_.log.curvature_iters, cfg_.seed);
+    // Eq. 10: |1 - s| + s r with s = lr lambda_max(P^-1 H), r = the running bias ratio (the FP32
+    // trajectory's gradient is exact: r = 0).
+    const double s_ = lr * c.precond_lmax;
+    const double r = tr.is_mx ? (tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN) : 0.0;
+    MetricRow row;
+    row.step = step_;
+    row.axis = "curvature_step";
+    row.add("hessian_lmax", c.hessian_lmax);
+    row.add("hessian_resid", c.hessian_resid);
+    row.add("precond_lmax", c.precond_lmax);
+    row.add("precond_resid", c.precond_resid);
+    row.add("precond_threshold", threshold);
+    row.add("eq10_lhs", std::fabs(1.0 - s_) + s_ * r);
+    row.add("probe_loss", c.loss);
+    sink_.append(tr.h5_group, row);
+  }
+}
+
+void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
+  const int L = cfg_.model.depth;
+  const PassPolicy pol = pass_policy(tr, false, index);
+  auto gap = [&](const ParamGroup& g) {
+    const ParamQuant pq = forward_param_quant(g, pol);
+    return be_.quant_gap(tr.params + g.offset, pq.rows, pq.cols, pq.axis, pq.q, pq.round_bf16_first, pq.bf16_mode);
+  };
+  for (const ParamGroup::Kind kind : {ParamGroup::gamma, ParamGroup::beta}) {
+    if (!shape_.find(0, kind)) continue;
+    std::vector<double> mean(L, kNaN), mx(L, kNaN), above(L, kNaN);
+    for (int l = 0; l < L; ++l) {
+      const Backend::QuantGap q = gap(*shape_.find(l, kind));
+      mean[l] = q.mean_rel();
+      mx[l] = q.max_rel;
+      above[l] = q.above_frac();
+    }
+    const std::string t = kind == ParamGroup::gamma ? "gamma" : "beta";
+    row.add(t + "_gap_mean", mean);
+    row.add(t + "_gap_max", mx);
+    row.add(t + "_above_frac", above);
+  }
+  std::vector<double> wmean, wabove;
+  for (const ParamGroup& g : shape_.groups) {
+    if (g.kind != ParamGroup::w1 && g.kind != ParamGroup::w2) continue;
+    const Backend::QuantGap q = gap(g);
+    wmean.push_back(q.mean_rel());
+    wabove.push_back(q.above_frac());
+  }
+  row.add("weight_gap_mean", wmean);
+  row.add("weight_above_frac", wabove);
+}
+
 void Trainer::step_once(bool log) {
   start_branches();
   write_snapshots();
+  if (curvature_ && step_ > 0 && step_ % cfg_.log.curvature_every == 0) measure_curvature();
   be_.set_step(scalars(step_));
   // The last step is always logged with its shadow gradient, so every run ends with a bias row.
   const bool shadow = (step_ % bias_every_) == 0 || (log && step_ == cfg_.steps - 1);
@@ -664,6 +737,11 @@ std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const 
   for (const auto& g : shape_.groups) names.lists["names"].push_back(g.name);
   for (const char* d : {"bias_ratio_group", "cosine_group", "eps_norm_group", "gbar_norm_group", "gtilde_norm_group"})
     m[d] = names;
+  Attrs wnames;
+  for (const auto& g : shape_.groups)
+    if (g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2) wnames.lists["names"].push_back(g.name);
+  m["weight_gap_mean"] = wnames;
+  m["weight_above_frac"] = wnames;
   return m;
 }
 

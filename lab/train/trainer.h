@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lab/model/backend.h"
+#include "lab/model/curvature.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config.h"
 #include "lab/train/sink.h"
@@ -79,6 +80,10 @@ class Trainer {
   void update_phase(bool log);
   void start_branches();
   void write_snapshots();
+  void measure_curvature();
+  // Clamp debt (issue 12): gap and clamped fraction of the stored gamma, beta and weights
+  // against the forward pass's quantization, per layer / weight group, into `row`.
+  void clamp_debt(const Trajectory& tr, int index, MetricRow& row);
   void snapshot(const Trajectory& tr);
   StepScalars scalars(int64_t t) const;
   PassPolicy pass_policy(const Trajectory& tr, bool collect, int index) const;
@@ -106,6 +111,7 @@ class Trainer {
   std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1..n_arms_: arms, then branches
   size_t n_arms_ = 1;
   int lanes_ = 1;
+  std::unique_ptr<Curvature> curvature_;  // log.curvature_every > 0
   float* probe_x_ = nullptr;  // [probe_rows x d] fixed probe batch (curvature, snapshots); null if unused
   float* probe_y_ = nullptr;
   int64_t probe_rows_ = 0;

@@ -151,6 +151,9 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
     per_layer.insert(std::string(t) + "_lastbin");
     per_layer.insert(std::string(t) + "_clamped");
   }
+  for (const char* t : {"gamma", "beta"})  // clamp debt (issue 12)
+    for (const char* q : {"_gap_mean", "_gap_max", "_above_frac"}) per_layer.insert(std::string(t) + q);
+  const std::set<std::string> per_weight = {"weight_gap_mean", "weight_above_frac"};
   for (const char* g : {"trajectories/fp32", "trajectories/mx"}) {
     const bool mx = std::string(g) == "trajectories/mx";
     std::vector<MetricRow> rows;  // the logged rows (not the shadow_step series)
@@ -174,6 +177,12 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
             if (name.find("gamma_") != 0) {
               EXPECT_TRUE(x >= 0.0 && x <= 1.0) << name << " = " << x;
             }
+          }
+        } else if (per_weight.count(name)) {
+          EXPECT_EQ(v.size(), static_cast<size_t>(2 * L)) << name;
+          for (double x : v) EXPECT_TRUE(x >= 0.0 && x <= 1.0) << name << " = " << x;
+          if (!mx) {
+            for (double x : v) EXPECT_EQ(x, 0.0) << "FP32 stores what it uses: " << name;
           }
         } else if (name == "bias_ratio_group" || name == "cosine_group" || name == "eps_norm_group" ||
                    name == "gbar_norm_group" || name == "gtilde_norm_group") {
