@@ -299,18 +299,20 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
   const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(msg("cannot create '", tmp, "': ", std::strerror(errno), " (does the output folder exist?)"));
+    if (!f) throw_io_error("write", path, errno);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
     if (!f) {
+      const int err = errno != 0 ? errno : EIO;
+      f.close();
       std::remove(tmp.c_str());
-      throw Error(msg("error writing '", tmp, "' (disk full?)"));
+      throw_io_error("write", path, err);
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    throw Error(msg("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err)));
+    throw_io_error("write", path, err);
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include "lab/core/exit_codes.h"
 #include "lab/io/h5file.h"
+#include "lab/io/npy.h"
 #include "tests/cpu/run_binary_util.h"
 
 using namespace mxlab;
@@ -255,6 +256,19 @@ TEST_P(DiskFull, DuringExportNoCsvIsLeft) {
   EXPECT_TRUE(std::filesystem::is_empty(out)) << std::filesystem::directory_iterator(out)->path();
 }
 
+// `mxlab quantize` on a full disk: exit 74 and no output .npy (nor its temp file).
+TEST_P(DiskFull, DuringQuantizeNoNpyIsLeft) {
+  const std::string in = make_temp_dir("npy") + "/in.npy";
+  std::vector<float> x(64 * 1024);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.25f - 12.0f;
+  write_npy(in, {64, 1024}, x.data());
+  const std::string out = make_temp_dir("quantize") + "/disk";
+  SmallDisk d = small_disk(out, GetParam() == Disk::tmpfs ? (12 << 10) : (6 << 10), ".npy");
+  const Proc p = run_mxlab({"quantize", "--format", "mxfp8_e4m3", "--in", in, "--out", out + "/q.npy"}, {}, SIGKILL, d.env);
+  expect_clean_failure(p, kExitIo, "cannot write " + out + "/q.npy: no space left on device");
+  EXPECT_TRUE(std::filesystem::is_empty(out)) << std::filesystem::directory_iterator(out)->path();
+}
+
 // index.csv cannot be written (at the end of `mxlab summarize`): a one-line warning naming the
 // file and the cause, the summary is still printed, no temp file is left.
 TEST_P(DiskFull, IndexCsvWarnsAndLeavesNoTempFile) {
@@ -336,6 +350,12 @@ TEST_F(ReadOnlyDir, EveryWriterSaysSoAndExits74) {
   p = run_mxlab({"branch", file, "--at", "40", "--apply", "to_fp32", "--name", "late"});
   expect_clean_failure(p, kExitIo, cause_);
   EXPECT_TRUE(slurp(file) == before);
+
+  const std::string in = base_ + "/in.npy";
+  const std::vector<float> x(64, 1.5f);
+  write_npy(in, {2, 32}, x.data());
+  p = run_mxlab({"quantize", "--format", "mxfp4_e2m1", "--in", in, "--out", ro_ + "/q.npy"});
+  expect_clean_failure(p, kExitIo, "cannot write " + ro_ + "/q.npy: " + cause_);
 
   p = run_mxlab({"summarize", ro_ + "/runs"});
   EXPECT_EQ(p.exit_code, 0) << p.output;

@@ -3,8 +3,8 @@
  * there when unset), every further write to such a file fails with ENOSPC (the disk stays full
  * until the process exits). A deterministic stand-in for a small
  * tmpfs where the tests cannot mount one (tests/cpu/test_disk_full.cpp). Covers the calls
- * mxlab's writers reach through the PLT: write, pwrite, pwrite64 (HDF5, checkpoints, lock
- * files, libstdc++ streams) and fwrite (snapshots, index.csv, CSV export); glibc's stdio
+ * mxlab's writers reach through the PLT: write, writev, pwrite, pwrite64 (HDF5, checkpoints,
+ * lock files, libstdc++ streams) and fwrite (snapshots, index.csv, CSV export); glibc's stdio
  * flushes buffered data through internal calls, so an fwrite is judged when it is made.
  * Built by CMake as the module `mxlab_enospc_shim`; never linked into anything. */
 #define _GNU_SOURCE
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static long long g_written = 0;
@@ -75,6 +76,18 @@ ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) {
     return -1;
   }
   return real(fd, buf, n, off);
+}
+
+ssize_t writev(int fd, const struct iovec* iov, int n) {
+  static ssize_t (*real)(int, const struct iovec*, int);
+  if (!real) real = (ssize_t(*)(int, const struct iovec*, int))dlsym(RTLD_NEXT, "writev");
+  size_t total = 0;
+  for (int i = 0; i < n; ++i) total += iov[i].iov_len;
+  if (refuse(fd, total)) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return real(fd, iov, n);
 }
 
 size_t fwrite(const void* buf, size_t size, size_t count, FILE* f) {
