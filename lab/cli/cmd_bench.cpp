@@ -21,9 +21,9 @@
 #include <utility>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/model/backend.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
 #ifdef MXLAB_HAVE_CUDA

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/model/backend.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/run_driver.h"

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
 #include "lab/io/writable_dir.h"
-#include "lab/model/backend.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/index.h"
 #include "lab/train/run_driver.h"
