@@ -364,6 +364,8 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
         try {
           std::lock_guard<std::mutex> g(hdf5_mutex());
           file = std::make_unique<LockedRunFile>(RunFile::open(out.path));
+        } catch (const IoError&) {
+          throw;  // a full disk is no reason to start over (and truncate the file): fail, keep it
         } catch (const Error& e) {
           std::fprintf(stderr, "mxlab: warning: cannot reopen %s (%s): starting the run again\n", out.path.c_str(),
                        e.what());

@@ -168,6 +168,22 @@ TEST_P(DiskFull, DuringACheckpointTheRunFailsCleanlyAndResumes) {
   EXPECT_TRUE(leftovers(out).empty()) << leftovers(out).front();
   EXPECT_FALSE(file_exists(out + "/" + run_name_.substr(0, run_name_.size() - 3) + ".step40.ckpt"));
 
+  // Resuming on a disk still too full for the file's snapshot fails the same way and leaves
+  // the file alone (it used to be truncated and the run started over).
+  const std::string before = slurp(file);
+  std::vector<std::string> env;
+  if (tmpfs) {
+    struct statvfs st {};
+    ASSERT_EQ(::statvfs(out.c_str(), &st), 0);
+    ASSERT_TRUE(d.fs->remount((st.f_blocks - st.f_bfree) * st.f_frsize + (64 << 10)));
+  } else {
+    env = shim_env(out, ".snapshot", 0);
+  }
+  const Proc again = run_mxlab({"run", yaml_, "--out", out}, {}, SIGKILL, env);
+  expect_clean_failure(again, kExitRunFailed, "cannot write " + file + ".snapshot: no space left on device");
+  EXPECT_TRUE(slurp(file) == before) << "the run file changed";
+  EXPECT_TRUE(leftovers(out).empty()) << leftovers(out).front();
+
   if (tmpfs) {
     ASSERT_TRUE(d.fs->remount(64 << 20));
   }
