@@ -54,6 +54,14 @@ show_logs() {
 }
 
 stop() {
+  # Jobs first: slurmd leaves running job steps (slurmstepd) behind when it stops.
+  if alive slurmctld && [ -f "$CONF" ]; then
+    SLURM_CONF=$CONF scancel --quiet --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 1 75); do
+      SLURM_CONF=$CONF squeue -h 2>/dev/null | grep -q . || break
+      sleep 0.2
+    done
+  fi
   for d in "${DAEMONS[@]}"; do
     local p
     p=$(pid_of "$d")

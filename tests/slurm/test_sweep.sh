@@ -16,7 +16,7 @@ MXLAB=$(realpath "${1:?usage: $0 PATH/TO/mxlab}")
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SBATCH_SCRIPT=$ROOT/experiments/slurm/sweep.sbatch
 RUNS=4
-DEADLINE_S=${MXLAB_SLURM_TEST_TIMEOUT:-240}  # per wait
+DEADLINE_S=${MXLAB_SLURM_TEST_TIMEOUT:-150}  # per wait; four waits stay below ctest's TIMEOUT (900 s)
 
 for b in munged slurmctld slurmd sbatch squeue scancel scontrol; do
   command -v "$b" >/dev/null || { echo "SKIP: $b not installed (scripts/install-deps.sh installs slurm-wlm and munge)"; exit 77; }
@@ -32,6 +32,7 @@ finish() {
   if [ $rc -eq 0 ]; then rm -rf "$WORK"; else echo "FAILED (rc $rc); files kept in $WORK"; fi
 }
 trap finish EXIT
+trap 'exit 143' TERM INT  # so that the EXIT trap stops the daemons on a signal too
 
 fail() {
   echo "FAIL: $*"
