@@ -53,7 +53,6 @@ constexpr int kCtasPerSm = 8;          // grid size cap: enough resident warps t
 constexpr int kStridedMinCtas = 8;    // register cap (64): 32 resident warps per SM to keep loads in flight
 constexpr int kContigMinCtas = 4;     // register cap (64): 32 resident warps per SM
 constexpr uint32_t kQuietNaN = 0x7FC00000u;  // what the CPU reference writes (quiet_NaN())
-constexpr float kFltMax = 3.40282347e38f;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 enum class OutKind : uint8_t { none, f32, bf16 };
@@ -117,7 +116,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
-__device__ __forceinline__ bool special_amax(float amax) { return !(amax <= kFltMax); }
 
 // One element under the rounding mode R (a template parameter, so each kernel instance holds
 // only its own path): the float path for the deterministic modes, with the block's 2^-s and
@@ -303,13 +301,13 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       if (o < G) amax = max_nan(amax, __shfl_xor_sync(kFullMask, amax, o));
-    const bool special = special_amax(amax);
+    const int s = block_scale_exp(amax, es, p.rule, p.bump, R);
+    const bool special = s == kScaleExpNaN;
     if (base + grp < units) {
       if (special) {
 #pragma unroll
         for (int j = 0; j < kLaneElems; ++j) v[j] = bits_f32(kQuietNaN);
       } else {
-        const int s = shared_exponent(amax, es, p.rule, p.bump);
         const ElemScale sc = elem_scale(s);
 #pragma unroll
         for (int j = 0; j < kLaneElems; ++j) {
@@ -380,9 +378,9 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
         if (i0 + j < nv) tile[(i0 + j) * kStridedThreads + tid] = v;
       }
     }
-    const bool special = special_amax(amax);
-    const int s = special ? 0 : shared_exponent(amax, es, p.rule, p.bump);
-    const ElemScale sc = elem_scale(s);
+    const int s = block_scale_exp(amax, es, p.rule, p.bump, R);
+    const bool special = s == kScaleExpNaN;
+    const ElemScale sc = elem_scale(special ? 0 : s);
 #pragma unroll 2
     for (int i = 0; i < nv; ++i) {
       const int64_t idx = (r0 + i) * p.cols + col;
@@ -488,9 +486,9 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
       ElemScale sc[kTileCols];
 #pragma unroll
       for (int c = 0; c < kTileCols; ++c) {
-        special[c] = special_amax(amax[c]);
-        s[c] = special[c] ? 0 : shared_exponent(amax[c], es, p.rule, p.bump);
-        sc[c] = elem_scale(s[c]);
+        s[c] = block_scale_exp(amax[c], es, p.rule, p.bump, R);
+        special[c] = s[c] == kScaleExpNaN;
+        sc[c] = elem_scale(special[c] ? 0 : s[c]);
       }
 #pragma unroll
       for (int i = 0; i < kTileRows; ++i) {
@@ -561,7 +559,8 @@ __global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpe
       special |= !is_finite_bits(f32_bits(v));
       amax = fmaxf(amax, fabsf(v));
     }
-    const int s = special ? 0 : shared_exponent(amax, es, p.rule, p.bump);
+    const int s = special ? kScaleExpNaN : block_scale_exp(amax, es, p.rule, p.bump, p.rounding);
+    special = s == kScaleExpNaN;
     for (int64_t q = begin; q < end; ++q) {
       const int64_t idx = index(q);
       float r = bits_f32(kQuietNaN);

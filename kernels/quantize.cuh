@@ -1,5 +1,5 @@
 // MX / bf16 / fp16 quantization on the GPU: the CUDA twin of lab/mx/quantize.cpp.
-// The kernels call the scalar code of lab/mx/scalar.h (shared_exponent; for each element
+// The kernels call the scalar code of lab/mx/scalar.h (block_scale_exp; for each element
 // what quantize_element() calls: quantize_element_fast for the deterministic roundings,
 // quantize_element_exact for stochastic; round_bf16, round_fp16) and lab/core/philox.h, so
 // every output bit equals the CPU reference quantize_dequantize() by construction;
@@ -12,7 +12,8 @@
 //     (contiguous: along each row; strided: down each column). A final partial block is
 //     zero-padded (padding never changes an output and is not counted).
 //   - round_bf16_first: every input is rounded to bf16 (per bf16_mode) before quantizing.
-//   - A block holding NaN or Inf becomes all NaN (counted in nan_blocks).
+//   - A block holding NaN or Inf, or without a scale (block_scale_exp: above 2^127, or values
+//     that would round past FLT_MAX), becomes all NaN (counted in nan_blocks).
 //   - Stochastic rounding: the random word of element (r, c) is
 //     philox(q.seed, Stream::stochastic_round, salt, r * cols + c).v[0], with
 //     salt = *d_step when d_step is given (read on the device, so a captured CUDA graph sees

@@ -7,7 +7,8 @@ set -euo pipefail
 PKGS=(build-essential cmake git pkg-config
       libeigen3-dev libhdf5-dev libyaml-cpp-dev libcli11-dev libgtest-dev googletest
       python3 python3-numpy python3-h5py python3-matplotlib python3-pytest
-      python3-torch)  # CPU PyTorch for the FP32 cross-check (tests/torch, run by /usr/bin/python3)
+      python3-torch   # CPU PyTorch for the FP32 cross-check (tests/torch, run by /usr/bin/python3)
+      slurm-wlm munge)  # a single-node Slurm for tests/slurm/test_sweep.sh (scripts/slurm-local.sh)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"

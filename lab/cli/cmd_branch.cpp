@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/model/backend.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/run_driver.h"
@@ -54,6 +54,9 @@ int64_t pick_checkpoint(const std::string& dir, const std::string& run_id, int a
                   " (set checkpoint_every in the experiment, or interventions at this step, and run it again)"));
 }
 
+int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunConfig& run_cfg,
+                const std::string& run_id, const std::string& run_status);
+
 int do_branch(const BranchArgs& a) {
   const std::string run_id = RunFile::peek_root_str(a.file, "run_id");
   const std::string yaml = RunFile::peek_root_str(a.file, "config_yaml");
@@ -71,6 +74,21 @@ int do_branch(const BranchArgs& a) {
   // Opening checks the whole file and, if an earlier write into it was killed, restores it from
   // its snapshot (run_file.h).
   std::unique_ptr<RunFile> file = RunFile::open(a.file);
+  try {
+    return branch_into(a, file, cfg, run_id, run_status);
+  } catch (const IoError& e) {
+    // A write into the file failed (disk full, ...): put its last good state back (the branch
+    // then looks interrupted, and the same command computes it again once there is room).
+    if (e.path() != a.file && e.path() != RunFile::snapshot_path(a.file)) throw;
+    file.reset();
+    throw IoError(msg(e.what(), "; ", RunFile::restore_snapshot(a.file), ": run the same command again"), e.path(),
+                  e.error_number());
+  }
+}
+
+int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunConfig& run_cfg,
+                const std::string& run_id, const std::string& run_status) {
+  RunConfig cfg = run_cfg;
   const std::string group = "branches/" + a.name;
   bool redo = false;  // an earlier `mxlab branch` of this name was interrupted: recompute it
   if (file->has_group(group)) {

@@ -10,6 +10,7 @@
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 #include "lab/train/config_io.h"
+#include "lab/backends/backends.h"
 #include "lab/train/eval.h"
 
 namespace mxlab::cli {

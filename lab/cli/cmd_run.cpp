@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/model/backend.h"
+#include "lab/core/exit_codes.h"
+#include "lab/io/writable_dir.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/index.h"
 #include "lab/train/run_driver.h"
@@ -88,7 +90,9 @@ int do_run(const RunArgs& a) {
     return 0;
   }
 
-  // A device that cannot be opened would fail every run the same way: say it once, up front.
+  // A device that cannot be opened, or an --out that cannot be written, would fail every run the
+  // same way: say it once, up front.
+  ensure_writable_dir(a.out);
   std::set<std::string> devices;
   if (!opt.gpus.empty()) {
     for (int j = 0; j < opt.jobs; ++j) devices.insert("cuda:" + std::to_string(opt.gpus[static_cast<size_t>(j) % opt.gpus.size()]));
@@ -133,6 +137,7 @@ const Registrar reg(20, [](CLI::App& app) {
   c->add_option("--set", a->sets, "override a config key of every run: --set optimizer.lr=3e-4 (repeatable)");
   c->add_flag("--quiet", a->quiet, "no live progress line");
   c->add_flag("--dry-run", a->dry_run, "list this shard's runs and what would happen to each, run nothing");
+  c->footer(exit_codes_help());
   c->callback([a] { set_exit_code(do_run(*a)); });
 });
 

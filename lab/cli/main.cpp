@@ -1,10 +1,13 @@
 // mxlab command-line entry point (CLI11). Subcommands are registered by lab/cli/*.cpp.
+// Every failure ends here as one line on stderr and one of the exit codes of
+// lab/core/exit_codes.h.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
+#include "lab/core/exit_codes.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mxlab: a laboratory for training instabilities in MX (microscaling) formats"};
@@ -13,13 +16,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // CLI11 would print two lines and exit with its own codes (100+); a usage error is bad input.
+    std::fprintf(stderr, "mxlab: error: %s (see --help)\n", e.what());
+    return mxlab::kExitBadInput;
+  } catch (const mxlab::IoError& e) {
+    std::fprintf(stderr, "mxlab: error: %s\n", e.what());
+    return mxlab::kExitIo;
   } catch (const mxlab::Error& e) {
     std::fprintf(stderr, "mxlab: error: %s\n", e.what());
-    return 2;
+    return mxlab::kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxlab: error: %s\n", e.what());
-    return 3;
+    return mxlab::kExitInternal;
   }
   return mxlab::cli::exit_code();
 }

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mxlab {
 
@@ -11,6 +12,24 @@ class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
+
+// A file that could not be written, created or read because of the system rather than its
+// content: disk full, read-only file system, permissions. `mxlab` exits with kExitIo for it
+// (lab/core/exit_codes.h), so a script can tell "free some space" from "fix your input".
+class IoError : public Error {
+ public:
+  IoError(const std::string& what, std::string path, int err) : Error(what), path_(std::move(path)), err_(err) {}
+  const std::string& path() const { return path_; }  // the file that failed
+  int error_number() const { return err_; }          // errno
+ private:
+  std::string path_;
+  int err_;
+};
+
+// "cannot <verb> <path>: no space left on device (free space on that file system, or write
+// somewhere else)": the cause in words and what to do about it, on one line.
+std::string io_message(const std::string& verb, const std::string& path, int err);
+[[noreturn]] void throw_io_error(const std::string& verb, const std::string& path, int err);
 
 // Build a message from stream-able parts: throw Error(msg("bad block size ", k)).
 template <typename... Args>

@@ -6,7 +6,9 @@
 
 #include <hdf5.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,18 +23,36 @@ static_assert(std::is_same<hid_t, Hid>::value, "HDF5 >= 1.10 is required (hid_t 
 namespace {
 
 // HDF5 prints its error stack to stderr by default. Switch that off (the stack is still
-// recorded) and turn failures into exceptions carrying the innermost messages instead.
+// recorded) and turn failures into exceptions carrying the innermost messages instead. The
+// setting is per thread in a thread-safe HDF5 build (Debian's is one), so every thread that
+// touches a file does this once; `mxlab run --jobs N` opens files from N threads.
+//
+// Also, once per process and before HDF5 initialises: no teardown of the library at exit.
+// A file whose close failed (its disk is full, so the final flush fails) stays in HDF5's table
+// of open ids with its memory already freed, and the teardown at exit then crashes (SIGSEGV in
+// H5F__close_cb, HDF5 1.10.8). mxlab closes every file it opens before it exits, and the run
+// files are recoverable from their snapshots by design (lab/train/run_file.h), so nothing
+// relies on that teardown.
 void silence_hdf5_printing() {
-  static const bool done = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  static const bool process_once = [] {
+    H5dont_atexit();
     return true;
   }();
-  (void)done;
+  (void)process_once;
+  thread_local bool thread_done = false;
+  if (thread_done) return;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  thread_done = true;
 }
 
-// The innermost records of the current HDF5 error stack (they say what actually went wrong),
-// outermost first, as "desc; desc; desc" on one line; clears the stack.
-std::string hdf5_error_text() {
+// The current HDF5 error stack, cleared: its innermost records (they say what actually went
+// wrong), outermost first, as "desc; desc; desc" on one line, and the errno of a failed system
+// call when a record reports one (the file drivers write "errno = 28, error message = ...").
+struct StackText {
+  std::string text;
+  int err = 0;
+};
+StackText hdf5_error_stack() {
   std::vector<std::string> records;  // from the API call down to the failing internal function
   auto collect = [](unsigned, const H5E_error2_t* err, void* data) -> herr_t {
     if (err->desc != nullptr && err->desc[0] != '\0') static_cast<std::vector<std::string>*>(data)->push_back(err->desc);
@@ -40,19 +60,36 @@ std::string hdf5_error_text() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &records);
   H5Eclear2(H5E_DEFAULT);
-  constexpr size_t kMaxRecords = 3;
-  std::string text;
-  for (size_t i = records.size() > kMaxRecords ? records.size() - kMaxRecords : 0; i < records.size(); ++i) {
-    if (!text.empty()) text += "; ";
-    text += records[i];
+  StackText out;
+  for (const std::string& r : records) {
+    const auto at = r.find("errno = ");
+    if (at != std::string::npos) out.err = std::atoi(r.c_str() + at + 8);
   }
-  for (char& c : text)
+  constexpr size_t kMaxRecords = 3;
+  for (size_t i = records.size() > kMaxRecords ? records.size() - kMaxRecords : 0; i < records.size(); ++i) {
+    if (!out.text.empty()) out.text += "; ";
+    out.text += records[i];
+  }
+  for (char& c : out.text)
     if (c == '\n') c = ' ';
-  return text.empty() ? "no HDF5 error message" : text;
+  if (out.text.empty()) out.text = "no HDF5 error message";
+  return out;
 }
 
+// A failed HDF5 call. Where the file system refused (disk full, read-only, permissions) the
+// error is an IoError that names the file and the cause in words, not HDF5's driver dump.
 [[noreturn]] void fail(const std::string& what, const std::string& file, const std::string& object = "") {
-  throw Error(msg("HDF5: ", what, object.empty() ? "" : " '" + object + "'", " in ", file, ": ", hdf5_error_text()));
+  const StackText st = hdf5_error_stack();
+  // Only the file system's refusals; e.g. a lock held by another process (EAGAIN) keeps HDF5's
+  // own text, which lab/train/run_file.cpp recognises.
+  const bool refused = st.err == ENOSPC || st.err == EDQUOT || st.err == EROFS || st.err == EACCES ||
+                       st.err == EPERM || st.err == EFBIG || st.err == EIO;
+  if (refused) {
+    const bool reading = what.rfind("cannot read", 0) == 0 || what.rfind("cannot open file for reading", 0) == 0;
+    const bool creating = what.rfind("cannot create file", 0) == 0;
+    throw_io_error(reading ? "read" : (creating ? "create" : "write"), file, st.err);
+  }
+  throw Error(msg("HDF5: ", what, object.empty() ? "" : " '" + object + "'", " in ", file, ": ", st.text));
 }
 
 // A temporary HDF5 handle closed at scope exit (types, spaces, property lists, attributes).
@@ -221,7 +258,9 @@ const char* dtype_name(DType t) {
 
 // ---------------------------------------------------------------- H5Object (attributes)
 
-H5Object::H5Object(Hid id, std::string file, std::string path) : id_(id), file_(std::move(file)), path_(std::move(path)) {}
+H5Object::H5Object(Hid id, std::string file, std::string path) : id_(id), file_(std::move(file)), path_(std::move(path)) {
+  silence_hdf5_printing();  // an object may be used from a thread other than its file's
+}
 
 H5Object::~H5Object() { close_handle(); }
 

@@ -19,6 +19,28 @@ namespace mxlab {
 
 namespace {
 
+// Header text as it may appear in a one-line message: a damaged header can hold newlines and
+// binary bytes (when its terminator is gone, the data runs into it), so non-printable bytes are
+// written as \xHH, trailing padding is dropped and the text is cut to a readable length.
+std::string printable(const std::string& text) {
+  constexpr size_t kMaxShown = 160;
+  size_t end = text.size();
+  while (end > 0 && (text[end - 1] == ' ' || text[end - 1] == '\n')) --end;
+  std::string out;
+  for (size_t k = 0; k < end && out.size() < kMaxShown; ++k) {
+    const unsigned char c = static_cast<unsigned char>(text[k]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (out.size() >= kMaxShown && end > kMaxShown) out += "...";
+  return out;
+}
+
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 // NumPy pads the header so the data starts at a multiple of this (it uses 64 since 1.16).
@@ -46,7 +68,7 @@ std::string dtype_name(const std::string& descr) {
   else if (t == "c8") name = "complex64";
   else if (t == "c16") name = "complex128";
   else if (t == "V2") name = "bfloat16 or raw 2-byte void";
-  if (name == nullptr) return "'" + descr + "'";
+  if (name == nullptr) return "'" + printable(descr) + "'";
   return std::string(name) + " ('" + descr + "')";
 }
 
@@ -60,7 +82,7 @@ struct Scanner {
     while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   }
   [[noreturn]] void fail(const std::string& why) const {
-    throw Error(msg(what, ": malformed .npy header (", why, "): ", s));
+    throw Error(msg(what, ": malformed .npy header (", why, "): ", printable(s)));
   }
   bool eat(char c) {
     skip_ws();
@@ -299,18 +321,20 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
   const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(msg("cannot create '", tmp, "': ", std::strerror(errno), " (does the output folder exist?)"));
+    if (!f) throw_io_error("write", path, errno);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
     if (!f) {
+      const int err = errno != 0 ? errno : EIO;
+      f.close();
       std::remove(tmp.c_str());
-      throw Error(msg("error writing '", tmp, "' (disk full?)"));
+      throw_io_error("write", path, err);
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    throw Error(msg("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err)));
+    throw_io_error("write", path, err);
   }
 }
 

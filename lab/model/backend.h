@@ -302,8 +302,7 @@ class Backend {
                            int64_t col0);
 };
 
-// Create a backend from a device string: "cpu", "cuda", "cuda:N" or "auto" (cuda:0 when a
-// CUDA device is usable, else cpu). Throws mxlab::Error for unknown or unavailable devices.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// Backends are created by device string with make_backend (lab/backends/backends.h), which
+// lives above this layer.
 
 }  // namespace mxlab

@@ -39,14 +39,15 @@ void quantize_block(const float* in, float* out, const BlockWalk& w, int64_t lin
   }
   st.blocks += 1;
   st.n += static_cast<uint64_t>(end - begin);
-  if (special) {
-    // NaN/Inf policy: the OCP NaN scale makes the whole block NaN; other blocks unaffected.
+  const int s = special ? kScaleExpNaN : block_scale_exp(amax, es, spec.rule, spec.bump, spec.rounding);
+  if (s == kScaleExpNaN) {
+    // The OCP NaN scale makes the whole block NaN: a block holding NaN/Inf, or one with no
+    // scale (block_scale_exp); other blocks unaffected.
     st.nan_blocks += 1;
     if (out)
       for (int64_t p = begin; p < end; ++p) out[w.index(line, p)] = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  const int s = shared_exponent(amax, es, spec.rule, spec.bump);
   for (int64_t p = begin; p < end; ++p) {
     const int64_t idx = w.index(line, p);
     uint32_t rnd = 0;

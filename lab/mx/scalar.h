@@ -19,6 +19,11 @@ namespace mxlab {
 
 constexpr int kScaleExpMin = -127;  // E8M0 range used for shared exponents
 constexpr int kScaleExpMax = 127;
+// The E8M0 NaN code (0xFF) as an exponent: what shared_exponent() and block_scale_exp() return
+// for a block that has no scale. Such a block becomes all NaN, as a block holding NaN or Inf
+// does (lab/mx/README.md, "Blocks at the top of the float32 range").
+constexpr int kScaleExpNaN = 128;
+constexpr float kFloat32Max = 3.40282347e38f;
 
 MXLAB_HD int clz32(uint32_t x) {
 #if defined(__CUDA_ARCH__)
@@ -128,8 +133,10 @@ MXLAB_HD int cmp_scaled(uint32_t a, int ea, uint32_t b, int eb) {
 
 // ---- shared exponent ---------------------------------------------------------------------
 
+// Below the E8M0 range a scale is clamped (every element of such a block is tiny); above it
+// there is none: the NaN code.
 MXLAB_HD int clamp_scale_exp(int s) {
-  return s < kScaleExpMin ? kScaleExpMin : (s > kScaleExpMax ? kScaleExpMax : s);
+  return s < kScaleExpMin ? kScaleExpMin : (s > kScaleExpMax ? kScaleExpNaN : s);
 }
 
 // Reciprocal of max_normal as float32, as Transformer Engine and torchao form it
@@ -150,8 +157,11 @@ MXLAB_HD int e8m0_round_up_biased(float val) {
   return static_cast<int>(e);
 }
 
-// The shared exponent s (X = 2^s) of a block with absolute maximum `amax` (finite, >= 0).
-// amax == 0 gives -127 (every element is then 0). See DESIGN.md section 2 and lab/mx/README.md.
+// The shared exponent s (X = 2^s) of a block with absolute maximum `amax` (finite, >= 0), or
+// kScaleExpNaN where the rule asks for more than 2^127 (int8 under ceil, even, rceil and
+// floor_bump, for amax near FLT_MAX; E8M0 has no larger scale). amax == 0 gives -127 (every
+// element is then 0). See DESIGN.md section 2 and lab/mx/README.md. Quantizers call
+// block_scale_exp() below, which also covers blocks whose values would leave float32.
 MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bump bump) {
   if (amax == 0.0f) return kScaleExpMin;
   const Decomposed d = decompose(amax);
@@ -180,13 +190,17 @@ MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bum
       // Transformer Engine / torchao: descale = amax * (1/max_normal) in float32, rounded up
       // to a power of two in bit space.
       const float descale = amax * max_normal_reciprocal_f32(es);
+      // e8m0_round_up_biased saturates (as Transformer Engine's satfinite conversion does) where
+      // rounding up would need code 255; here that is the NaN scale instead.
+      const uint32_t db = f32_bits(descale);
+      if ((db >> 23) == 0xFEu && (db & 0x7FFFFFu) != 0u) return kScaleExpNaN;
       return clamp_scale_exp(e8m0_round_up_biased(descale) - 127);
     }
     case ScaleRule::floor_bump: {
       int s = clamp_scale_exp(floor_log2(d.m, d.x) - emax);
       // Would the block maximum clamp, i.e. amax / 2^s > max_normal?
       const bool clamps = cmp_scaled(d.m, d.x - s, es.max_sig(), es.max_lsb_exp()) > 0;
-      if (bump == Bump::always || clamps) s = clamp_scale_exp(s + 1);
+      if (bump == Bump::always || clamps) s = clamp_scale_exp(s + 1);  // int8 at 2^127: NaN
       return s;
     }
     default:
@@ -336,6 +350,30 @@ MXLAB_HD ElemResult quantize_element_fast(float v, ElemScale sc, const ElemSpec&
 MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
   if (fast_rounding(mode)) return quantize_element_fast(v, elem_scale(s), es, mode);
   return quantize_element_exact(v, s, es, mode, rnd);
+}
+
+// ---- the scale of a block ----------------------------------------------------------------------
+
+// The shared exponent a quantizer uses for a block with absolute maximum `amax` (max |v_i|,
+// NaN or Inf when the block holds one), or kScaleExpNaN: the block then becomes all NaN. NaN
+// where
+//   - the block holds a NaN or an Inf (the NaN/Inf policy);
+//   - the rule asks for a scale above 2^127 (shared_exponent());
+//   - the block's largest value would dequantize to 2^128 or more, beyond float32 (possible for
+//     an amax within one element rounding step of FLT_MAX under every rule that rounds the scale
+//     up: ceil, even, rceil, floor_bump). Rounding is monotone, so amax decides for the whole
+//     block: it is rounded with the block's mode, stochastic rounding taken as rounding up (the
+//     random bits are left out, so the decision is the same for every seed and on both backends).
+// Only amax >= 2^127 can get there, so the element check is a cold branch.
+MXLAB_HD int block_scale_exp(float amax, const ElemSpec& es, ScaleRule rule, Bump bump, Rounding mode) {
+  if (!(amax <= kFloat32Max)) return kScaleExpNaN;
+  const int s = shared_exponent(amax, es, rule, bump);
+  if (s != kScaleExpNaN && f32_bits(amax) >= 0x7F000000u) {
+    // rnd = 0: stochastic rounding goes up whenever the value is not on the grid.
+    const ElemResult top = quantize_element_exact(amax, s, es, mode, 0u);
+    if (!is_finite_bits(f32_bits(top.value))) return kScaleExpNaN;
+  }
+  return s;
 }
 
 // ---- scalar formats ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -49,20 +50,23 @@ class Buffer {
 void write_atomic(const std::string& path, const std::vector<unsigned char>& bytes) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw Error(msg("cannot write checkpoint ", tmp, ": ", std::strerror(errno)));
+  if (fd < 0) throw_io_error("write checkpoint", path, errno);
   size_t off = 0;
-  while (off < bytes.size()) {
+  int err = 0;
+  while (off < bytes.size() && err == 0) {
     const ssize_t w = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (w <= 0) {
-      ::close(fd);
-      throw Error(msg("cannot write checkpoint ", tmp, ": ", std::strerror(errno)));
-    }
-    off += static_cast<size_t>(w);
+    if (w <= 0) err = w < 0 ? errno : ENOSPC;
+    else off += static_cast<size_t>(w);
   }
-  ::fsync(fd);
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(msg("cannot rename checkpoint ", tmp, " -> ", path, ": ", std::strerror(errno)));
+  // A network file system may report a full disk only here; other fsync refusals (EINVAL on a
+  // file system without it) are not failures of the write.
+  if (err == 0 && ::fsync(fd) != 0 && (errno == ENOSPC || errno == EDQUOT || errno == EIO)) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());  // a partial temp file would only hold on to the space that ran out
+    throw_io_error("write checkpoint", path, err);
+  }
 }
 
 struct Parsed {

@@ -54,7 +54,7 @@ void make_dirs(const std::string& dir) {
   for (size_t i = 0; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-        throw Error(msg("cannot create output directory ", cur, ": ", std::strerror(errno)));
+        throw_io_error("create output directory", cur, errno);
     }
     if (i < dir.size()) cur += dir[i];
   }
@@ -248,10 +248,11 @@ bool RunLock::try_acquire(const std::string& dir, const std::string& run_id) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd >= 0) {
       const ssize_t n = ::write(fd, content.data(), content.size());
+      const int err = n < 0 ? errno : ENOSPC;
       ::close(fd);
       if (n != static_cast<ssize_t>(content.size())) {
         ::unlink(path.c_str());
-        throw Error(msg("cannot write lock file ", path, " (disk full?)"));
+        throw_io_error("write lock file", path, err);
       }
       path_ = path;
       content_ = content;
@@ -259,7 +260,7 @@ bool RunLock::try_acquire(const std::string& dir, const std::string& run_id) {
       return true;
     }
     if (errno != EEXIST)
-      throw Error(msg("cannot create lock file ", path, ": ", std::strerror(errno), " (is the output directory writable?)"));
+      throw_io_error("create lock file", path, errno);
     const LockInfo info = read_lock(path);
     if (!info.exists) continue;  // released between our open and read: try again
     std::string why;
@@ -371,6 +372,8 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
         try {
           std::lock_guard<std::mutex> g(hdf5_mutex());
           file = std::make_unique<LockedRunFile>(RunFile::open(out.path));
+        } catch (const IoError&) {
+          throw;  // a full disk is no reason to start over (and truncate the file): fail, keep it
         } catch (const Error& e) {
           std::fprintf(stderr, "mxlab: warning: cannot reopen %s (%s): starting the run again\n", out.path.c_str(),
                        e.what());
@@ -465,15 +468,29 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     out.status = "failed";
     out.error = e.what();
     if (file) {
-      try {
-        Attrs a;
-        a.str["status"] = "failed";
-        a.str["error"] = out.error;
-        a.str["end_time"] = utc_now();
-        file->set_root_attrs(a);
-        file->flush();
-      } catch (const std::exception& e2) {
-        out.error += msg(" (and the file could not be marked failed: ", e2.what(), ")");
+      // When a write into the run file itself failed (disk full, ...), writing the failure into
+      // it would fail again and damage it further: drop it and put its last good state back.
+      const auto* io = dynamic_cast<const IoError*>(&e);
+      const bool run_file_broken = io && (io->path() == out.path || io->path() == RunFile::snapshot_path(out.path));
+      bool keep = false;
+      if (!run_file_broken) {
+        try {
+          Attrs a;
+          a.str["status"] = "failed";
+          a.str["error"] = out.error;
+          a.str["end_time"] = utc_now();
+          file->set_root_attrs(a);
+          file->flush();
+          keep = true;
+        } catch (const IoError&) {
+        } catch (const std::exception& e2) {
+          out.error += msg(" (and the file could not be marked failed: ", e2.what(), ")");
+          keep = true;
+        }
+      }
+      if (!keep) {
+        file.reset();  // its close fails too; HDF5's view of the file is abandoned
+        out.error += "; " + RunFile::restore_snapshot(out.path);
       }
     }
   }

@@ -28,7 +28,7 @@ struct RunOptions {
   bool progress = false;               // print a live progress line to stderr (a terminal, one run)
   std::string label;                   // prefix of progress lines, e.g. "[3/8]"
   const std::atomic<bool>* stop = nullptr;  // set by SIGINT/SIGTERM handlers
-  // Backend factory (make_backend from lab/model/backend.h; passed in so that this library
+  // Backend factory (make_backend from lab/backends/backends.h; passed in so that this library
   // does not depend on the CUDA one). Called once per run: a backend frees its buffers only
   // when destroyed, so each run gets its own.
   std::function<std::unique_ptr<Backend>(const std::string&)> make_backend;

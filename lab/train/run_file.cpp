@@ -46,23 +46,35 @@ void write_attrs(h5::H5Object& o, const Attrs& a) {
 void copy_atomically(const std::string& from, const std::string& to) {
   const std::string tmp = to + ".tmp";
   std::FILE* in = std::fopen(from.c_str(), "rb");
-  if (!in) throw Error(msg("cannot read ", from, ": ", std::strerror(errno)));
+  if (!in) throw_io_error("read", from, errno);
   std::FILE* out = std::fopen(tmp.c_str(), "wb");
   if (!out) {
+    const int err = errno;
     std::fclose(in);
-    throw Error(msg("cannot write ", tmp, ": ", std::strerror(errno), " (is the output directory writable?)"));
+    throw_io_error("write", to, err);
   }
   constexpr size_t kBuffer = 1 << 20;
   std::vector<char> buf(kBuffer);
   bool ok = true;
+  int err = 0;
   size_t n;
-  while (ok && (n = std::fread(buf.data(), 1, buf.size(), in)) > 0) ok = std::fwrite(buf.data(), 1, n, out) == n;
+  while (ok && (n = std::fread(buf.data(), 1, buf.size(), in)) > 0) {
+    ok = std::fwrite(buf.data(), 1, n, out) == n;
+    if (!ok) err = errno;
+  }
   ok = ok && !std::ferror(in);
   std::fclose(in);
-  ok = std::fclose(out) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), to.c_str()) != 0) {
+  if (std::fclose(out) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && std::rename(tmp.c_str(), to.c_str()) != 0) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok) {
     std::remove(tmp.c_str());
-    throw Error(msg("cannot write ", to, " (disk full? directory not writable?)"));
+    throw_io_error("write", to, err != 0 ? err : EIO);
   }
 }
 
@@ -182,6 +194,16 @@ std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
   std::unique_ptr<RunFile> rf(new RunFile(std::move(impl)));
   copy_atomically(path, snapshot_path(path));  // the state this session starts from
   return rf;
+}
+
+std::string RunFile::restore_snapshot(const std::string& path) {
+  const std::string snap = snapshot_path(path);
+  if (::access(snap.c_str(), F_OK) != 0) return msg(path, " may be damaged and has no snapshot to restore it from");
+  // rename(2) needs no free space, unlike a copy; the next open() makes a new snapshot.
+  if (std::rename(snap.c_str(), path.c_str()) != 0)
+    return msg(path, " may be damaged; its last good state is ", snap, " (rename could not restore it: ",
+               std::strerror(errno), ")");
+  return msg(path, " is kept as of its last completed flush");
 }
 
 std::string RunFile::peek_root_str(const std::string& path, const std::string& name) {

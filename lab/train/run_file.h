@@ -28,6 +28,11 @@ class RunFile : public MetricSink {
   // cannot be read, the snapshot's value: the run can then resume, and open() repairs the file.
   static std::string peek_root_str(const std::string& path, const std::string& name);
   static std::string snapshot_path(const std::string& path) { return path + ".snapshot"; }
+  // After a write into `path` failed (disk full, ...), with its RunFile already destroyed: puts
+  // the snapshot (the state of the last completed flush) back in its place, so that the file is
+  // readable at once and `mxlab run` can resume it. Never throws; returns what became of the
+  // file, for the error message.
+  static std::string restore_snapshot(const std::string& path);
   ~RunFile() override;
 
   std::string root_str(const std::string& name) const;  // "" when missing

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "lab/core/error.h"
+#include "lab/core/exit_codes.h"
 #include "lab/core/text_table.h"
 
 namespace mxlab {
@@ -141,14 +142,16 @@ std::vector<int> parse_gpu_list(const std::string& text) {
 }
 
 int sweep_exit_code(const std::vector<SweepRunResult>& runs) {
-  bool failed = false, stopped = false;
+  bool failed = false, stopped = false, busy = false;
   for (const auto& r : runs) {
     if (r.status == "failed") failed = true;
     if (r.status == "interrupted" || r.status == "not_run") stopped = true;
+    if (r.status == "busy") busy = true;
   }
-  if (failed) return 1;
-  if (stopped) return 130;
-  return 0;
+  if (failed) return kExitRunFailed;
+  if (stopped) return kExitInterrupted;
+  if (busy) return kExitBusy;
+  return kExitOk;
 }
 
 SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& opt) {
@@ -346,8 +349,8 @@ std::string format_sweep_report(const SweepResult& result) {
     out += "stopped: run the same command again to resume (finished runs are skipped, interrupted ones resume "
            "from their checkpoint)\n";
   if (counts.count("failed"))
-    out += "failed: the message is in the table and in the file's `error` attribute; fix the cause and run the "
-           "same command again\n";
+    out += "failed: the message is in the table (and in the file's `error` attribute where it could be written); "
+           "fix the cause and run the same command again\n";
   if (counts.count("busy"))
     out += "busy: another process holds these runs' locks (<out>/<run_id>.lock); run again once it is done\n";
   return out;

@@ -71,9 +71,9 @@ struct SweepResult {
   int exit_code = 0;
 };
 
-// Exit status of a sweep: 1 if any run failed, else 130 if any was interrupted or not run
-// because of a stop request, else 0 (complete, diverged, skipped and busy - being run by
-// another process - are all fine).
+// Exit status of a sweep (lab/core/exit_codes.h): 1 if any run failed, else 130 if any was
+// interrupted or not run because of a stop request, else 75 if any was busy (being run by
+// another live process: this sweep is not finished yet), else 0 (complete, diverged, skipped).
 int sweep_exit_code(const std::vector<SweepRunResult>& runs);
 
 // Runs `runs` (already sharded) with opt.jobs threads. Jobs take runs in expansion order; a

@@ -85,19 +85,19 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = msg(path, ".tmp.", host_name(), ".", ::getpid(), ".",
                               std::hash<std::thread::id>{}(std::this_thread::get_id()));
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(msg("cannot write ", tmp, ": ", std::strerror(errno), " (is the directory writable?)"));
+  if (!f) throw_io_error("write", path, errno);
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
                   ::fsync(fileno(f)) == 0;
   const int err = errno;
   std::fclose(f);
   if (!ok) {
     std::remove(tmp.c_str());
-    throw Error(msg("cannot write ", tmp, ": ", std::strerror(err), " (disk full?)"));
+    throw_io_error("write", path, err);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     std::remove(tmp.c_str());
-    throw Error(msg("cannot rename ", tmp, " to ", path, ": ", std::strerror(e)));
+    throw_io_error("write", path, e);
   }
 }
 

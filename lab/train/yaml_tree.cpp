@@ -180,7 +180,13 @@ YNode yaml_load_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) throw Error(msg(path, ": read error (", std::strerror(errno), ")"));
-  return yaml_parse(ss.str(), path);
+  YNode root = yaml_parse(ss.str(), path);
+  // An empty file would silently run every default (the paper's full-size model, hours on a
+  // CPU): almost certainly the wrong file, or one not written yet.
+  if (root.is_null() || (root.is_map() && root.map.empty()))
+    throw Error(msg(path, ": the experiment file is empty (no keys, only comments or blank lines); start from `mxlab "
+                    "dump-config > ", path, "` and edit it"));
+  return root;
 }
 
 void yaml_merge(YNode& base, const YNode& over) {

@@ -52,7 +52,8 @@ struct YEntry {
 // "ORIGIN:LINE: ..." (yaml-cpp itself keeps both copies of a duplicated key). Aliases are
 // copied, so the tree has no shared nodes.
 YNode yaml_parse(const std::string& text, const std::string& origin);
-// Read and parse a file; a missing or unreadable file throws mxlab::Error naming the path.
+// Read and parse an experiment file; a missing, unreadable or empty (comment-only) file throws
+// mxlab::Error naming the path.
 YNode yaml_load_file(const std::string& path);
 
 // Deep merge: mappings merge key by key (`over` wins, new keys are appended in order);

@@ -56,7 +56,9 @@ inline int count_of(const std::string& s, const std::string& part) {
 // parallel). Left behind on purpose: a failing test's files are evidence.
 inline std::string make_temp_dir(const std::string& tag) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();  // null in SetUpTestSuite
-  const std::string test = info ? std::string(info->test_suite_name()) + "_" + info->name() : "suite";
+  std::string test = info ? std::string(info->test_suite_name()) + "_" + info->name() : "suite";
+  for (char& c : test)
+    if (c == '/') c = '_';  // parametrized tests are named Prefix/Suite.Name/Param
   std::string tmpl = ::testing::TempDir() + "/mxlab_" + test + "_" + tag + "_XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');

@@ -59,7 +59,8 @@ int ceil_log2_d(double a) {
   const double m = std::frexp(a, &e);
   return m == 0.5 ? e - 1 : e;
 }
-int clamp127(int s) { return s < -127 ? -127 : (s > 127 ? 127 : s); }
+// Below E8M0's range the scale is clamped; above it there is none: 128 stands for the NaN code.
+int clamp127(int s) { return s < -127 ? -127 : (s > 127 ? 128 : s); }
 
 int ref_scale(double amax, const RefFormat& f, ScaleRule rule, Bump bump) {
   if (amax == 0.0) return -127;
@@ -182,6 +183,13 @@ RefResult ref_quantize(const std::vector<float>& in, int64_t rows, int64_t cols,
         continue;
       }
       const int s = ref_scale(amax, f, spec.rule, spec.bump);
+      // No scale, or the block maximum would dequantize past FLT_MAX (rounded with the block's
+      // mode, stochastic rounding taken as rounding up: rnd 0): the block is NaN too.
+      if (s == 128 || std::isinf(ref_element(static_cast<float>(amax), s, f, spec.rounding, 0u).value)) {
+        res.st.nan_blocks++;
+        for (int64_t i : idx) res.out[i] = std::nanf("");
+        continue;
+      }
       for (int64_t i : idx) {
         const uint32_t rnd = philox(spec.seed, Stream::stochastic_round, spec.salt, static_cast<uint64_t>(i)).v[0];
         const RefElem e = ref_element(in[i], s, f, spec.rounding, rnd);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "lab/core/error.h"
+#include "lab/core/exit_codes.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
 #include "lab/train/index.h"
@@ -508,7 +509,7 @@ TEST(SweepLock, BinarySkipsLockedRunsAndTakesOverStaleOnes) {
   std::ofstream(out + "/" + runs[0].id + ".lock") << "pid=" << ::getpid() << " host=" << host << " time=x\n";
   std::ofstream(out + "/" + runs[1].id + ".lock") << "pid=" << child << " host=" << host << " time=x\n";
   const std::string log = dir.str() + "/log";
-  EXPECT_EQ(run_binary({"run", exp, "--out", out}, log), 0) << read_file(log);
+  EXPECT_EQ(run_binary({"run", exp, "--out", out}, log), kExitBusy) << read_file(log);
   const std::string text = read_file(log);
   EXPECT_EQ(reported(text, "busy"), std::set<std::string>{runs[0].id}) << text;
   EXPECT_EQ(reported(text, "complete").size(), kSweepRuns - 1) << text;
@@ -528,9 +529,11 @@ TEST(SweepLock, TwoProcessesOnOneDirectoryNeverRunTheSameRun) {
   const std::vector<std::string> args = {MXLAB_BINARY, "run", exp, "--out", out};
   const Child a = spawn(args, dir.str() + "/a.log");
   const Child b = spawn(args, dir.str() + "/b.log");
-  EXPECT_EQ(wait_exit(a), 0) << read_file(a.log);
-  EXPECT_EQ(wait_exit(b), 0) << read_file(b.log);
+  // A process that met a run the other one held exits "busy" (75): it cannot vouch for that run.
+  const int ea = wait_exit(a), eb = wait_exit(b);
   const std::string la = read_file(a.log), lb = read_file(b.log);
+  EXPECT_EQ(ea, reported(la, "busy").empty() ? kExitOk : kExitBusy) << la;
+  EXPECT_EQ(eb, reported(lb, "busy").empty() ? kExitOk : kExitBusy) << lb;
   const std::set<std::string> ca = reported(la, "complete"), cb = reported(lb, "complete");
   std::set<std::string> both;
   for (const auto& id : ca)

@@ -238,12 +238,16 @@ struct Shape {
 };
 const Shape kShapes[] = {{1031, 777}, {4099, 67}};
 
+using InputFn = std::vector<float> (*)(int64_t rows, int64_t cols, uint64_t seed);
+
 // Runs every case on every shape, for one axis. CPU references are computed in parallel.
-void run_cases(const std::vector<Case>& cases, Axis axis, uint64_t seed) {
+// `typical`: make_input's inputs, whose NaN blocks are few but present (checked).
+void run_cases(const std::vector<Case>& cases, Axis axis, uint64_t seed, InputFn input = make_input,
+               bool typical = true) {
   const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   int64_t total_bad = 0, checked = 0;
   for (const Shape& sh : kShapes) {
-    const std::vector<float> in = make_input(sh.rows, sh.cols, seed ^ static_cast<uint64_t>(sh.rows * 7919 + sh.cols));
+    const std::vector<float> in = input(sh.rows, sh.cols, seed ^ static_cast<uint64_t>(sh.rows * 7919 + sh.cols));
     const size_t n = in.size();
     DevBuf<float> d_in(n), d_f32(n);
     DevBuf<__nv_bfloat16> d_bf16(n);
@@ -266,7 +270,7 @@ void run_cases(const std::vector<Case>& cases, Axis axis, uint64_t seed) {
         total_bad += compare(ref, g, describe(cases[i], axis, sh.rows, sh.cols));
         ++checked;
         // The inputs must exercise what the test claims: NaN blocks and clamping do occur.
-        if (is_mx(cases[i].q.fmt)) {
+        if (typical && is_mx(cases[i].q.fmt)) {
           EXPECT_GT(ref.stats.nan_blocks, 0u) << describe(cases[i], axis, sh.rows, sh.cols);
           EXPECT_LT(ref.stats.nan_blocks, ref.stats.blocks / 4) << describe(cases[i], axis, sh.rows, sh.cols);
         }
@@ -368,6 +372,58 @@ TEST(QuantizeGpu, BlockSizesBf16FirstHostSaltEqualCpu) {
 TEST(QuantizeGpu, ScalarFormatsEqualCpu) {
   MXLAB_REQUIRE_GPU();
   run_cases(scalar_cases(), Axis::contiguous, 505);
+}
+
+// Blocks at the top of the float32 range (lab/mx/scalar.h, block_scale_exp): magnitudes in
+// [2^118, FLT_MAX], one element in 40 taken from the last rounding steps below 2^128 of every
+// element width (and FLT_MAX itself), so that many blocks need a scale above 2^127 or would
+// round past FLT_MAX under the rules that round the scale up, and become NaN on both sides.
+std::vector<float> make_top_input(int64_t rows, int64_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> top;
+  for (int m = 0; m <= 7; ++m)
+    for (double frac : {0.25, 0.5, 0.75, 1.0}) {
+      const double t = (std::ldexp(1.0, m + 1) - frac) * std::ldexp(1.0, 127 - m);
+      if (t > 3.4028234663852886e38) continue;
+      float c = static_cast<float>(t);
+      for (int j = 0; j < 2; ++j) c = std::nextafter(c, 0.0f);
+      for (int j = 0; j < 5 && std::isfinite(c); ++j, c = std::nextafter(c, INFINITY)) top.push_back(c);
+    }
+  top.push_back(bits_f32(0x7F7FFFFFu));
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (float& v : x) {
+    const uint32_t sign = (rng() & 1u) ? 0x80000000u : 0u;
+    if (rng() % 40 == 0) {
+      v = bits_f32(f32_bits(top[rng() % top.size()]) | sign);
+    } else {
+      const uint32_t field = 245u + static_cast<uint32_t>(rng() % 10);  // 2^118 .. 2^127
+      v = bits_f32(sign | (field << 23) | (static_cast<uint32_t>(rng()) & 0x7FFFFFu));
+    }
+  }
+  return x;
+}
+
+TEST(QuantizeGpu, TopOfFloat32RangeBlocksEqualCpu) {
+  MXLAB_REQUIRE_GPU();
+  run_cases(mx_cases(), Axis::contiguous, 808, make_top_input, false);
+  run_cases(mx_cases(), Axis::strided, 909, make_top_input, false);
+  std::vector<Case> sizes;  // the generic kernel (odd block sizes) too
+  for (int k : {7, 24}) {
+    Case c;
+    c.q.fmt = NumFmt::mxfp8_e4m3;
+    c.q.block = k;
+    c.q.rule = ScaleRule::even;
+    c.q.rounding = k == 7 ? Rounding::stochastic : Rounding::nearest_even;
+    sizes.push_back(c);
+  }
+  run_cases(sizes, Axis::contiguous, 1010, make_top_input, false);
+  run_cases(sizes, Axis::strided, 1111, make_top_input, false);
+  // The input does reach the NaN scale (checked on the CPU reference).
+  const std::vector<float> in = make_top_input(64, 64, 1);
+  QuantSpec q;
+  q.fmt = NumFmt::mxfp8_e4m3;
+  q.rule = ScaleRule::even;
+  EXPECT_GT(mx_stats(in.data(), 64, 64, Axis::contiguous, q).nan_blocks, 0u);
 }
 
 // In place (out == in) with a separate statistics spec (diagnostic stats under another MX

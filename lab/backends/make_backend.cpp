@@ -1,11 +1,11 @@
-// make_backend(): maps a device string to a backend. The only file that knows every backend,
-// compiled into the mxlab_backends library (it links the CUDA backend when it was built).
+// make_backend(): maps a device string to a backend (backends.h). The only file that knows every
+// backend, compiled into the mxlab_backends library (it links the CUDA backend when it was built).
 #include <cstdlib>
 #include <string>
 
 #include "lab/core/error.h"
+#include "lab/backends/backends.h"
 #include "lab/cpu/cpu_backend.h"
-#include "lab/model/backend.h"
 #ifdef MXLAB_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #include "kernels/device_info.h"
