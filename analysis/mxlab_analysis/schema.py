@@ -118,7 +118,7 @@ DS_PRECOND_LMAX = "precond_lmax"         # largest eigenvalue of the Adam-precon
 DS_PRECOND_THRESHOLD = "precond_threshold"  # 38/lr (Adam, beta1 0.9); 2/lr (SGD)
 DS_EQ10_LHS = "eq10_lhs"                 # |1 - s| + s r, s = lr * precond_lmax, r running bias
 CURVATURE_DATASETS = (DS_CURVATURE_STEP, DS_HESSIAN_LMAX, DS_PRECOND_LMAX, DS_PRECOND_THRESHOLD,
-                      DS_EQ10_LHS, "hessian_resid")
+                      DS_EQ10_LHS, "hessian_resid", "precond_resid", "probe_loss")
 
 # The shadow series (issue 17): one row per shadow step (every bias_every-th and the last),
 # on their own axis `shadow_step`: the global scalars of that step's shadow pass.
