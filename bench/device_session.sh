@@ -21,7 +21,6 @@ echo "build: $(( $(date +%s) - t0 )) s"
 echo "gpu tests exit $?"; grep -E "PASSED|FAILED|SKIPPED|tests ran" "$OUT/gpu_tests.log" | head -20
 ./build/mxlab bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 --arms 4 > "$OUT/bench_fig4.log" 2>&1
 tail -24 "$OUT/bench_fig4.log"
-./build/mxlab bench experiments/paper/study_arms_lr5e-4.yaml --device cuda --steps 100 --only mx > /dev/null 2>&1  # warm
 ./build/mxlab bench experiments/paper/study_arms_lr5e-4.yaml --device cuda --steps 100 > "$OUT/bench_study.log" 2>&1
 grep -A4 "trainer step" "$OUT/bench_study.log"; tail -1 "$OUT/bench_study.log" | cut -c1-400
 cp build/mxlab build/mxlab_gpu_tests "$OUT/bin/"
