@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <mutex>
 
 #include "lab/core/error.h"
@@ -39,18 +40,30 @@ std::vector<std::string> export_run_csv(const std::string& run_path, const std::
       for (char& c : tag)
         if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
       const std::string prefix = out_dir + "/" + rec.run_id + "_" + tag;
-      const std::string step_ds = g.h5_path + "/" + kStep;
-      if (f.is_dataset(step_ds)) {
+      // One table per step axis: the logged rows (`step`) in <prefix>.csv, a series with its own
+      // axis (SCHEMA.md: `shadow_step`, `curvature_step`; its datasets carry `axis`) in
+      // <prefix>_<series>.csv.
+      std::map<std::string, std::vector<std::string>> by_axis;  // axis dataset -> its datasets
+      for (const std::string& d : f.list_datasets(g.h5_path)) {
+        if (d == kLossAll) continue;
+        const std::string p = g.h5_path + "/" + d;
+        const bool is_axis = d == kStep || (d.size() > 5 && d.compare(d.size() - 5, 5, "_step") == 0);
+        if (is_axis) {
+          by_axis[d];
+          continue;
+        }
+        by_axis[f.has_attr(p, "axis") ? f.get_attr_string(p, "axis") : std::string(kStep)].push_back(d);
+      }
+      for (auto& [axis, names] : by_axis) {
+        const std::string step_ds = g.h5_path + "/" + axis;
+        if (!f.is_dataset(step_ds)) continue;
         const std::vector<int64_t> steps = f.read_int64s(step_ds);
-        std::vector<std::string> names;
-        for (const std::string& d : f.list_datasets(g.h5_path))
-          if (d != kStep && d != kLossAll) names.push_back(d);
         std::stable_partition(names.begin(), names.end(), [](const std::string& d) { return d == "loss"; });
         struct Col {
           std::vector<double> values;
           size_t width = 1, offset = 0;
         };
-        std::vector<std::string> header = {kStep};
+        std::vector<std::string> header = {axis};
         std::vector<Col> cols;
         size_t rows = steps.size();
         for (const std::string& d : names) {
@@ -72,15 +85,17 @@ std::vector<std::string> export_run_csv(const std::string& run_path, const std::
           }
         }
         if (rows < steps.size())
-          std::fprintf(stderr, "mxlab: warning: %s: datasets of %s have different lengths (a run that was killed?); "
-                       "exporting the first %zu rows that all have\n", run_path.c_str(), g.h5_path.c_str(), rows);
+          std::fprintf(stderr, "mxlab: warning: %s: datasets of %s (axis %s) have different lengths (a run that was "
+                       "killed?); exporting the first %zu rows that all have\n",
+                       run_path.c_str(), g.h5_path.c_str(), axis.c_str(), rows);
         std::string text = csv_line(header);
         for (size_t i = 0; i < rows; ++i) {
           text += std::to_string(steps[i]);
           for (const Col& c : cols) text += "," + csv_number(c.values[i * c.width + c.offset]);
           text += "\n";
         }
-        files.emplace_back(prefix + ".csv", text);
+        const std::string suffix = axis == kStep ? "" : "_" + axis.substr(0, axis.size() - 5);
+        files.emplace_back(prefix + suffix + ".csv", text);
       }
       const std::string all = g.h5_path + "/" + kLossAll;
       if (f.is_dataset(all)) {

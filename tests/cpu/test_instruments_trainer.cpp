@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "lab/model/curvature.h"
 #include "lab/train/config_io.h"
 #include "lab/train/trainer.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
@@ -173,4 +177,41 @@ TEST(InstrumentsTrainer, CurvatureIsRejectedWhereItHasNoProducts) {
   c.model.norm = NormKind::layernorm;
   c.model.layernorm = false;  // no norm: covered
   EXPECT_NO_THROW(validate_config(c));
+}
+
+// `mxlab export --csv` writes each series with its own axis into a file of its own, with all
+// its rows, and leaves the logged rows' file whole.
+TEST(InstrumentsTrainer, ExportWritesEachSeriesToItsOwnCsv) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "e.yaml", "steps: 30\nmodel: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+                "log: {log_every: 5, bias_every: 2, progress: false, curvature_every: 10, curvature_iters: 3, "
+                "probe_batch: 8}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
+  ASSERT_EQ(rc, 0) << out;
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
+    if (e.path().extension() == ".h5") file = e.path().string();
+  std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --csv " + dir.str() + "/csv");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+  const std::string id = std::filesystem::path(file).stem().string();
+  auto lines = [&](const std::string& name) {
+    std::vector<std::string> v;
+    std::istringstream in(mxlab::test::read_file(dir.str() + "/csv/" + id + "_" + name + ".csv"));
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+  };
+  const auto rows = lines("mx"), curv = lines("mx_curvature"), shadow = lines("mx_shadow");
+  ASSERT_EQ(rows.size(), 1u + 7u);     // steps 0, 5, ..., 25 and the last, 29
+  ASSERT_EQ(curv.size(), 1u + 2u);     // steps 10, 20
+  ASSERT_EQ(shadow.size(), 1u + 16u);  // steps 0, 2, ..., 28 and 29
+  EXPECT_EQ(curv[0].rfind("curvature_step,", 0), 0u) << curv[0];
+  EXPECT_NE(curv[0].find("precond_lmax"), std::string::npos);
+  EXPECT_EQ(curv[1].rfind("10,", 0), 0u);
+  EXPECT_EQ(shadow[0].rfind("shadow_step,", 0), 0u);
+  EXPECT_EQ(rows[0].find("curvature"), std::string::npos);
+  EXPECT_EQ(rows[0].find("shadow_bias_ratio"), std::string::npos);
+  EXPECT_EQ(lines("fp32_curvature").size(), 3u);
 }
