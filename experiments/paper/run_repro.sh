@@ -7,6 +7,9 @@
 #   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
 #   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 4200 / 4800
 #   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 2 seeds
+#   bash experiments/paper/run_repro.sh J OUTDIR   # issue 12: instruments at lr 5e-4 (seeds 0-4; seed 0
+#                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
+#   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: shard i/n of the arms study
 #   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
 #   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
 # MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
@@ -14,10 +17,10 @@
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
-MX=./build/mxlab
+MX=${MXLAB_BIN:-./build/mxlab}
 # mxlab run, under the optional time limit.
 train() {
   if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then timeout "$MXLAB_REPRO_LIMIT" $MX run "$@"; else $MX run "$@"; fi
@@ -85,6 +88,32 @@ case "$PART" in
     summaries norms_lr5e-4
     python3 -m mxlab_analysis curves "$RUNS/norms_lr5e-4" --row model.norm --color seed -o "$OUT/norms_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
-  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I)" >&2; exit 2 ;;
+  J)
+    # Seed 0 (curvature every 50, snapshots, interventions at 4200) and seeds 1-4 (curvature
+    # every 100) into one directory; then the loss each switch causes at once (mxlab eval).
+    train experiments/paper/instruments_lr5e-4_seed0.yaml --device cuda --out "$RUNS/instruments" --quiet
+    train experiments/paper/instruments_lr5e-4.yaml --device cuda --out "$RUNS/instruments" --quiet --jobs 2
+    f0=$($MX dump-config experiments/paper/instruments_lr5e-4_seed0.yaml --id)
+    for s in 4200 4800; do
+      $MX eval "$RUNS/instruments/$f0.h5" --snapshot $s --apply skip_ln_quant --apply bump_exponent --apply to_fp32 \
+        --device cuda > "$OUT/eval_seed0_step$s.txt" 2>&1
+      $MX eval "$RUNS/instruments/$f0.h5" --snapshot $s --apply skip_ln_quant --apply bump_exponent --apply to_fp32 \
+        --train-batch --device cuda > "$OUT/eval_seed0_step${s}_train.txt" 2>&1
+    done
+    summaries instruments
+    $MX summarize "$RUNS/instruments" --by arm --compare --csv > "$OUT/summary_by_arm_instruments.csv"
+    python3 results/extract_series.py "$OUT/series_instruments" "$RUNS"/instruments/*.h5
+    python3 -m mxlab_analysis warn "$RUNS/instruments" -o "$OUT/warn_lr5e-4.png" --csv "$OUT/warn_lr5e-4.csv" > "$OUT/warn_lr5e-4.txt" 2>&1
+    intervention_figures instruments instruments_seed0
+    ;;
+  K)
+    # One shard of the 32-seed arms study (MXLAB_SHARD=i/n); its summary is merged with the
+    # other shards' in results/ (results/tabulate.py).
+    SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}
+    train experiments/paper/study_arms_lr5e-4.yaml --device cuda --out "$RUNS/study_arms" --quiet --shard "$SHARD"
+    $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard${SHARD/\//of}.csv"
+    $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard${SHARD/\//of}.csv"
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
