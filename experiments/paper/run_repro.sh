@@ -12,8 +12,9 @@
 #   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: shard i/n of the arms study
 #   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
 #   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
-# MXLAB_REPRO_LIMIT=S stops the training after S seconds (the finished runs are still summarised;
-# a rerun into the same OUTDIR resumes the others).
+# MXLAB_REPRO_LIMIT=S stops the training S seconds after the part began, over all of its `mxlab run`
+# calls together (the finished runs are still summarised; a rerun into the same OUTDIR resumes the
+# others). MXLAB_REPRO_RUNS=DIR keeps the run files there instead of OUTDIR/runs.
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
@@ -22,8 +23,15 @@ OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=${MXLAB_BIN:-./build/mxlab}
 # mxlab run, under the optional time limit.
+T_PART=$(date +%s)
 train() {
-  if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then timeout "$MXLAB_REPRO_LIMIT" $MX run "$@"; else $MX run "$@"; fi
+  if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then
+    local left=$(( MXLAB_REPRO_LIMIT - ($(date +%s) - T_PART) ))
+    if [ "$left" -le 0 ]; then echo "time limit reached: skipping mxlab run $*" >&2; return 130; fi
+    timeout "$left" $MX run "$@"
+  else
+    $MX run "$@"
+  fi
 }
 # OUT/summary_NAME.csv for each run directory RUNS/NAME.
 summaries() {

@@ -40,6 +40,7 @@
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
+#include "lab/train/sweep.h"
 #include "lab/train/trainer.h"
 #ifdef MXLAB_HAVE_CUDA
 #include "kernels/bench_support.h"
@@ -70,6 +71,7 @@ struct Args {
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
   int curvature_iters = kCurvatureIters;
+  int run = 0;  // --run I: which run of a sweep
 };
 
 // The trainer's own step (compute, update, the shadow pass every bias_every steps and its
@@ -247,7 +249,24 @@ struct Figure {
 };
 
 void run_bench(const Args& a) {
-  RunConfig cfg = a.path.empty() ? config_from_yaml_string("", "defaults", a.sets) : load_config(a.path, a.sets);
+  RunConfig cfg;
+  if (a.path.empty()) {
+    cfg = config_from_yaml_string("", "defaults", a.sets);
+  } else {
+    // A sweep benches one of its runs (they share the step's shape unless the sweep changes it).
+    const std::vector<ExpandedRun> runs = expand_experiment(a.path, a.sets);
+    if (a.run < 0 || static_cast<size_t>(a.run) >= runs.size())
+      throw Error(msg("--run ", a.run, ": ", a.path, " has ", runs.size(), " run", runs.size() == 1 ? "" : "s",
+                      " (indices 0..", runs.size() - 1, "; see mxlab plan ", a.path, ")"));
+    const ExpandedRun& r = runs[static_cast<size_t>(a.run)];
+    cfg = r.cfg;
+    if (runs.size() > 1) {
+      std::string sw;
+      for (const auto& kv : r.swept) sw += (sw.empty() ? "" : ", ") + kv.first + "=" + kv.second;
+      std::fprintf(stderr, "note: %s expands to %zu runs; benchmarking run %d (%s); choose another with --run I\n",
+                   a.path.c_str(), runs.size(), a.run, sw.c_str());
+    }
+  }
   if (a.depth > 0) cfg.model.depth = a.depth;
   if (a.width > 0) cfg.model.width = a.width;
   if (a.batch > 0) cfg.data.batch = a.batch;
@@ -486,6 +505,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--depth", args->depth, "override model.depth");
   sub->add_option("--width", args->width, "override model.width");
   sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
+  sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "

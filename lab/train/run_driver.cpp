@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <tuple>
+#include <utility>
 #include <thread>
 
 #include "lab/core/error.h"
@@ -206,20 +208,26 @@ std::string peek(const std::string& path, const std::string& attr) {
   return RunFile::peek_root_str(path, attr);
 }
 
-// Divergence step of the first MX arm recorded in a finished file (-1 if absent).
-int64_t recorded_divergence(const std::string& path) {
+// Earliest divergence over the MX arms recorded in a finished file: (step, arm); (-1, "") if none.
+std::pair<int64_t, std::string> recorded_divergence(const std::string& path) {
   std::lock_guard<std::mutex> g(hdf5_mutex());
+  std::pair<int64_t, std::string> best{-1, ""};
   try {
     h5::H5File f(path, h5::H5File::Mode::read);
-    std::string grp = "trajectories/mx";
+    std::vector<std::string> arms{"mx"};
     if (f.has_attr("/", "arms")) {
-      const std::vector<std::string> arms = f.get_attr_strings("/", "arms");
-      if (!arms.empty()) grp = "trajectories/" + arms[0];
+      const std::vector<std::string> a = f.get_attr_strings("/", "arms");
+      if (!a.empty()) arms = a;
     }
-    if (f.is_group(grp) && f.has_attr(grp, "divergence_step")) return f.get_attr_int64(grp, "divergence_step");
+    for (const std::string& arm : arms) {
+      const std::string grp = "trajectories/" + arm;
+      if (!f.is_group(grp) || !f.has_attr(grp, "divergence_step")) continue;
+      const int64_t d = f.get_attr_int64(grp, "divergence_step");
+      if (d >= 0 && (best.first < 0 || d < best.first)) best = {d, arm};
+    }
   } catch (const Error&) {
   }
-  return -1;
+  return best;
 }
 
 }  // namespace
@@ -343,7 +351,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
       out.status = "skipped";
-      out.divergence_step = recorded_divergence(out.path);
+      std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path);
       return out;
     }
   }
@@ -462,7 +470,16 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     file->flush();
     out.status = status;
     out.steps_run = trainer.step() - first;
-    out.divergence_step = trainer.summary(1).divergence_step;
+    // The earliest divergence over the arms (a non-finite loss counts at its step).
+    for (size_t a = 1; a <= trainer.num_arms(); ++a) {
+      const LossSummary s = trainer.summary(a);
+      int64_t d = s.divergence_step;
+      if (s.first_nonfinite_step >= 0 && (d < 0 || s.first_nonfinite_step < d)) d = s.first_nonfinite_step;
+      if (d >= 0 && (out.divergence_step < 0 || d < out.divergence_step)) {
+        out.divergence_step = d;
+        out.divergence_arm = trainer.trajectory(a).name;
+      }
+    }
   } catch (const std::exception& e) {
     if (opt.progress) std::fprintf(stderr, "\n");
     out.status = "failed";

@@ -47,7 +47,8 @@ struct RunOutcome {
                       // busy: who holds the lock
   bool resumed = false;
   int64_t resumed_from = 0;
-  int64_t divergence_step = -1;  // of the MX trajectory (-1: none or unknown)
+  int64_t divergence_step = -1;  // earliest over the MX arms (-1: none or unknown)
+  std::string divergence_arm;    // the arm that diverged first ("" when none)
   int64_t steps_run = 0;         // steps trained by this call
 };
 

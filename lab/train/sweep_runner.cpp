@@ -192,7 +192,10 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
   auto report_line = [&](size_t k_done, const ExpandedRun& run, const SweepRunResult& r, int64_t stopped_at) {
     std::string detail;
     if (r.status == "complete") detail = msg(run.cfg.steps, " steps");
-    else if (r.status == "diverged") detail = msg("diverged at step ", r.divergence_step);
+    else if (r.status == "diverged") {
+      detail = r.divergence_step >= 0 ? msg("diverged at step ", r.divergence_step) : std::string("diverged");
+      if (!r.divergence_arm.empty() && r.divergence_arm != "mx") detail += " (arm " + r.divergence_arm + ")";
+    }
     else if (r.status == "skipped") detail = "already complete";
     else if (r.status == "interrupted") detail = msg("stopped at step ", stopped_at, ", checkpoint saved");
     else if (r.status == "failed") detail = "error: " + r.error;
@@ -255,6 +258,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       r.resumed = o.resumed;
       r.resumed_from = o.resumed_from;
       r.divergence_step = o.divergence_step;
+      r.divergence_arm = o.divergence_arm;
       r.device = device.empty() ? run.cfg.device : device;
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       {
@@ -330,6 +334,8 @@ std::string format_sweep_report(const SweepResult& result) {
     row.push_back(r.status);
     row.push_back(r.divergence_step >= 0 ? std::to_string(r.divergence_step) : "-");
     std::string note = r.error;
+    if (!r.divergence_arm.empty() && r.divergence_arm != "mx")
+      note = "first diverged: arm " + r.divergence_arm + (note.empty() ? "" : "; " + note);
     if (r.resumed) note = msg("resumed from step ", r.resumed_from) + (note.empty() ? "" : "; " + note);
     row.push_back(note);
     rows.push_back(row);

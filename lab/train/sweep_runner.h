@@ -62,7 +62,8 @@ struct SweepRunResult {
   std::string device;
   bool resumed = false;
   int64_t resumed_from = 0;
-  int64_t divergence_step = -1;
+  int64_t divergence_step = -1;  // earliest over the MX arms
+  std::string divergence_arm;    // which arm ("" when none)
   double seconds = 0.0;
 };
 

@@ -472,3 +472,56 @@ TEST(ArmsCli, EvalReproducesTheRecordedLossesOfItsStep) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("has no snapshot of 'even' at step 11"), std::string::npos) << out;
 }
+
+// The run line and the sweep report name the earliest divergence over the arms and the arm
+// that diverged first (not the first arm's step, which is -1 when only a later arm diverged);
+// a rerun that skips the finished file reads the same from it.
+TEST(ArmsCli, RunReportsTheEarliestDivergenceOverTheArms) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "d.yaml",
+      "steps: 40\nmodel: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\noptimizer: {lr: 0.05}\n"
+      "log: {log_every: 5, progress: false, divergence_factor: 1.01}\n"
+      "arms:\n  - {name: fp4, set: {weight: mxfp4_e2m1, activation: mxfp4_e2m1}}\n  - {name: even}\n  - {name: away, set: {rounding: nearest_away}}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu");
+  ASSERT_EQ(rc, 0) << out;
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
+    if (e.path().extension() == ".h5") file = e.path().string();
+  ASSERT_FALSE(file.empty());
+  int64_t best = -1;
+  std::string best_arm;
+  {
+    const h5::H5File f(file, h5::H5File::Mode::read);
+    for (const char* a : {"fp4", "even", "away"}) {
+      const int64_t d = f.get_attr_int64(std::string("trajectories/") + a, "divergence_step");
+      if (d >= 0 && (best < 0 || d < best)) {
+        best = d;
+        best_arm = a;
+      }
+    }
+  }
+  ASSERT_GE(best, 0) << "no arm diverged at lr 0.05 with divergence_factor 1.01: " << out;
+  const std::string want = "diverged at step " + std::to_string(best) + " (arm " + best_arm + ")";
+  EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  EXPECT_NE(out.find("first diverged: arm " + best_arm), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("first diverged: arm " + best_arm), std::string::npos) << out;
+}
+
+// `mxlab bench` on a sweep file benches one of its runs (the first, or --run I) with a note,
+// and rejects an index outside the sweep with one line.
+TEST(ArmsCli, BenchOfASweepBenchesOneRun) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write("s.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+                                              "sweep:\n  model.width: [32, 48]\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --run 1");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("expands to 2 runs; benchmarking run 1 (model.width=48)"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --run 2");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--run 2: " + exp + " has 2 runs (indices 0..1"), std::string::npos) << out;
+}

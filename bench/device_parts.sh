@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call that runs several steps under one deadline and packs what they made into at
+# most 8 files (the device tool's limit):
+#   bash bench/device_parts.sh OUTDIR DEADLINE_S STEP [STEP ...]
+# Steps, in order:
+#   build     cmake + ninja mxlab and mxlab_gpu_tests (Release, sm_90); OUTDIR/mxlab is the binary
+#             (carry it back as .devbin/mxlab to skip the build in a later call)
+#   gputests  every GPU test (log in logs.tgz)
+#   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
+#   P         run_repro.sh part P (A..K; K needs MXLAB_SHARD); P+Q+... runs parts concurrently.
+#             Each part's training stops DEADLINE_S - 60 s after this script began, so its
+#             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
+#             same warm machine resumes them; not returned)
+# Each part's outputs (CSV, text, PNG) come back as OUTDIR/part_<P>.tgz; every log as logs.tgz.
+# Without `build`, the binary is .devbin/mxlab when present, else build/mxlab.
+set -uo pipefail
+OUT=${1:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
+DEADLINE=${2:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
+shift 2
+T0=$(date +%s)
+WORK=/tmp/mxlab_parts
+LOGS=$WORK/logs
+mkdir -p "$OUT" "$LOGS" runs
+nvidia-smi -L > "$LOGS/device.txt" 2>&1
+cat "$LOGS/device.txt"
+git log -1 --format='commit %H %s' > "$LOGS/commit.txt" 2>/dev/null || true
+BIN=build/mxlab
+[ -x .devbin/mxlab ] && BIN=.devbin/mxlab
+elapsed() { echo $(( $(date +%s) - T0 )); }
+
+for step in "$@"; do
+  echo "== $step at $(elapsed) s"
+  case "$step" in
+    build)
+      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
+      ninja -C build -j16 mxlab mxlab_gpu_tests > "$LOGS/build.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build.log"; exit 1; }
+      BIN=build/mxlab
+      cp build/mxlab "$OUT/mxlab"
+      ;;
+    gputests)
+      ./build/mxlab_gpu_tests --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
+      echo "gpu tests exit $?"
+      grep -E "^\[  (PASSED|FAILED|SKIPPED)|tests ran" "$LOGS/gpu_tests.log" | head -20
+      ;;
+    bench)
+      $BIN bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 --arms 4 > "$LOGS/bench_fig4.log" 2>&1
+      grep -v '^{' "$LOGS/bench_fig4.log" | tail -26
+      $BIN bench experiments/paper/attn_vs_mlp_lr5e-4.yaml --device cuda --steps 100 > "$LOGS/bench_attention.log" 2>&1
+      grep -v '^{' "$LOGS/bench_attention.log" | tail -14
+      $BIN bench experiments/paper/study_arms_lr5e-4.yaml --device cuda --steps 100 > "$LOGS/bench_study.log" 2>&1
+      grep -A4 "trainer step" "$LOGS/bench_study.log"
+      ;;
+    *)
+      limit=$(( DEADLINE - 60 - $(elapsed) ))
+      pids=()
+      for p in ${step//+/ }; do
+        MXLAB_BIN=$BIN MXLAB_REPRO_RUNS=runs/$p MXLAB_REPRO_LIMIT=$limit PYTHONUNBUFFERED=1 \
+          bash experiments/paper/run_repro.sh "$p" "$WORK/part_$p" > "$LOGS/part_$p.log" 2>&1 &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid"; done
+      for p in ${step//+/ }; do
+        tail -4 "$LOGS/part_$p.log"
+        tar czf "$OUT/part_$p.tgz" -C "$WORK" "part_$p"
+      done
+      ;;
+  esac
+done
+echo "== done at $(elapsed) s"
+tar czf "$OUT/logs.tgz" -C "$WORK" logs
+ls -la "$OUT"
