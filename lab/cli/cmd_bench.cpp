@@ -432,7 +432,14 @@ void run_bench(const Args& a) {
   }
 
   // ---- curvature: one measurement at the FP32 weights on the batch, vs one forward-backward ----
-  const bool curv = only < 0 || only == kOnlyCurvature;
+  // The Hessian-vector products cover the MLP block with layernorm (as log.curvature_every does).
+  const bool curv_supported = cfg.model.block == BlockKind::mlp && (cfg.model.effective_norm() == NormKind::layernorm ||
+                                                                    cfg.model.effective_norm() == NormKind::none);
+  if (only == kOnlyCurvature && !curv_supported)
+    throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
+  const bool curv = (only < 0 || only == kOnlyCurvature) && curv_supported;
+  if (only < 0 && !curv_supported)
+    std::printf("\n  curvature: not measured (its Hessian-vector products cover the MLP block with layernorm only)\n");
   double fb_ms = 0.0, curv_ms = 0.0, curv_h_ms = 0.0;
   CurvatureResult cres;
   if (curv) {

@@ -516,12 +516,28 @@ TEST(ArmsCli, RunReportsTheEarliestDivergenceOverTheArms) {
 TEST(ArmsCli, BenchOfASweepBenchesOneRun) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write("s.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
-                                              "sweep:\n  model.width: [32, 48]\n");
+                                              "sweep:\n  grid:\n    model.width: [32, 64]\n");
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --run 1");
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("expands to 2 runs; benchmarking run 1 (model.width=48)"), std::string::npos) << out;
+  EXPECT_NE(out.find("expands to 2 runs; benchmarking run 1 (model.width=64)"), std::string::npos) << out;
   std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --run 2");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--run 2: " + exp + " has 2 runs (indices 0..1"), std::string::npos) << out;
+}
+
+// The curvature figure is left out (with a line saying why) where the Hessian-vector products do
+// not reach: an attention block.
+TEST(ArmsCli, BenchLeavesOutCurvatureWhereItIsNotDefined) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write("a.yaml", "model: {depth: 1, width: 32, hidden_mult: 1, block: attention, heads: 2}\n"
+                                              "data: {batch: 2, seq_len: 32}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("curvature: not measured"), std::string::npos) << out;
+  EXPECT_EQ(out.find("lambda_max"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --only curvature");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("covers the MLP block with layernorm only"), std::string::npos) << out;
 }
