@@ -23,7 +23,6 @@ LOGS=$WORK/logs
 mkdir -p "$OUT" "$LOGS" runs
 nvidia-smi -L > "$LOGS/device.txt" 2>&1
 cat "$LOGS/device.txt"
-git log -1 --format='commit %H %s' > "$LOGS/commit.txt" 2>/dev/null || true
 BIN=build/mxlab
 [ -x .devbin/mxlab ] && BIN=.devbin/mxlab
 elapsed() { echo $(( $(date +%s) - T0 )); }

@@ -1,0 +1,60 @@
+"""results/figures_instruments.py: sections 7-8 of results/README.md recomputed from the committed
+CSVs; its statistics agree with mxlab summarize's (lab/train/stats.cpp) on the same runs."""
+
+import csv
+import importlib.util
+import math
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def fig():
+    spec = importlib.util.spec_from_file_location("figures_instruments",
+                                                  os.path.join(ROOT, "results", "figures_instruments.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wilson_and_fisher_by_hand(fig):
+    # 3/5: p = 0.6, z^2 = 3.8415; centre = (0.6 + 0.38415) / 1.7683 = 0.55655,
+    # half = 1.96 * sqrt(0.048 + 0.038415) / 1.7683 = 0.32583.
+    lo, hi = fig.wilson(3, 5)
+    assert lo == pytest.approx(0.23072, abs=1e-4) and hi == pytest.approx(0.88238, abs=1e-4)
+    assert fig.wilson(0, 5)[0] == 0.0
+    # 0/5 vs 3/5: tables with 3 events; P(a=0) = C(5,0)C(5,3)/C(10,3) = 10/120; as or less likely:
+    # a = 0 and a = 3 (10/120 each) -> p = 20/120.
+    assert fig.fisher_two_sided(0, 5, 3, 5) == pytest.approx(1 / 6)
+    assert fig.fisher_two_sided(2, 4, 2, 4) == pytest.approx(1.0)
+
+
+def test_agrees_with_mxlab_summarize_on_the_same_runs(fig):
+    with open(os.path.join(ROOT, "results", "summary_by_arm_instruments_lr5e-4.csv")) as f:
+        text = f.read().split("\n\n")
+    groups = {r["arm"]: r for r in csv.DictReader(text[0].splitlines())}
+    test = next(csv.DictReader(text[1].strip().splitlines()))
+    for arm in ("fp32", "mx"):
+        g = groups[arm]
+        lo, hi = fig.wilson(int(g["diverged"]), int(g["n"]))
+        assert lo == pytest.approx(float(g["diverged_lo"]), abs=1e-9)
+        assert hi == pytest.approx(float(g["diverged_hi"]), abs=1e-9)
+    assert fig.fisher_two_sided(0, 5, 3, 5) == pytest.approx(float(test["fisher_p"]), rel=1e-9)
+    _, table = fig.survival_table()
+    row = next(line for line in table.splitlines() if line.startswith("| MLP, layernorm fp32 vs MLP, layernorm mx"))
+    assert row.split("|")[4].strip() == f"{float(test['logrank_p']):.3f}"
+
+
+def test_tables_and_figures_from_the_committed_csvs(fig, tmp_path, capsys):
+    assert fig.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("fig12a_switch_seed0.png", "fig12b_sharpness_lr5e-4.png", "fig14_survival_lr5e-4.png"):
+        assert (tmp_path / name).stat().st_size > 10000, name
+    # The numbers results/README.md quotes.
+    assert "| 4200 | probe | 0.002488 | 1.118× | 1.122× | 1.138× |" in out
+    assert "| 0 | mx | 4817 | 96 | 0.866 | 0.995 | 0.00 | 2.13 | 60.6 |" in out
+    assert "| MLP, MXNorm | mx | 5 | 5/5 (0.57–1.00)" in out
+    assert not any(math.isnan(x) for x in fig.wilson(1, 2))
