@@ -178,6 +178,33 @@ def eval_table():
     return "\n".join(lines)
 
 
+def paper_metric_table():
+    """Per seed, the 1000-step medians of the paper code's Fig. 5 metric (the running average of
+    ||g_mx - g_fp32||^2 / ||g_fp32||^2 across the two trajectories, cross_ratio_sq_avg) and of the
+    worst layer's gamma last-bin fraction, for the MX and the FP32 trajectory."""
+    info = runs_info()
+    windows = list(range(1000, 10000, 1000))
+    head = " | ".join(f"{a // 1000}k–{a // 1000 + 1}k" for a in windows)
+    lines = [f"| seed | MX diverges at | quantity | {head} |", "|---|---|---|" + "---|" * len(windows)]
+    rids = [re.search(r"series_([0-9a-f]+)\.csv$", p).group(1) for p in glob.glob(os.path.join(DATA, "series_*.csv"))]
+    for rid in sorted(rids, key=lambda r: int(info[(r, "mx")]["seed"])):
+        s = series(rid)
+        d = int(info[(rid, "mx")]["divergence_step"])
+        seed = info[(rid, "mx")]["seed"]
+
+        def med(traj, key, a):
+            v = [float(r[key]) for r in s[traj] if a <= int(r["step"]) < a + 1000 and r[key] != "nan"
+                 and (traj != "mx" or d < 0 or int(r["step"]) < d)]
+            return f"{statistics.median(v):.2f}" if v else "(diverged)"
+
+        for label, traj, key in (("ζ² running avg (MX)", "mx", "cross_ratio_sq_avg"),
+                                 ("γ last-bin, worst layer (MX)", "mx", "gamma_lastbin_max"),
+                                 ("γ last-bin, worst layer (FP32)", "fp32", "gamma_lastbin_max")):
+            lines.append(f"| {seed} | {d if d >= 0 else '-'} | {label} | " +
+                         " | ".join(med(traj, key, a) for a in windows) + " |")
+    return "\n".join(lines)
+
+
 def series(run_id):
     out = {}
     for r in read_csv(os.path.join(DATA, f"series_{run_id}.csv")):
@@ -291,6 +318,7 @@ def main(argv):
     print("## switch at 4200 (mxlab eval, seed 0)\n\n" + eval_table())
     print("\n## sharpness before divergence (issue 12 b)\n\n" + sharpness_table())
     print("\n## divergence by block and norm (issue 14)\n\n" + surv)
+    print("\n## the paper's Fig. 5 metric and Fig. 3 in FP32 (issue 17)\n\n" + paper_metric_table())
     if not tables_only:
         os.makedirs(figdir, exist_ok=True)
         fig_switch(os.path.join(figdir, "fig12a_switch_seed0.png"))

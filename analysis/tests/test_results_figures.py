@@ -58,3 +58,13 @@ def test_tables_and_figures_from_the_committed_csvs(fig, tmp_path, capsys):
     assert "| 0 | mx | 4817 | 96 | 0.866 | 0.995 | 0.00 | 2.13 | 60.6 |" in out
     assert "| MLP, MXNorm | mx | 5 | 5/5 (0.57–1.00)" in out
     assert not any(math.isnan(x) for x in fig.wilson(1, 2))
+
+
+def test_paper_metric_table_stops_at_the_divergence(fig):
+    table = fig.paper_metric_table()
+    rows = [line for line in table.splitlines() if line.startswith("| 0 | 4817 | ζ²")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].split("|")[4:-1]]
+    assert cells[:4] == ["4.50", "2.49", "1.85", "1.79"] and set(cells[4:]) == {"(diverged)"}
+    fp32 = [line for line in table.splitlines() if "(FP32)" in line]
+    assert len(fp32) == 5 and all("(diverged)" not in line for line in fp32)
