@@ -575,4 +575,14 @@ ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
   return r;
 }
 
+void snap_norm_affine(Backend& be, const NetShape& S, float* params, const PassPolicy& pol, float* scratch) {
+  for (const ParamGroup& g : S.groups) {
+    if (g.kind != ParamGroup::gamma && g.kind != ParamGroup::beta) continue;
+    const ParamQuant pq = forward_param_quant(g, pol);
+    be.copy(scratch, params + g.offset, static_cast<size_t>(g.size()));
+    if (pq.round_bf16_first) be.round_bf16(scratch, static_cast<size_t>(g.size()), pq.bf16_mode);
+    be.quantize(scratch, params + g.offset, pq.rows, pq.cols, pq.axis, pq.q);
+  }
+}
+
 }  // namespace mxlab

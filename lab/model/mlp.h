@@ -173,6 +173,11 @@ struct ParamQuant {
   Rounding bf16_mode = Rounding::nearest_even;
 };
 ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol);
+// Set the stored norm affine weights (every gamma and beta group of an MLP block) to the values
+// the forward pass uses under `pol` (Q(gamma), Q(beta) of forward_param_quant; the
+// snap_gamma intervention, issue 17). `scratch` holds at least the largest such group. Uses the
+// stochastic-rounding stream of the backend's current StepScalars.step.
+void snap_norm_affine(Backend& be, const NetShape& S, float* params, const PassPolicy& pol, float* scratch);
 
 // The largest scaled attention logit (scale * q.k, the softmax input) of layer `layer` in the
 // last forward pass run on `ws` (attention blocks only; synchronises). NaN when non-finite.

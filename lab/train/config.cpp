@@ -566,7 +566,8 @@ const Item& precision_item() { return *find_item("precision"); }
 // ---- interventions ---------------------------------------------------------------------
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
-                                "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations"};
+                                "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
+                                "to_fp32_keep_gamma_q", "snap_gamma"};
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
@@ -654,11 +655,19 @@ struct Parser {
     where[dotted] = value.loc;
   }
 
+  // A preset, or several joined by '+' (applied left to right, e.g. snap_gamma+to_fp32).
   static std::string parse_preset(const YNode& value, const std::string& key) {
     std::vector<std::string> names = {"none"};
     for (const char* p : kPresets) names.emplace_back(p);
-    const size_t k = parse_choice(value, key, names, "preset");
-    return k == 0 ? "" : names[k];
+    const std::string text = need_scalar(value, key, "a preset name");
+    if (text.find('+') == std::string::npos) {
+      const size_t k = parse_choice(value, key, names, "preset");
+      return k == 0 ? "" : names[k];
+    }
+    for (const std::string& part : preset_parts(text))
+      if (part == "none" || std::find(names.begin(), names.end(), part) == names.end())
+        fail(value.loc, msg(key, ": unknown preset '", part, "' in '", text, "'", hint_with_list(part, intervention_presets())));
+    return text;
   }
 
   // A patch's `set:` mapping of precision fields. Each value is validated now and stored as
@@ -1044,11 +1053,29 @@ void set_config_path(YNode& root, const std::vector<std::string>& path, const YN
   yaml_set_path(root, path, value, loc);
 }
 
-PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv) {
-  PrecisionConfig p = base;
-  const std::string& a = iv.apply;
-  if (a.empty()) {
-  } else if (a == "to_fp32") {
+std::vector<std::string> preset_parts(const std::string& apply) {
+  std::vector<std::string> parts;
+  if (apply.empty()) return parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t plus = apply.find('+', start);
+    parts.push_back(apply.substr(start, plus == std::string::npos ? std::string::npos : plus - start));
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  return parts;
+}
+
+bool snaps_gamma(const InterventionConfig& iv) {
+  const std::vector<std::string> parts = preset_parts(iv.apply);
+  return std::find(parts.begin(), parts.end(), "snap_gamma") != parts.end();
+}
+
+namespace {
+
+void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionConfig& iv) {
+  if (a == "to_fp32" || a == "to_fp32_keep_gamma_q") {
+    const NumFmt ln_affine = p.ln_affine;
     p.weight = p.activation = p.grad = NumFmt::fp32;
     p.weight_bwd = NumFmt::fp32;
     p.activation_bwd = NumFmt::fp32;
@@ -1056,6 +1083,12 @@ PrecisionConfig apply_intervention(const PrecisionConfig& base, const Interventi
     p.attn_logits = NumFmt::fp32;
     p.attn_probs = NumFmt::fp32;
     p.elementwise_bf16 = false;
+    // keep_gamma_q: the norm's affine weights stay as the forward pass used them (issue 17: no
+    // change of the function through gamma at the switch).
+    if (a == "to_fp32_keep_gamma_q") p.ln_affine = ln_affine;
+  } else if (a == "snap_gamma") {
+    // A change of state, not of policy: the trainer sets the stored gamma and beta to their
+    // quantized values when the branch starts (Trainer::start_branches, eval_snapshot).
   } else if (a == "skip_ln_quant") {
     p.ln_affine = NumFmt::fp32;
   } else if (a == "bump_exponent" || a == "bump_exponent_always") {
@@ -1075,6 +1108,13 @@ PrecisionConfig apply_intervention(const PrecisionConfig& base, const Interventi
   } else {
     throw Error(msg("intervention '", iv.name, "': unknown preset '", a, "'", hint_with_list(a, intervention_presets())));
   }
+}
+
+}  // namespace
+
+PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv) {
+  PrecisionConfig p = base;
+  for (const std::string& a : preset_parts(iv.apply)) apply_preset(p, a, iv);
   for (const auto& [key, value] : iv.set)
     set_precision_field(p, key, YNode::scalar(value, {msg("intervention '", iv.name, "'"), 0}), "set." + key);
   return p;

@@ -55,6 +55,12 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 // then `set:` applies precision fields (same names and values as the precision section).
 std::vector<std::string> intervention_presets();
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv);
+// The presets of an `apply` value: one name, or several joined by '+' ("" -> none).
+std::vector<std::string> preset_parts(const std::string& apply);
+// Whether the patch's presets include snap_gamma: the stored norm affine weights (gamma, beta)
+// are set to the values the forward pass used (their quantized values under the policy the
+// trajectory had) when the branch starts.
+bool snaps_gamma(const InterventionConfig& iv);
 // The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
 std::string describe_patch(const InterventionConfig& iv);
 std::string describe_patch(const ArmConfig& arm);

@@ -88,19 +88,28 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
   Workspace ws = Workspace::make(be, S, rows);
   RunConfig lcfg = cfg;
   lcfg.data.batch = static_cast<int>(rows / cfg.data.seq_len);
-  auto loss_under = [&](const PrecisionConfig& pol) {
+  float* snapped = nullptr;  // the snapshot with gamma/beta := Q(gamma), Q(beta) (snap_gamma)
+  auto loss_under = [&](const PrecisionConfig& pol, bool snap) {
     PassPolicy pp;
     pp.p = pol;
     pp.seed = cfg.seed;
-    forward(be, S, p, x, ws, pp);
+    if (snap && !snapped) {
+      snapped = be.alloc(params.size());
+      be.copy(snapped, p, params.size());
+      PassPolicy own_pp;
+      own_pp.p = own;
+      own_pp.seed = cfg.seed;
+      snap_norm_affine(be, S, snapped, own_pp, be.alloc(static_cast<size_t>(S.d)));
+    }
+    forward(be, S, snap ? snapped : p, x, ws, pp);
     loss_and_grad(be, lcfg, y, ws, pp, nullptr);
     return static_cast<double>(be.read_scalar(ws.loss));
   };
   std::vector<EvalRow> out;
-  out.push_back({"as trained", describe_policy(own), loss_under(own)});
+  out.push_back({"as trained", describe_policy(own), loss_under(own, false)});
   for (const InterventionConfig& iv : patches) {
     const PrecisionConfig pol = apply_intervention(own, iv);
-    out.push_back({describe_patch(iv), describe_policy(pol), loss_under(pol)});
+    out.push_back({describe_patch(iv), describe_policy(pol), loss_under(pol, snaps_gamma(iv))});
   }
   return out;
 }

@@ -93,6 +93,9 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     MXLAB_ASSERT(from != arms.end(), "intervention '", iv.name, "' forks from unknown arm '", iv.from, "'");
     make(iv.name, "branches/" + iv.name, apply_intervention(from->policy, iv), true, iv.at);
     traj_.back()->source = 1 + static_cast<int>(from - arms.begin());
+    traj_.back()->snap_gamma = snaps_gamma(iv);
+    if (traj_.back()->snap_gamma && cfg_.model.block != BlockKind::mlp)
+      throw Error(msg("intervention '", iv.name, "': snap_gamma covers the norms of MLP blocks only (model.block: mlp)"));
   }
   // One shadow workspace per lane a shadow pass can run on (passes on one lane run in order).
   for (int j = 0; j + 1 < static_cast<int>(traj_.size()); ++j)
@@ -188,6 +191,12 @@ void Trainer::start_branches() {
     br.bias_avg_weight = base.bias_avg_weight;
     br.cross_sq_avg = base.cross_sq_avg;
     br.cross_sq_avg_weight = base.cross_sq_avg_weight;
+    if (br.snap_gamma) {
+      // Stored gamma/beta := the values the arm's forward pass used (under the arm's policy, the
+      // step's stochastic stream); the branch's gradient buffer is free scratch here.
+      be_.set_step(scalars(step_));
+      snap_norm_affine(be_, shape_, br.params, pass_policy(base, false, 0), br.grads);
+    }
     br.started = true;
   }
   // A muted arm is only needed until the last unmuted branch forking from it has started.

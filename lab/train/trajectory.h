@@ -21,6 +21,7 @@ struct Trajectory {
   bool is_mx = false;      // logs the shadow-gradient metrics (arms and branches)
   bool is_arm = false;     // an arm: trains from step 0 under its recipe
   int source = -1;         // a branch: index (in the trainer's list) of the arm it forks from
+  bool snap_gamma = false; // a branch: stored gamma/beta := their quantized values when it starts
   int start_step = 0;      // first step this trajectory trains (branches: `at`)
   bool started = false;
   bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)

@@ -495,6 +495,10 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
       {"bf16_activations", {"activation", "activation_bwd", "attn_logits", "attn_probs"}},
       {"bf16_weights", {"weight", "weight_bwd"}},
       {"bf16_fwd_activations", {"activation", "attn_logits", "attn_probs"}},
+      // Issue 17: to_fp32 with gamma/beta quantized as before; snap_gamma changes state only.
+      {"to_fp32_keep_gamma_q",
+       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "elementwise", "attn_logits", "attn_probs"}},
+      {"snap_gamma", {}},
   };
   for (const Expect& e : table) EXPECT_EQ(changed_fields(base, apply(base, e.preset)), e.changed) << e.preset;
   PrecisionConfig clamp_base = base;
