@@ -567,7 +567,7 @@ const Item& precision_item() { return *find_item("precision"); }
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
-                                "to_fp32_keep_gamma_q", "snap_gamma"};
+                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v"};
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
@@ -1071,6 +1071,11 @@ bool snaps_gamma(const InterventionConfig& iv) {
   return std::find(parts.begin(), parts.end(), "snap_gamma") != parts.end();
 }
 
+bool resets_adam_v(const InterventionConfig& iv) {
+  const std::vector<std::string> parts = preset_parts(iv.apply);
+  return std::find(parts.begin(), parts.end(), "reset_adam_v") != parts.end();
+}
+
 namespace {
 
 void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionConfig& iv) {
@@ -1086,9 +1091,10 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
     // keep_gamma_q: the norm's affine weights stay as the forward pass used them (issue 17: no
     // change of the function through gamma at the switch).
     if (a == "to_fp32_keep_gamma_q") p.ln_affine = ln_affine;
-  } else if (a == "snap_gamma") {
-    // A change of state, not of policy: the trainer sets the stored gamma and beta to their
-    // quantized values when the branch starts (Trainer::start_branches, eval_snapshot).
+  } else if (a == "snap_gamma" || a == "reset_adam_v") {
+    // A change of state, not of policy, when the branch starts (Trainer::start_branches):
+    // snap_gamma sets the stored gamma and beta to their quantized values (also in
+    // eval_snapshot); reset_adam_v recalibrates Adam's v on the branch's first gradient.
   } else if (a == "skip_ln_quant") {
     p.ln_affine = NumFmt::fp32;
   } else if (a == "bump_exponent" || a == "bump_exponent_always") {

@@ -96,6 +96,9 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     traj_.back()->snap_gamma = snaps_gamma(iv);
     if (traj_.back()->snap_gamma && cfg_.model.block != BlockKind::mlp)
       throw Error(msg("intervention '", iv.name, "': snap_gamma covers the norms of MLP blocks only (model.block: mlp)"));
+    traj_.back()->reset_v = resets_adam_v(iv);
+    if (traj_.back()->reset_v && cfg_.optimizer.name == OptKind::sgd)
+      throw Error(msg("intervention '", iv.name, "': reset_adam_v needs Adam (optimizer.name: adam or adamw)"));
   }
   // One shadow workspace per lane a shadow pass can run on (passes on one lane run in order).
   for (int j = 0; j + 1 < static_cast<int>(traj_.size()); ++j)
@@ -196,6 +199,21 @@ void Trainer::start_branches() {
       // step's stochastic stream); the branch's gradient buffer is free scratch here.
       be_.set_step(scalars(step_));
       snap_norm_affine(be_, shape_, br.params, pass_policy(base, false, 0), br.grads);
+    }
+    if (br.reset_v) {
+      // v := bc2 * g^2 with g the gradient the branch's first step computes (same policy,
+      // weights and batch: the step recomputes it identically), so that v-hat = g^2 there.
+      const StepScalars sc = scalars(step_);
+      be_.set_step(sc);
+      be_.set_lane(kLaneMain);
+      make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);
+      const PassPolicy pol = pass_policy(br, false, 0);
+      forward(be_, shape_, br.params, x_, br.ws, pol);
+      loss_and_grad(be_, cfg_, target_, br.ws, pol, nullptr);
+      backward(be_, shape_, br.params, x_, br.ws, br.grads, pol);
+      std::vector<float> g = download(br.grads, np);
+      for (float& x : g) x = sc.bc2 * (x * x);
+      upload(br.v, g);
     }
     br.started = true;
   }

@@ -22,6 +22,7 @@ struct Trajectory {
   bool is_arm = false;     // an arm: trains from step 0 under its recipe
   int source = -1;         // a branch: index (in the trainer's list) of the arm it forks from
   bool snap_gamma = false; // a branch: stored gamma/beta := their quantized values when it starts
+  bool reset_v = false;    // a branch: Adam's v := bc2 * g^2 of its first gradient when it starts
   int start_step = 0;      // first step this trajectory trains (branches: `at`)
   bool started = false;
   bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)

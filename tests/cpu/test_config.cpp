@@ -499,6 +499,7 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
       {"to_fp32_keep_gamma_q",
        {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "elementwise", "attn_logits", "attn_probs"}},
       {"snap_gamma", {}},
+      {"reset_adam_v", {}},
   };
   for (const Expect& e : table) EXPECT_EQ(changed_fields(base, apply(base, e.preset)), e.changed) << e.preset;
   PrecisionConfig clamp_base = base;

@@ -4,6 +4,7 @@
 // still quantized as before), and presets joined by '+'.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -133,4 +134,55 @@ TEST(SnapGamma, BranchStartsFromTheQuantizedGamma) {
                                                   "/r --device cpu --quiet");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("snap_gamma covers the norms of MLP blocks only"), std::string::npos) << out;
+}
+
+// reset_adam_v: the branch's v at its start is bc2 * g^2 with g its first gradient. With the
+// policy unchanged, g is the arm's gradient at that step, which the arm's v at the next step
+// gives back: v21 = b2 v20 + (1 - b2) g^2. The branch's first loss is the arm's (same weights);
+// its later losses differ. SGD refuses the preset.
+TEST(SnapGamma, ResetAdamVRecalibratesOnTheFirstGradient) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "v.yaml",
+      "steps: 24\nseed: 5\nmodel: {depth: 2, width: 64, hidden_mult: 1}\ndata: {batch: 32}\noptimizer: {lr: 0.01}\n"
+      "log: {log_every: 5, bias_every: 5, progress: false, snapshot_steps: [20, 21], snapshot_optimizer: true,"
+      " probe_batch: 16}\n"
+      "interventions:\n  - {name: rv, at: 20, apply: reset_adam_v}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
+  ASSERT_EQ(rc, 0) << out;
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
+    if (e.path().extension() == ".h5") file = e.path().string();
+  const h5::H5File f(file, h5::H5File::Mode::read);
+  const double b2 = 0.999;
+  const double bc2 = 1.0 - std::pow(b2, 21.0);  // step 20: 1 - beta2^(t+1)
+  const std::string grp = "layer1.W1";
+  const std::vector<double> v20 = f.read_doubles("snapshots/mx/step_20/v/" + grp);
+  const std::vector<double> v21 = f.read_doubles("snapshots/mx/step_21/v/" + grp);
+  const std::vector<double> rv = f.read_doubles("snapshots/rv/step_20/v/" + grp);
+  ASSERT_EQ(rv.size(), v20.size());
+  size_t compared = 0, differs = 0;
+  for (size_t i = 0; i < rv.size(); ++i) {
+    const double g2 = (v21[i] - b2 * v20[i]) / (1.0 - b2);
+    if (g2 < 1e-3 * v21[i] / (1.0 - b2)) continue;  // too small to recover from float v
+    EXPECT_NEAR(rv[i] / bc2, g2, 2e-3 * g2) << i;
+    differs += rv[i] != v20[i];
+    ++compared;
+  }
+  EXPECT_GT(compared, rv.size() / 2);
+  EXPECT_GT(differs, compared / 2);
+  // Weights and m are the arm's.
+  EXPECT_EQ(f.read_doubles("snapshots/rv/step_20/m/" + grp), f.read_doubles("snapshots/mx/step_20/m/" + grp));
+  EXPECT_EQ(f.read_doubles("snapshots/rv/step_20/" + grp), f.read_doubles("snapshots/mx/step_20/" + grp));
+  const std::vector<double> mx = f.read_doubles("trajectories/mx/loss_all");
+  const std::vector<double> br = f.read_doubles("branches/rv/loss_all");
+  EXPECT_EQ(static_cast<float>(br[0]), static_cast<float>(mx[20]));
+  EXPECT_NE(static_cast<float>(br[3]), static_cast<float>(mx[23]));
+  const std::string sgd = dir.write("s.yaml", "steps: 6\nmodel: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+                                              "optimizer: {name: sgd, lr: 0.01}\nlog: {progress: false}\n"
+                                              "interventions:\n  - {name: rv, at: 3, apply: reset_adam_v}\n");
+  std::tie(rc, out) = mxlab::test::run_command(bin + " run " + sgd + " --out " + dir.str() + "/s --device cpu --quiet");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("reset_adam_v needs Adam"), std::string::npos) << out;
 }

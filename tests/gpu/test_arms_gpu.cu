@@ -91,20 +91,25 @@ TEST(ArmsGpu, AnArmEqualsTheSingleArmRunOfItsRecipe) {
   EXPECT_EQ(shadow_rows, 14u);  // 0, 3, ..., 39 (the last step is a multiple of 3)
 }
 
-// snap_gamma on CUDA (issue 17; CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
+// snap_gamma and reset_adam_v on CUDA (issue 17; CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
 // step sees the function its arm saw (same loss at `at`, bit for bit, graphs on), its gamma
 // clamp debt is zero there, and it trains on its own afterwards.
 TEST(ArmsGpu, SnapGammaBranchStartsFromTheQuantizedGamma) {
   MXLAB_REQUIRE_GPU();
   RunConfig c = tiny();
   c.optimizer.lr = 1e-2f;
-  c.interventions = {{"snap", 20, "snap_gamma", {}}, {"snap_fp32", 20, "snap_gamma+to_fp32", {}}};
+  c.interventions = {{"snap", 20, "snap_gamma", {}}, {"snap_fp32", 20, "snap_gamma+to_fp32", {}},
+                     {"rv", 20, "reset_adam_v", {}}};
   const MemorySink m = run_cuda(c);
   const auto& mx = m.groups.at("trajectories/mx").loss_all;
   const auto& snap = m.groups.at("branches/snap").loss_all;
   ASSERT_EQ(snap.size(), 20u);
   EXPECT_EQ(snap[0], mx[20]);
   EXPECT_NE(snap[19], mx[39]);
+  // reset_adam_v: same first loss (same weights), then its own trajectory.
+  const auto& rv = m.groups.at("branches/rv").loss_all;
+  EXPECT_EQ(rv[0], mx[20]);
+  EXPECT_NE(rv[19], mx[39]);
   bool seen = false;
   for (const MetricRow& r : m.groups.at("branches/snap").rows) {
     if (r.step != 20 || r.axis != "step") continue;
