@@ -10,6 +10,7 @@
 #   bash experiments/paper/run_repro.sh J OUTDIR   # issue 12: instruments at lr 5e-4 (seeds 0-4; seed 0
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
 #   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: shard i/n of the arms study
+#   bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at 4200, explanations separated
 #   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
 #   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
 # MXLAB_REPRO_LIMIT=S stops the training S seconds after the part began, over all of its `mxlab run`
@@ -18,8 +19,8 @@
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=${MXLAB_BIN:-./build/mxlab}
 # mxlab run, under the optional time limit.
@@ -122,6 +123,14 @@ case "$PART" in
     $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard${SHARD/\//of}.csv"
     $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard${SHARD/\//of}.csv"
     ;;
-  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K)" >&2; exit 2 ;;
+  L)
+    train experiments/paper/jump_lr5e-4_seed0.yaml --device cuda --out "$RUNS/jump" --quiet
+    f0=$($MX dump-config experiments/paper/jump_lr5e-4_seed0.yaml --id)
+    $MX eval "$RUNS/jump/$f0.h5" --snapshot 4200 --apply to_fp32 --apply snap_gamma+to_fp32 --apply to_fp32_keep_gamma_q \
+      --apply skip_ln_quant --apply snap_gamma+skip_ln_quant --train-batch --device cuda > "$OUT/eval_jump_step4200_train.txt" 2>&1
+    summaries jump
+    python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
