@@ -190,9 +190,7 @@ TEST(InstrumentsTrainer, ExportWritesEachSeriesToItsOwnCsv) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  std::string file;
-  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
-    if (e.path().extension() == ".h5") file = e.path().string();
+  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
   std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --csv " + dir.str() + "/csv");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;

@@ -42,9 +42,7 @@ std::string run_small(mxlab::test::TempDir& dir, const std::string& intervention
   const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() +
                                                   "/r --device cpu --quiet");
   EXPECT_EQ(rc, 0) << out;
-  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
-    if (e.path().extension() == ".h5") return e.path().string();
-  return "";
+  return mxlab::test::run_file_in(dir.str() + "/r");
 }
 
 }  // namespace
@@ -151,9 +149,7 @@ TEST(SnapGamma, ResetAdamVRecalibratesOnTheFirstGradient) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  std::string file;
-  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/r"))
-    if (e.path().extension() == ".h5") file = e.path().string();
+  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
   const h5::H5File f(file, h5::H5File::Mode::read);
   const double b2 = 0.999;
   const double bc2 = 1.0 - std::pow(b2, 21.0);  // step 20: 1 - beta2^(t+1)
