@@ -19,6 +19,7 @@ enum class Stream : uint32_t {
   teacher_init = 6,
   probe = 7,        // the fixed probe batch of the curvature instrument and snapshots (x, then noise)
   curvature = 8,    // start vectors of the curvature eigensolver (lab/model/curvature.h)
+  mx_label_noise = 9,  // the fresh label noise of the MX targets (data.mx_teacher_targets)
 };
 
 struct U32x4 {

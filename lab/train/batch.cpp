@@ -24,6 +24,16 @@ void make_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, cons
   if (cfg.data.label_noise > 0.0f) be.add_randn(teacher_ws.out, n, cfg.seed, Stream::label_noise, cfg.data.label_noise);
 }
 
+void make_mx_targets(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
+                     const float* x, Workspace& teacher_ws, const PassPolicy& pol, float* target) {
+  const size_t n = static_cast<size_t>(teacher_ws.batch * cfg.model.width);
+  PassPolicy p = pol;
+  p.collect_stats = false;
+  forward(be, teacher, teacher_params, x, teacher_ws, p);
+  be.copy(target, teacher_ws.out, n);
+  if (cfg.data.label_noise > 0.0f) be.add_randn(target, n, cfg.seed, Stream::mx_label_noise, cfg.data.label_noise);
+}
+
 void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
                       int64_t rows, float* x, float* y) {
   const size_t n = static_cast<size_t>(rows * cfg.model.width);

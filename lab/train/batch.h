@@ -20,6 +20,12 @@ std::vector<float> teacher_params_host(const RunConfig& cfg, const NetShape& tea
 void make_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params, float* x,
                 Workspace& teacher_ws);
 
+// The MX trajectories' targets with data.mx_teacher_targets (the paper code's path): teacher(x)
+// under the trajectory's precision policy `pol` (its GEMM operands quantized as the student's)
+// into teacher_ws, plus label_noise * N(0, 1) from (seed, mx_label_noise, step), into `target`.
+void make_mx_targets(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
+                     const float* x, Workspace& teacher_ws, const PassPolicy& pol, float* target);
+
 // The probe batch of `rows` rows: x from (seed, probe) with counter word 0, y = teacher(x) +
 // label noise from word 1. Sets StepScalars (to words 0 and 1) and synchronises.
 void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,

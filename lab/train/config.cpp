@@ -437,7 +437,8 @@ std::vector<Item> build_schema() {
 
   section("data", {int_leaf("batch", [](RunConfig& c) -> int& { return c.data.batch; }, 1),
                    float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative),
-                   since_v2(int_leaf("seq_len", [](RunConfig& c) -> int& { return c.data.seq_len; }, 1))});
+                   since_v2(int_leaf("seq_len", [](RunConfig& c) -> int& { return c.data.seq_len; }, 1)),
+                   since_v2(bool_leaf("mx_teacher_targets", [](RunConfig& c) -> bool& { return c.data.mx_teacher_targets; }))});
 
   top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl"}, "loss"));
   top(float_leaf("kl_temperature", [](RunConfig& c) -> float& { return c.kl_temperature; }, FRange::positive));
@@ -1242,7 +1243,8 @@ bool operator==(const TeacherConfig& a, const TeacherConfig& b) {
          a.block == b.block;
 }
 bool operator==(const DataConfig& a, const DataConfig& b) {
-  return a.batch == b.batch && a.label_noise == b.label_noise && a.seq_len == b.seq_len;
+  return a.batch == b.batch && a.label_noise == b.label_noise && a.seq_len == b.seq_len &&
+         a.mx_teacher_targets == b.mx_teacher_targets;
 }
 bool operator==(const OptimizerConfig& a, const OptimizerConfig& b) {
   return a.name == b.name && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&

@@ -57,6 +57,10 @@ struct DataConfig {
   int batch = 2048;            // sequences per step (with seq_len 1: tokens per step)
   int seq_len = 1;             // tokens per sequence: rows per step = batch * seq_len
   float label_noise = 0.005f;
+  // The paper code's target path for the MX trajectories (issue 17): each MX arm/branch trains on
+  // teacher(x) computed under its own precision policy plus fresh label noise (its own stream);
+  // false (default): every trajectory trains on the same FP32 targets.
+  bool mx_teacher_targets = false;
 };
 
 struct OptimizerConfig {

@@ -80,7 +80,15 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
     be.upload(tpd, tp.data(), tp.size());
     Workspace tws = Workspace::make(be, T, rows);
     make_batch(be, cfg, T, tpd, x, tws);
-    be.copy(y, tws.out, static_cast<size_t>(rows * d));
+    if (cfg.data.mx_teacher_targets && trajectory != "fp32") {
+      // The MX trajectory's own targets (the teacher under its policy, fresh noise).
+      PassPolicy tp_pol;
+      tp_pol.p = own;
+      tp_pol.seed = cfg.seed;
+      make_mx_targets(be, cfg, T, tpd, x, tws, tp_pol, y);
+    } else {
+      be.copy(y, tws.out, static_cast<size_t>(rows * d));
+    }
   } else {
     be.upload(x, px.data(), px.size());
     be.upload(y, py.data(), py.size());

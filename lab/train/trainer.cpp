@@ -48,6 +48,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
   be_.upload(teacher_params_, tp.data(), tp.size());
   teacher_ws_ = Workspace::make(be_, teacher_shape_, B);
   target_ = teacher_ws_.out;
+  if (cfg_.data.mx_teacher_targets) teacher_ws_mx_ = Workspace::make(be_, teacher_shape_, B);
   x_ = be_.alloc(static_cast<size_t>(B * d));
   lanes_ = std::max(1, be_.lanes());
 
@@ -67,6 +68,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     t->m = be_.alloc(np);
     t->v = be_.alloc(np);
     t->prev = be_.alloc(np);
+    if (mx && cfg_.data.mx_teacher_targets) t->target = be_.alloc(static_cast<size_t>(B * cfg_.model.width));
     if (mx) {
       t->shadow = be_.alloc(np);
       t->shadow_loss = be_.alloc(1);
@@ -207,9 +209,10 @@ void Trainer::start_branches() {
       be_.set_step(sc);
       be_.set_lane(kLaneMain);
       make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);
+      make_targets(i);
       const PassPolicy pol = pass_policy(br, false, 0);
       forward(be_, shape_, br.params, x_, br.ws, pol);
-      loss_and_grad(be_, cfg_, target_, br.ws, pol, nullptr);
+      loss_and_grad(be_, cfg_, targets_of(br), br.ws, pol, nullptr);
       backward(be_, shape_, br.params, x_, br.ws, br.grads, pol);
       std::vector<float> g = download(br.grads, np);
       for (float& x : g) x = sc.bc2 * (x * x);
@@ -264,6 +267,12 @@ void Trainer::write_snapshots() {
   }
 }
 
+void Trainer::make_targets(size_t i) {
+  Trajectory& tr = *traj_[i];
+  if (!tr.target) return;
+  make_mx_targets(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_mx_, pass_policy(tr, false, 0), tr.target);
+}
+
 void Trainer::compute_phase(bool log, bool shadow) {
   const PassPolicy fp32_pol = [&] {
     PassPolicy p;
@@ -273,6 +282,8 @@ void Trainer::compute_phase(bool log, bool shadow) {
   }();
   be_.set_lane(kLaneMain);
   make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);  // target_ = teacher_ws_.out
+  for (size_t i = 0; i < traj_.size(); ++i)
+    if (live(*traj_[i])) make_targets(i);
 
   // MX trajectories (and their shadow passes) fork off lane 0 right after the data, so they
   // overlap with the FP32 trajectory, which is issued last on lane 0.
@@ -280,7 +291,7 @@ void Trainer::compute_phase(bool log, bool shadow) {
     Trajectory& tr = *traj_[i];
     const PassPolicy pol = pass_policy(tr, log, static_cast<int>(i));
     forward(be_, shape_, tr.params, x_, tr.ws, pol);
-    loss_and_grad(be_, cfg_, target_, tr.ws, pol, tr.loss_hist);
+    loss_and_grad(be_, cfg_, targets_of(tr), tr.ws, pol, tr.loss_hist);
     backward(be_, shape_, tr.params, x_, tr.ws, tr.grads, pol);
   };
   int j = 0;  // the j-th live MX trajectory: its own pair of lanes
@@ -290,12 +301,13 @@ void Trainer::compute_phase(bool log, bool shadow) {
     be_.set_lane(train_lane(j));
     train_pass(i);
     if (shadow) {
-      // The shadow pass: FP32 gradient at the MX weights on the same batch.
+      // The shadow pass: FP32 gradient at the MX weights on the same batch (and the same
+      // targets: the trajectory's own with data.mx_teacher_targets).
       const int lane = shadow_lane(j);
       Workspace& sw = shadow_ws_.at(lane);
       be_.set_lane(lane);
       forward(be_, shape_, tr.params, x_, sw, fp32_pol);
-      loss_and_grad(be_, cfg_, target_, sw, fp32_pol, nullptr);
+      loss_and_grad(be_, cfg_, targets_of(tr), sw, fp32_pol, nullptr);
       backward(be_, shape_, tr.params, x_, sw, tr.shadow, fp32_pol);
       be_.copy(tr.shadow_loss, sw.loss, 1);
     }

@@ -107,6 +107,11 @@ class Trainer {
   Workspace teacher_ws_;
   float* x_ = nullptr;       // [B x d] batch inputs
   float* target_ = nullptr;  // [B x d] teacher(x) + noise (= teacher_ws_.out)
+  Workspace teacher_ws_mx_;  // the MX teacher passes (data.mx_teacher_targets)
+  // The targets trajectory `tr` trains on this step (its own with data.mx_teacher_targets).
+  const float* targets_of(const Trajectory& tr) const { return tr.target ? tr.target : target_; }
+  // With data.mx_teacher_targets: trajectory i's targets for the current batch (lane main).
+  void make_targets(size_t i);
   std::map<int, Workspace> shadow_ws_;  // per shadow lane (passes on one lane run in order)
   std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1..n_arms_: arms, then branches
   size_t n_arms_ = 1;

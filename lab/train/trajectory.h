@@ -38,6 +38,7 @@ struct Trajectory {
   float* shadow = nullptr;  // FP32 gradient at these weights (mx trajectories)
   float* shadow_loss = nullptr;  // [1] FP32 loss at these weights from the shadow pass
   float* loss_hist = nullptr;  // [steps] loss of every step, in backend memory
+  float* target = nullptr;     // [B x d] its own targets (MX trajectories with data.mx_teacher_targets)
   Workspace ws;
 
   // Host-side bookkeeping carried across steps (part of a checkpoint).

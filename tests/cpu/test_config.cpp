@@ -79,6 +79,7 @@ RunConfig every_field_changed() {
   c.teacher.residual = true;
   c.data.batch = 333;
   c.data.label_noise = 0.1f;
+  c.data.mx_teacher_targets = true;
   c.loss = LossKind::kl;
   c.kl_temperature = 2.5f;
   c.optimizer.name = OptKind::sgd;
