@@ -56,6 +56,24 @@ def fisher_two_sided(a, n1, b, n2):
     return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
 
 
+def fisher_power(p1, p2, n, alpha=0.05):
+    """Probability that the two-sided Fisher exact test at `alpha` rejects for k1 ~ Bin(n, p1)
+    vs k2 ~ Bin(n, p2), by enumerating every outcome pair."""
+    total = 0.0
+    for a in range(n + 1):
+        for b in range(n + 1):
+            if fisher_two_sided(a, n, b, n) < alpha:
+                total += math.comb(n, a) * p1 ** a * (1 - p1) ** (n - a) * math.comb(n, b) * p2 ** b * (1 - p2) ** (n - b)
+    return total
+
+
+def power_table():
+    lines = ["| seeds per arm | power to see 60 % → 30 % failures (two-sided Fisher, α = 0.05) |", "|---|---|"]
+    for n in (5, 10, 20, 32):
+        lines.append(f"| {n} | {fisher_power(0.6, 0.3, n):.3f} |")
+    return "\n".join(lines)
+
+
 # ---- data ----
 def read_csv(path):
     with open(path, newline="") as f:
@@ -319,6 +337,7 @@ def main(argv):
     print("\n## sharpness before divergence (issue 12 b)\n\n" + sharpness_table())
     print("\n## divergence by block and norm (issue 14)\n\n" + surv)
     print("\n## the paper's Fig. 5 metric and Fig. 3 in FP32 (issue 17)\n\n" + paper_metric_table())
+    print("\n## power of a 5-seed comparison (issue 17)\n\n" + power_table())
     if not tables_only:
         os.makedirs(figdir, exist_ok=True)
         fig_switch(os.path.join(figdir, "fig12a_switch_seed0.png"))

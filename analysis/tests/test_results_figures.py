@@ -68,3 +68,12 @@ def test_paper_metric_table_stops_at_the_divergence(fig):
     assert cells[:4] == ["4.50", "2.49", "1.85", "1.79"] and set(cells[4:]) == {"(diverged)"}
     fp32 = [line for line in table.splitlines() if "(FP32)" in line]
     assert len(fp32) == 5 and all("(diverged)" not in line for line in fp32)
+
+
+def test_fisher_power_by_hand_and_as_quoted(fig):
+    # n = 1 per arm: no 2x2 table with one trial each reaches p < 0.05 -> power 0.
+    assert fig.fisher_power(0.6, 0.3, 1) == 0.0
+    # Identical arms: the power is the test's size, at most alpha.
+    assert fig.fisher_power(0.5, 0.5, 10) <= 0.05
+    assert round(fig.fisher_power(0.6, 0.3, 5), 3) == 0.085
+    assert round(fig.fisher_power(0.6, 0.3, 32), 2) == 0.62
