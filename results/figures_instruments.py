@@ -27,44 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "instruments_lr5e-4")
 LR = 5e-4
 SEED0_RUN = "9f778bb8187d"  # instruments_lr5e-4_seed0.yaml
-Z95 = 1.959963984540054
 
 
-# ---- statistics (the same formulas as lab/train/stats.cpp; analysis/tests check both agree) ----
-def wilson(k, n):
-    """Wilson score 95 % interval of k successes in n trials."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = k / n
-    z2 = Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def fisher_two_sided(a, n1, b, n2):
-    """Two-sided Fisher exact p of a/n1 vs b/n2: the sum of the hypergeometric probabilities of
-    all tables no more likely than the observed one."""
-    k = a + b
-    n = n1 + n2
-
-    def prob(x):
-        return math.comb(n1, x) * math.comb(n2, k - x) / math.comb(n, k)
-
-    p_obs = prob(a)
-    lo, hi = max(0, k - n2), min(k, n1)
-    return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
-
-
-def fisher_power(p1, p2, n, alpha=0.05):
-    """Probability that the two-sided Fisher exact test at `alpha` rejects for k1 ~ Bin(n, p1)
-    vs k2 ~ Bin(n, p2), by enumerating every outcome pair."""
-    total = 0.0
-    for a in range(n + 1):
-        for b in range(n + 1):
-            if fisher_two_sided(a, n, b, n) < alpha:
-                total += math.comb(n, a) * p1 ** a * (1 - p1) ** (n - a) * math.comb(n, b) * p2 ** b * (1 - p2) ** (n - b)
-    return total
+# ---- statistics: results/stats_util.py (the same formulas as lab/train/stats.cpp) ----
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stats_util import fisher_power, fisher_two_sided, wilson  # noqa: E402
 
 
 def power_table():

@@ -116,8 +116,8 @@ case "$PART" in
     intervention_figures instruments instruments_seed0
     ;;
   K)
-    # One shard of the 32-seed arms study (MXLAB_SHARD=i/n); its summary is merged with the
-    # other shards' in results/ (results/tabulate.py).
+    # One shard of the 32-seed arms study (MXLAB_SHARD=i/n); commit its summary_study_arms_*.csv
+    # under results/study_arms/, where results/study_arms.py merges the shards.
     SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}
     train experiments/paper/study_arms_lr5e-4.yaml --device cuda --out "$RUNS/study_arms" --quiet --shard "$SHARD"
     $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard${SHARD/\//of}.csv"

@@ -1,0 +1,55 @@
+"""Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
+two-sided Fisher exact tests, the exact power of a Fisher comparison, Holm's step-down
+correction. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree)."""
+import math
+
+Z95 = 1.959963984540054
+
+
+def wilson(k, n):
+    """Wilson score 95 % interval of k successes in n trials."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p = k / n
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def fisher_two_sided(a, n1, b, n2):
+    """Two-sided Fisher exact p of a/n1 vs b/n2: the sum of the hypergeometric probabilities of
+    all tables no more likely than the observed one."""
+    k = a + b
+    n = n1 + n2
+
+    def prob(x):
+        return math.comb(n1, x) * math.comb(n2, k - x) / math.comb(n, k)
+
+    p_obs = prob(a)
+    lo, hi = max(0, k - n2), min(k, n1)
+    return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
+
+
+def fisher_power(p1, p2, n, alpha=0.05):
+    """Probability that the two-sided Fisher exact test at `alpha` rejects for k1 ~ Bin(n, p1)
+    vs k2 ~ Bin(n, p2), by enumerating every outcome pair."""
+    total = 0.0
+    for a in range(n + 1):
+        for b in range(n + 1):
+            if fisher_two_sided(a, n, b, n) < alpha:
+                total += math.comb(n, a) * p1 ** a * (1 - p1) ** (n - a) * math.comb(n, b) * p2 ** b * (1 - p2) ** (n - b)
+    return total
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values (same order as given): controls the family-wise error
+    rate of a set of comparisons."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
