@@ -10,6 +10,8 @@
 #   bash experiments/paper/run_repro.sh J OUTDIR   # issue 12: instruments at lr 5e-4 (seeds 0-4; seed 0
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
 #   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: shard i/n of the arms study
+#   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: shard i/n of the fresh-seed
+#                                                  #   20k-step study (3 arms) and its code-faithful twin
 #   bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at 4200, explanations separated
 #   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
 #   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
@@ -19,8 +21,8 @@
 # Needs build/mxlab (CUDA) and python3 with h5py + matplotlib. Run files go to OUTDIR/runs;
 # figures (PNG) and summaries (CSV/text) to OUTDIR.
 set -uo pipefail
-PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L OUTDIR}
-OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L OUTDIR}
+PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L|M OUTDIR}
+OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L|M OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=${MXLAB_BIN:-./build/mxlab}
 # mxlab run, under the optional time limit.
@@ -131,6 +133,14 @@ case "$PART" in
     summaries jump
     python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5
     ;;
-  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L)" >&2; exit 2 ;;
+  M)
+    SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}
+    train experiments/paper/fresh_seeds_20k.yaml --device cuda --out "$RUNS/fresh_seeds_20k" --quiet --shard "$SHARD"
+    train experiments/paper/code_faithful_20k.yaml --device cuda --out "$RUNS/code_faithful_20k" --quiet --shard "$SHARD"
+    for d in fresh_seeds_20k code_faithful_20k; do
+      $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard${SHARD/\//of}.csv"
+    done
+    ;;
+  *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L|M)" >&2; exit 2 ;;
 esac
 echo "part $PART: $(( $(date +%s) - t0 )) s"
