@@ -20,6 +20,7 @@
 #include "lab/train/eval.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/test_util.h"
+#include "tests/cpu/trainer_util.h"
 
 using namespace mxlab;
 
@@ -43,14 +44,7 @@ RunConfig tiny() {
   return c;
 }
 
-MemorySink run(const RunConfig& cfg) {
-  auto be = make_cpu_backend();
-  MemorySink sink;
-  Trainer tr(cfg, *be, sink);
-  tr.open_output();
-  tr.finish(tr.run(RunControl{}));
-  return sink;
-}
+MemorySink run(const RunConfig& cfg) { return mxlab::test::run_in_memory(cfg); }
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 

@@ -13,6 +13,7 @@
 #include "lab/train/eval.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/test_util.h"
+#include "tests/cpu/trainer_util.h"
 
 using namespace mxlab;
 
@@ -38,14 +39,7 @@ RunConfig tiny(bool mx_targets, float noise) {
   return c;
 }
 
-MemorySink run(const RunConfig& cfg) {
-  auto be = make_cpu_backend();
-  MemorySink sink;
-  Trainer tr(cfg, *be, sink);
-  tr.open_output();
-  tr.finish(tr.run(RunControl{}));
-  return sink;
-}
+MemorySink run(const RunConfig& cfg) { return mxlab::test::run_in_memory(cfg); }
 
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
