@@ -19,6 +19,7 @@
 #include "lab/train/config_io.h"
 #include "lab/train/eval.h"
 #include "lab/train/trainer.h"
+#include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
 #include "tests/cpu/trainer_util.h"
 
@@ -369,7 +370,7 @@ TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   ASSERT_FALSE(file.empty());
   // An inline branch of arm `even` at 15 and the same branch added after the fact agree.
   std::tie(rc, out) = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late");
@@ -427,7 +428,7 @@ TEST(ArmsCli, EvalReproducesTheRecordedLossesOfItsStep) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   auto be = make_cpu_backend();
   const h5::H5File f(file, h5::H5File::Mode::read);
   for (const char* t : {"away", "even"}) {
@@ -476,7 +477,7 @@ TEST(ArmsCli, RunReportsTheEarliestDivergenceOverTheArms) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   ASSERT_FALSE(file.empty());
   int64_t best = -1;
   std::string best_arm;

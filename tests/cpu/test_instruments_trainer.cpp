@@ -17,6 +17,7 @@
 #include "lab/model/curvature.h"
 #include "lab/train/config_io.h"
 #include "lab/train/trainer.h"
+#include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;
@@ -190,7 +191,7 @@ TEST(InstrumentsTrainer, ExportWritesEachSeriesToItsOwnCsv) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --csv " + dir.str() + "/csv");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;

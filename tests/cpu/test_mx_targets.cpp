@@ -12,6 +12,7 @@
 #include "lab/train/config_io.h"
 #include "lab/train/eval.h"
 #include "lab/train/trainer.h"
+#include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
 #include "tests/cpu/trainer_util.h"
 
@@ -86,7 +87,7 @@ TEST(MxTeacherTargets, EvalOnTheTrainingBatchUsesTheTrajectorysTargets) {
   const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() +
                                                   "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   const h5::H5File f(file, h5::H5File::Mode::read);
   auto be = make_cpu_backend();
   for (const char* t : {"mx", "fp32"}) {

@@ -15,6 +15,7 @@
 #include "lab/io/h5file.h"
 #include "lab/train/config_io.h"
 #include "lab/train/eval.h"
+#include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;
@@ -42,7 +43,7 @@ std::string run_small(mxlab::test::TempDir& dir, const std::string& intervention
   const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() +
                                                   "/r --device cpu --quiet");
   EXPECT_EQ(rc, 0) << out;
-  return mxlab::test::run_file_in(dir.str() + "/r");
+  return mxlab::testutil::run_file_in(dir.str() + "/r");
 }
 
 }  // namespace
@@ -149,7 +150,7 @@ TEST(SnapGamma, ResetAdamVRecalibratesOnTheFirstGradient) {
   const std::string bin = MXLAB_BINARY;
   auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
   ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::test::run_file_in(dir.str() + "/r");
+  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
   const h5::H5File f(file, h5::H5File::Mode::read);
   const double b2 = 0.999;
   const double bc2 = 1.0 - std::pow(b2, 21.0);  // step 20: 1 - beta2^(t+1)

@@ -59,13 +59,4 @@ inline std::pair<int, std::string> run_command(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-// The run file (<run_id>.h5) in `dir` ("" if none; the last in directory order if several).
-inline std::string run_file_in(const std::string& dir) {
-  std::string file;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().extension() == ".h5") file = e.path().string();
-  return file;
-}
-
 }  // namespace mxlab::test
