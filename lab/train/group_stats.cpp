@@ -13,6 +13,7 @@
 
 #include "lab/core/error.h"
 #include "lab/core/text_table.h"
+#include "lab/train/summary.h"
 #include "lab/train/table_text.h"
 
 namespace mxlab {
@@ -50,8 +51,7 @@ TrajectoryOutcome outcome(const RunRecord& r, const GroupRecord& g, const std::v
   }
   // Diverged as the run's status has it (trainer.cpp): stayed above the divergence factor, or
   // became non-finite.
-  for (int64_t s : {g.divergence_step, g.first_nonfinite_step})
-    if (s >= 0 && (o.divergence_step < 0 || s < o.divergence_step)) o.divergence_step = s;
+  o.divergence_step = diverged_at(g.divergence_step, g.first_nonfinite_step);
   o.diverged = o.divergence_step >= 0;
   o.end_step = (g.branch && g.at > 0 ? g.at : 0) + g.steps_run;
   // final_loss is the last *finite* loss: a trajectory that became non-finite ends worse than

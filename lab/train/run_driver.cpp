@@ -21,6 +21,7 @@
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/run_file.h"
+#include "lab/train/summary.h"
 #include "lab/train/trainer.h"
 #include "mxlab_build_info.h"
 
@@ -208,7 +209,8 @@ std::string peek(const std::string& path, const std::string& attr) {
   return RunFile::peek_root_str(path, attr);
 }
 
-// Earliest divergence over the MX arms recorded in a finished file: (step, arm); (-1, "") if none.
+// Earliest divergence over the MX arms recorded in a finished file, counted as the run's status
+// counts it (diverged_at); ties go to the arm listed first: (step, arm); (-1, "") if none.
 std::pair<int64_t, std::string> recorded_divergence(const std::string& path) {
   std::lock_guard<std::mutex> g(hdf5_mutex());
   std::pair<int64_t, std::string> best{-1, ""};
@@ -222,7 +224,8 @@ std::pair<int64_t, std::string> recorded_divergence(const std::string& path) {
     for (const std::string& arm : arms) {
       const std::string grp = "trajectories/" + arm;
       if (!f.is_group(grp) || !f.has_attr(grp, "divergence_step")) continue;
-      const int64_t d = f.get_attr_int64(grp, "divergence_step");
+      const int64_t d = diverged_at(f.get_attr_int64(grp, "divergence_step"),
+                                    f.has_attr(grp, "first_nonfinite_step") ? f.get_attr_int64(grp, "first_nonfinite_step") : -1);
       if (d >= 0 && (best.first < 0 || d < best.first)) best = {d, arm};
     }
   } catch (const Error&) {
@@ -472,9 +475,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     out.steps_run = trainer.step() - first;
     // The earliest divergence over the arms (a non-finite loss counts at its step).
     for (size_t a = 1; a <= trainer.num_arms(); ++a) {
-      const LossSummary s = trainer.summary(a);
-      int64_t d = s.divergence_step;
-      if (s.first_nonfinite_step >= 0 && (d < 0 || s.first_nonfinite_step < d)) d = s.first_nonfinite_step;
+      const int64_t d = diverged_at(trainer.summary(a));
       if (d >= 0 && (out.divergence_step < 0 || d < out.divergence_step)) {
         out.divergence_step = d;
         out.divergence_arm = trainer.trajectory(a).name;

@@ -21,6 +21,14 @@ struct LossSummary {
 // s >= t, non-finite losses counting as above; spikes: loss_t > spike_factor * loss_{t-1};
 // spike score: papers/mxnorm.md appendix J (rolling min over 8 steps, sigma = std of the last
 // 30 % of the finite losses).
+// The step at which a trajectory counts as diverged, as the run's status has it: the earlier of
+// its divergence step and its first non-finite step that are >= 0; -1 when neither is.
+inline int64_t diverged_at(int64_t divergence_step, int64_t first_nonfinite_step) {
+  if (divergence_step < 0) return first_nonfinite_step < 0 ? -1 : first_nonfinite_step;
+  return first_nonfinite_step < 0 || divergence_step < first_nonfinite_step ? divergence_step : first_nonfinite_step;
+}
+inline int64_t diverged_at(const LossSummary& s) { return diverged_at(s.divergence_step, s.first_nonfinite_step); }
+
 LossSummary summarize_losses(const std::vector<float>& loss, int64_t first_step, double divergence_factor,
                              double spike_factor);
 
