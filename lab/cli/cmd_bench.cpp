@@ -432,9 +432,7 @@ void run_bench(const Args& a) {
   }
 
   // ---- curvature: one measurement at the FP32 weights on the batch, vs one forward-backward ----
-  // The Hessian-vector products cover the MLP block with layernorm (as log.curvature_every does).
-  const bool curv_supported = cfg.model.block == BlockKind::mlp && (cfg.model.effective_norm() == NormKind::layernorm ||
-                                                                    cfg.model.effective_norm() == NormKind::none);
+  const bool curv_supported = curvature_supported(cfg.model);
   if (only == kOnlyCurvature && !curv_supported)
     throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
   const bool curv = (only < 0 || only == kOnlyCurvature) && curv_supported;

@@ -867,9 +867,7 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
       fail(find("model.width").value_or(locate("precision.block_size")), problem);
     }
   }
-  if (cfg.log.curvature_every > 0 && (cfg.model.block != BlockKind::mlp ||
-                                      (cfg.model.effective_norm() != NormKind::layernorm &&
-                                       cfg.model.effective_norm() != NormKind::none)))
+  if (cfg.log.curvature_every > 0 && !curvature_supported(cfg.model))
     fail(locate("log.curvature_every"),
          msg("log.curvature_every: the curvature instrument's Hessian-vector products cover the MLP block with "
              "layernorm or no norm (lab/model/README.md, \"Stability instruments\"), not this model.block / "
@@ -1052,6 +1050,10 @@ void set_config_path(YNode& root, const std::vector<std::string>& path, const YN
         r->value = m;
       }
   yaml_set_path(root, path, value, loc);
+}
+
+bool curvature_supported(const ModelConfig& m) {
+  return m.block == BlockKind::mlp && (m.effective_norm() == NormKind::layernorm || m.effective_norm() == NormKind::none);
 }
 
 std::vector<std::string> preset_parts(const std::string& apply) {

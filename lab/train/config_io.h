@@ -55,6 +55,9 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 // then `set:` applies precision fields (same names and values as the precision section).
 std::vector<std::string> intervention_presets();
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv);
+// Whether the curvature instrument's Hessian-vector products cover this model: the MLP block,
+// with layernorm or no norm (log.curvature_every is refused otherwise; `mxlab bench` skips it).
+bool curvature_supported(const ModelConfig& m);
 // The presets of an `apply` value: one name, or several joined by '+' ("" -> none).
 std::vector<std::string> preset_parts(const std::string& apply);
 // Whether the patch's presets include snap_gamma: the stored norm affine weights (gamma, beta)
