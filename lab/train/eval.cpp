@@ -82,10 +82,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
     make_batch(be, cfg, T, tpd, x, tws);
     if (cfg.data.mx_teacher_targets && trajectory != "fp32") {
       // The MX trajectory's own targets (the teacher under its policy, fresh noise).
-      PassPolicy tp_pol;
-      tp_pol.p = own;
-      tp_pol.seed = cfg.seed;
-      make_mx_targets(be, cfg, T, tpd, x, tws, tp_pol, y);
+      make_mx_targets(be, cfg, T, tpd, x, tws, PassPolicy{own, cfg.seed}, y);
     } else {
       be.copy(y, tws.out, static_cast<size_t>(rows * d));
     }
@@ -98,16 +95,11 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
   lcfg.data.batch = static_cast<int>(rows / cfg.data.seq_len);
   float* snapped = nullptr;  // the snapshot with gamma/beta := Q(gamma), Q(beta) (snap_gamma)
   auto loss_under = [&](const PrecisionConfig& pol, bool snap) {
-    PassPolicy pp;
-    pp.p = pol;
-    pp.seed = cfg.seed;
+    const PassPolicy pp{pol, cfg.seed};
     if (snap && !snapped) {
       snapped = be.alloc(params.size());
       be.copy(snapped, p, params.size());
-      PassPolicy own_pp;
-      own_pp.p = own;
-      own_pp.seed = cfg.seed;
-      snap_norm_affine(be, S, snapped, own_pp, be.alloc(static_cast<size_t>(S.d)));
+      snap_norm_affine(be, S, snapped, PassPolicy{own, cfg.seed}, be.alloc(static_cast<size_t>(S.d)));
     }
     forward(be, S, snap ? snapped : p, x, ws, pp);
     loss_and_grad(be, lcfg, y, ws, pp, nullptr);

@@ -210,10 +210,7 @@ void Trainer::start_branches() {
       be_.set_lane(kLaneMain);
       make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);
       make_targets(i);
-      const PassPolicy pol = pass_policy(br, false, 0);
-      forward(be_, shape_, br.params, x_, br.ws, pol);
-      loss_and_grad(be_, cfg_, targets_of(br), br.ws, pol, nullptr);
-      backward(be_, shape_, br.params, x_, br.ws, br.grads, pol);
+      gradient_pass(br.params, targets_of(br), br.ws, pass_policy(br, false, 0), br.grads, nullptr);
       std::vector<float> g = download(br.grads, np);
       for (float& x : g) x = sc.bc2 * (x * x);
       upload(br.v, g);
@@ -267,6 +264,13 @@ void Trainer::write_snapshots() {
   }
 }
 
+void Trainer::gradient_pass(const float* params, const float* targets, Workspace& ws, const PassPolicy& pol,
+                            float* grads, float* loss_hist) {
+  forward(be_, shape_, params, x_, ws, pol);
+  loss_and_grad(be_, cfg_, targets, ws, pol, loss_hist);
+  backward(be_, shape_, params, x_, ws, grads, pol);
+}
+
 void Trainer::make_targets(size_t i) {
   Trajectory& tr = *traj_[i];
   if (!tr.target) return;
@@ -289,10 +293,7 @@ void Trainer::compute_phase(bool log, bool shadow) {
   // overlap with the FP32 trajectory, which is issued last on lane 0.
   auto train_pass = [&](size_t i) {
     Trajectory& tr = *traj_[i];
-    const PassPolicy pol = pass_policy(tr, log, static_cast<int>(i));
-    forward(be_, shape_, tr.params, x_, tr.ws, pol);
-    loss_and_grad(be_, cfg_, targets_of(tr), tr.ws, pol, tr.loss_hist);
-    backward(be_, shape_, tr.params, x_, tr.ws, tr.grads, pol);
+    gradient_pass(tr.params, targets_of(tr), tr.ws, pass_policy(tr, log, static_cast<int>(i)), tr.grads, tr.loss_hist);
   };
   int j = 0;  // the j-th live MX trajectory: its own pair of lanes
   for (size_t i = 0; i < traj_.size(); ++i) {
@@ -306,9 +307,7 @@ void Trainer::compute_phase(bool log, bool shadow) {
       const int lane = shadow_lane(j);
       Workspace& sw = shadow_ws_.at(lane);
       be_.set_lane(lane);
-      forward(be_, shape_, tr.params, x_, sw, fp32_pol);
-      loss_and_grad(be_, cfg_, targets_of(tr), sw, fp32_pol, nullptr);
-      backward(be_, shape_, tr.params, x_, sw, tr.shadow, fp32_pol);
+      gradient_pass(tr.params, targets_of(tr), sw, fp32_pol, tr.shadow, nullptr);
       be_.copy(tr.shadow_loss, sw.loss, 1);
     }
     ++j;

@@ -112,6 +112,10 @@ class Trainer {
   const float* targets_of(const Trajectory& tr) const { return tr.target ? tr.target : target_; }
   // With data.mx_teacher_targets: trajectory i's targets for the current batch (lane main).
   void make_targets(size_t i);
+  // One forward-backward of `params` on the current batch x_ against `targets` under `pol`, in
+  // `ws`: the gradient into `grads`, the loss into loss_hist[step] when loss_hist is given.
+  void gradient_pass(const float* params, const float* targets, Workspace& ws, const PassPolicy& pol, float* grads,
+                     float* loss_hist);
   std::map<int, Workspace> shadow_ws_;  // per shadow lane (passes on one lane run in order)
   std::vector<std::unique_ptr<Trajectory>> traj_;  // 0: fp32, 1..n_arms_: arms, then branches
   size_t n_arms_ = 1;
