@@ -31,7 +31,7 @@ SEED0_RUN = "9f778bb8187d"  # instruments_lr5e-4_seed0.yaml
 
 # ---- statistics: results/stats_util.py (the same formulas as lab/train/stats.cpp) ----
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stats_util import fisher_power, fisher_two_sided, wilson  # noqa: E402
+from stats_util import diverged_at, fisher_power, fisher_two_sided, wilson  # noqa: E402
 
 
 def power_table():
@@ -54,10 +54,7 @@ def subjects(summary, where=None):
     for row in read_csv(os.path.join(HERE, summary)):
         if row["at"] or any(row.get(k) != v for k, v in (where or {}).items()):
             continue
-        d = int(row["divergence_step"])
-        nf = int(row["first_nonfinite_step"])
-        if nf >= 0 and (d < 0 or nf < d):
-            d = nf
+        d = diverged_at(row)
         end = int(row["steps_run"])
         out.setdefault(row["group"], []).append((int(row["seed"]), d if d >= 0 else end, d >= 0))
     return out

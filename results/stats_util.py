@@ -1,6 +1,6 @@
 """Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
 two-sided Fisher exact tests, the exact power of a Fisher comparison, Holm's step-down
-correction. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree)."""
+correction, and when a summarized trajectory counts as diverged. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree)."""
 import math
 
 Z95 = 1.959963984540054
@@ -40,6 +40,14 @@ def fisher_power(p1, p2, n, alpha=0.05):
             if fisher_two_sided(a, n, b, n) < alpha:
                 total += math.comb(n, a) * p1 ** a * (1 - p1) ** (n - a) * math.comb(n, b) * p2 ** b * (1 - p2) ** (n - b)
     return total
+
+
+def diverged_at(row):
+    """The step at which a trajectory of a `mxlab summarize --csv` row counts as diverged, as the
+    run's status has it (lab/train/summary.h diverged_at): the earlier of divergence_step and
+    first_nonfinite_step that are >= 0; -1 when neither is."""
+    steps = [s for s in (int(row["divergence_step"]), int(row["first_nonfinite_step"])) if s >= 0]
+    return min(steps) if steps else -1
 
 
 def holm(pvalues):

@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import fisher_two_sided, holm, wilson  # noqa: E402
+from stats_util import diverged_at, fisher_two_sided, holm, wilson  # noqa: E402
 
 REFERENCE = "floor_away"
 DEGRADED_FACTOR = 2.0
@@ -55,13 +55,6 @@ def load(directory):
     return done, interrupted
 
 
-def divergence(row):
-    d, nf = int(row["divergence_step"]), int(row["first_nonfinite_step"])
-    if nf >= 0 and (d < 0 or nf < d):
-        d = nf
-    return d
-
-
 def per_arm(runs):
     """{arm: {'n', 'div', 'deg', 'steps', 'seeds_div'}} over the finished runs."""
     out = {}
@@ -70,7 +63,7 @@ def per_arm(runs):
         for arm, row in groups.items():
             a = out.setdefault(arm, {"n": 0, "div": 0, "deg": 0, "steps": [], "seeds_div": []})
             a["n"] += 1
-            d = divergence(row)
+            d = diverged_at(row)
             if d >= 0:
                 a["div"] += 1
                 a["steps"].append(d)

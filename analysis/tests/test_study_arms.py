@@ -77,3 +77,13 @@ def test_holm_by_hand(mod):
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5]) == [0.5]
     assert holm([0.4, 0.9]) == pytest.approx([0.8, 0.9])
+
+
+def test_diverged_at_takes_the_earlier_step(mod):
+    from stats_util import diverged_at
+    row = lambda d, nf: {"divergence_step": str(d), "first_nonfinite_step": str(nf)}
+    assert diverged_at(row(-1, -1)) == -1
+    assert diverged_at(row(500, -1)) == 500
+    assert diverged_at(row(-1, 30)) == 30
+    assert diverged_at(row(500, 30)) == 30
+    assert diverged_at(row(20, 30)) == 20
