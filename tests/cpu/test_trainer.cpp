@@ -332,3 +332,17 @@ TEST(Trainer, CorruptedOrForeignCheckpointsAreRefused) {
   std::fclose(f);
   expect_refused(p3, "hash", "truncated");
 }
+
+// When a trajectory counts as diverged (the run status, summaries and the run report): the
+// earlier of its divergence step and its first non-finite step that are >= 0.
+TEST(Summary, DivergedAtTakesTheEarlierStep) {
+  EXPECT_EQ(mxlab::diverged_at(-1, -1), -1);
+  EXPECT_EQ(mxlab::diverged_at(500, -1), 500);
+  EXPECT_EQ(mxlab::diverged_at(-1, 30), 30);
+  EXPECT_EQ(mxlab::diverged_at(500, 30), 30);
+  EXPECT_EQ(mxlab::diverged_at(20, 30), 20);
+  mxlab::LossSummary s;
+  s.divergence_step = 7;
+  s.first_nonfinite_step = 9;
+  EXPECT_EQ(mxlab::diverged_at(s), 7);
+}
