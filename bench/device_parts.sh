@@ -3,11 +3,12 @@
 # most 8 files (the device tool's limit):
 #   bash bench/device_parts.sh OUTDIR DEADLINE_S STEP [STEP ...]
 # Steps, in order:
+#   (`build gputests bench` is a whole validation session of a GPU change)
 #   build     cmake + ninja mxlab and mxlab_gpu_tests (Release, sm_90); OUTDIR/mxlab is the binary
 #             (carry it back as .devbin/mxlab to skip the build in a later call)
 #   gputests  every GPU test (log in logs.tgz)
 #   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
-#   P         run_repro.sh part P (A..K; K needs MXLAB_SHARD); P+Q+... runs parts concurrently.
+#   P         run_repro.sh part P (A..M; K and M need MXLAB_SHARD); P+Q+... runs parts concurrently.
 #             Each part's training stops DEADLINE_S - 60 s after this script began, so its
 #             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
 #             same warm machine resumes them; not returned)

@@ -25,11 +25,11 @@ PART=${1:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L|M OUTDIR}
 OUT=${2:?usage: run_repro.sh A|B|C|D|E|F|G|H|I|J|K|L|M OUTDIR}
 RUNS=${MXLAB_REPRO_RUNS:-$OUT/runs}
 MX=${MXLAB_BIN:-./build/mxlab}
+t0=$(date +%s)  # the part's start: its time limit and its wall time
 # mxlab run, under the optional time limit.
-T_PART=$(date +%s)
 train() {
   if [ -n "${MXLAB_REPRO_LIMIT:-}" ]; then
-    local left=$(( MXLAB_REPRO_LIMIT - ($(date +%s) - T_PART) ))
+    local left=$(( MXLAB_REPRO_LIMIT - ($(date +%s) - t0) ))
     if [ "$left" -le 0 ]; then echo "time limit reached: skipping mxlab run $*" >&2; return 130; fi
     timeout "$left" $MX run "$@"
   else
@@ -49,7 +49,6 @@ intervention_figures() {
 }
 export PYTHONPATH=analysis
 mkdir -p "$OUT" "$RUNS"
-t0=$(date +%s)
 case "$PART" in
   A)
     train experiments/paper/repro_seed0_interventions.yaml --device cuda --out "$RUNS/seed0" --quiet
