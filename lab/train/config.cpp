@@ -1069,14 +1069,9 @@ std::vector<std::string> preset_parts(const std::string& apply) {
   return parts;
 }
 
-bool snaps_gamma(const InterventionConfig& iv) {
+bool has_preset(const InterventionConfig& iv, const std::string& preset) {
   const std::vector<std::string> parts = preset_parts(iv.apply);
-  return std::find(parts.begin(), parts.end(), "snap_gamma") != parts.end();
-}
-
-bool resets_adam_v(const InterventionConfig& iv) {
-  const std::vector<std::string> parts = preset_parts(iv.apply);
-  return std::find(parts.begin(), parts.end(), "reset_adam_v") != parts.end();
+  return std::find(parts.begin(), parts.end(), preset) != parts.end();
 }
 
 namespace {

@@ -60,14 +60,15 @@ PrecisionConfig apply_intervention(const PrecisionConfig& base, const Interventi
 bool curvature_supported(const ModelConfig& m);
 // The presets of an `apply` value: one name, or several joined by '+' ("" -> none).
 std::vector<std::string> preset_parts(const std::string& apply);
-// Whether the patch's presets include snap_gamma: the stored norm affine weights (gamma, beta)
-// are set to the values the forward pass used (their quantized values under the policy the
-// trajectory had) when the branch starts.
-bool snaps_gamma(const InterventionConfig& iv);
-// Whether the patch's presets include reset_adam_v: when the branch starts, Adam's second moment
-// v := bc2 * g^2 with g the branch's gradient at its first step (its new policy, its weights,
-// the step's batch), so that v-hat = g^2: v recalibrated on the new gradients, m kept.
-bool resets_adam_v(const InterventionConfig& iv);
+// Whether the patch's presets (preset_parts) include `preset`.
+bool has_preset(const InterventionConfig& iv, const std::string& preset);
+// snap_gamma: the stored norm affine weights (gamma, beta) are set to the values the forward pass
+// used (their quantized values under the policy the trajectory had) when the branch starts.
+inline bool snaps_gamma(const InterventionConfig& iv) { return has_preset(iv, "snap_gamma"); }
+// reset_adam_v: when the branch starts, Adam's second moment v := bc2 * g^2 with g the branch's
+// gradient at its first step (its new policy, its weights, the step's batch), so that v-hat =
+// g^2: v recalibrated on the new gradients, m kept.
+inline bool resets_adam_v(const InterventionConfig& iv) { return has_preset(iv, "reset_adam_v"); }
 // The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
 std::string describe_patch(const InterventionConfig& iv);
 std::string describe_patch(const ArmConfig& arm);
