@@ -9,7 +9,8 @@
 #   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 2 seeds
 #   bash experiments/paper/run_repro.sh J OUTDIR   # issue 12: instruments at lr 5e-4 (seeds 0-4; seed 0
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
-#   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: shard i/n of the arms study
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: the arms
+#                                                  #   study (shard i/n, or every seed), over those GPUs
 #   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: shard i/n of the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
 #   bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at 4200, explanations separated
@@ -119,10 +120,14 @@ case "$PART" in
   K)
     # One shard of the 32-seed arms study (MXLAB_SHARD=i/n); commit its summary_study_arms_*.csv
     # under results/study_arms/, where results/study_arms.py merges the shards.
-    SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}
-    train experiments/paper/study_arms_lr5e-4.yaml --device cuda --out "$RUNS/study_arms" --quiet --shard "$SHARD"
-    $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard${SHARD/\//of}.csv"
-    $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard${SHARD/\//of}.csv"
+    # MXLAB_SHARD=i/n: one shard; unset: every seed (in order, so a time limit leaves the first
+    # seeds finished). MXLAB_GPUS=0,1: the runs spread over those GPUs, one at a time on each.
+    kargs=(--device cuda); tag=all
+    if [ -n "${MXLAB_GPUS:-}" ]; then kargs=(--gpus "$MXLAB_GPUS"); fi
+    if [ -n "${MXLAB_SHARD:-}" ]; then kargs+=(--shard "$MXLAB_SHARD"); tag=${MXLAB_SHARD/\//of}; fi
+    train experiments/paper/study_arms_lr5e-4.yaml --out "$RUNS/study_arms" --quiet "${kargs[@]}"
+    $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard$tag.csv"
+    $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard$tag.csv"
     ;;
   L)
     train experiments/paper/jump_lr5e-4_seed0.yaml --device cuda --out "$RUNS/jump" --quiet
