@@ -1,5 +1,6 @@
 """Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
-two-sided Fisher exact tests, the exact power of a Fisher comparison, Holm's step-down
+two-sided Fisher exact tests, exact McNemar tests of paired outcomes, the Poisson-binomial tail of an exchangeability test,
+the exact power of a Fisher comparison, Holm's step-down
 correction, and when a summarized trajectory counts as diverged. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree)."""
 import math
 
@@ -29,6 +30,31 @@ def fisher_two_sided(a, n1, b, n2):
     p_obs = prob(a)
     lo, hi = max(0, k - n2), min(k, n1)
     return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
+
+
+def mcnemar_exact(b, c):
+    """Two-sided exact McNemar p of paired binary outcomes: b pairs where only the first member
+    had the event, c where only the second had it (concordant pairs carry no information).
+    Under the null each discordant pair goes either way with probability 1/2:
+    p = min(1, 2 * P(Bin(b + c, 1/2) <= min(b, c)))."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def poisson_binomial_cdf(probs, k):
+    """P(S <= k) for S the number of successes of independent trials with success probabilities
+    `probs` (dynamic programming over the trials)."""
+    dist = [1.0]
+    for q in probs:
+        nxt = [0.0] * (len(dist) + 1)
+        for i, v in enumerate(dist):
+            nxt[i] += v * (1 - q)
+            nxt[i + 1] += v * q
+        dist = nxt
+    return min(1.0, sum(dist[:k + 1])) if k >= 0 else 0.0
 
 
 def fisher_power(p1, p2, n, alpha=0.05):

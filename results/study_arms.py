@@ -10,8 +10,10 @@ trajectory); commit those under results/study_arms/. Then:
 
 Per arm (the FP32 trajectory counts as the arm `fp32`): seeds n, diverged k/n with a Wilson 95 %
 interval, degraded k/n (final loss > 2 x the same run's FP32 minimum loss), median divergence
-step. Tests: two-sided Fisher exact of every arm against the paper's emulator (`floor_away`) and
-against FP32, Holm-corrected within each family. Only runs whose every trajectory finished count
+step. Tests, for diverged and for degraded: every arm against the paper's emulator (`floor_away`)
+and against FP32, two-sided Fisher exact (unpaired) and exact McNemar (paired by seed: the arms
+of a seed share its initial weights and batches), Holm-corrected within each family; and a
+family-level exchangeability test: is FP32 a seed's failing trajectory less often than chance? Only runs whose every trajectory finished count
 (an interrupted run is listed and left out). Standard library (+ matplotlib for the figure).
 """
 import argparse
@@ -23,7 +25,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import diverged_at, fisher_two_sided, holm, wilson  # noqa: E402
+from stats_util import diverged_at, fisher_two_sided, holm, mcnemar_exact, poisson_binomial_cdf, wilson  # noqa: E402
 
 REFERENCE = "floor_away"
 DEGRADED_FACTOR = 2.0
@@ -56,20 +58,23 @@ def load(directory):
 
 
 def per_arm(runs):
-    """{arm: {'n', 'div', 'deg', 'steps', 'seeds_div'}} over the finished runs."""
+    """{arm: {'n', 'div', 'deg', 'steps', 'seeds_div', 'seed': {seed: (diverged, degraded)}}} over
+    the finished runs; 'seed' pairs the arms' outcomes by seed (same initial weights and batches)."""
     out = {}
     for rid, groups in sorted(runs.items(), key=lambda kv: int(kv[1]["fp32"]["seed"])):
         fmin = float(groups["fp32"]["min_loss"])
         for arm, row in groups.items():
-            a = out.setdefault(arm, {"n": 0, "div": 0, "deg": 0, "steps": [], "seeds_div": []})
+            a = out.setdefault(arm, {"n": 0, "div": 0, "deg": 0, "steps": [], "seeds_div": [], "seed": {}})
             a["n"] += 1
             d = diverged_at(row)
+            deg = float(row["final_loss"]) > DEGRADED_FACTOR * fmin
             if d >= 0:
                 a["div"] += 1
                 a["steps"].append(d)
                 a["seeds_div"].append(int(row["seed"]))
-            if float(row["final_loss"]) > DEGRADED_FACTOR * fmin:
+            if deg:
                 a["deg"] += 1
+            a["seed"][int(row["seed"])] = (d >= 0, deg)
     return out
 
 
@@ -78,24 +83,74 @@ def arm_order(arms):
     return first + sorted(a for a in arms if a not in first)
 
 
-def tables(stats):
+def paired(stats, a, ref, outcome):
+    """(seeds where only `a` had the outcome, seeds where only `ref` had it): the discordant pairs
+    of a McNemar test. outcome 0: diverged, 1: degraded."""
+    seeds = set(stats[a]["seed"]) & set(stats[ref]["seed"])
+    only_a = sum(1 for x in seeds if stats[a]["seed"][x][outcome] and not stats[ref]["seed"][x][outcome])
+    only_ref = sum(1 for x in seeds if stats[ref]["seed"][x][outcome] and not stats[a]["seed"][x][outcome])
+    return only_a, only_ref
+
+
+def comparisons(stats, outcome):
+    """The test table of one outcome (0: diverged, 1: degraded): every arm against FP32 and
+    against the paper's emulator; Fisher exact (unpaired) and exact McNemar (paired by seed), each
+    Holm-corrected within its family (one reference = one family). * marks Holm-adjusted p < 0.05."""
+    key = ("div", "deg")[outcome]
     arms = arm_order(stats)
-    lines = ["| arm | seeds | diverged (Wilson 95 %) | degraded | median divergence step |", "|---|---|---|---|---|"]
-    for a in arms:
-        s = stats[a]
-        lo, hi = wilson(s["div"], s["n"])
-        med = f"{statistics.median(s['steps']):.0f}" if s["steps"] else "-"
-        lines.append(f"| {a} | {s['n']} | {s['div']}/{s['n']} ({lo:.2f}–{hi:.2f}) | {s['deg']}/{s['n']} | {med} |")
-    tests = ["| comparison | diverged | Fisher p | Holm-adjusted p |", "|---|---|---|---|"]
+    lines = [f"| comparison | {('diverged', 'degraded')[outcome]} | Fisher p (Holm) | seeds only a / only ref | "
+             "McNemar p (Holm) |", "|---|---|---|---|---|"]
     for ref in ("fp32", REFERENCE):
         if ref not in stats:
             continue
         others = [a for a in arms if a != ref and not (ref == REFERENCE and a == "fp32")]
-        ps = [fisher_two_sided(stats[a]["div"], stats[a]["n"], stats[ref]["div"], stats[ref]["n"]) for a in others]
-        for a, p, adj in zip(others, ps, holm(ps)):
-            tests.append(f"| {a} vs {ref} | {stats[a]['div']}/{stats[a]['n']} vs {stats[ref]['div']}/{stats[ref]['n']} | "
-                         f"{p:.3g} | {adj:.3g}{' *' if adj < 0.05 else ''} |")
-    return "\n".join(lines), "\n".join(tests)
+        fp = [fisher_two_sided(stats[a][key], stats[a]["n"], stats[ref][key], stats[ref]["n"]) for a in others]
+        pairs = [paired(stats, a, ref, outcome) for a in others]
+        mp = [mcnemar_exact(b, c) for b, c in pairs]
+        for a, p, adj, (b, c), q, qadj in zip(others, fp, holm(fp), pairs, mp, holm(mp)):
+            star = lambda x: " *" if x < 0.05 else ""
+            lines.append(f"| {a} vs {ref} | {stats[a][key]}/{stats[a]['n']} vs {stats[ref][key]}/{stats[ref]['n']} | "
+                         f"{p:.3g} ({adj:.3g}{star(adj)}) | {b} / {c} | {q:.3g} ({qadj:.3g}{star(qadj)}) |")
+    return "\n".join(lines)
+
+
+def family(stats, outcome):
+    """Is the FP32 trajectory more stable than the MX arms as a family? Conditional exact test:
+    if the seed's trajectories (FP32 and the m arms) were exchangeable, the FP32 one would be each
+    seed's failing one with probability (failures in that seed) / (m + 1), independently over
+    seeds; the p-value is P(FP32 fails in <= the observed number of seeds) under that
+    Poisson-binomial law (one-sided). Returns (FP32 failures, failing trajectories, trajectories,
+    p)."""
+    seeds = stats["fp32"]["seed"]
+    arms = [a for a in stats if seeds.keys() <= stats[a]["seed"].keys()]
+    probs, fails = [], 0
+    for x in seeds:
+        m = sum(1 for a in arms if stats[a]["seed"][x][outcome])
+        fails += m
+        probs.append(m / len(arms))
+    k = sum(1 for x in seeds if seeds[x][outcome])
+    return k, fails, len(arms) * len(seeds), poisson_binomial_cdf(probs, k)
+
+
+def tables(stats):
+    """(per-arm table, diverged tests, degraded tests, family line)."""
+    arms = arm_order(stats)
+    lines = ["| arm | seeds | diverged (Wilson 95 %) | degraded (Wilson 95 %) | median divergence step |",
+             "|---|---|---|---|---|"]
+    for a in arms:
+        s = stats[a]
+        lo, hi = wilson(s["div"], s["n"])
+        dlo, dhi = wilson(s["deg"], s["n"])
+        med = f"{statistics.median(s['steps']):.0f}" if s["steps"] else "-"
+        lines.append(f"| {a} | {s['n']} | {s['div']}/{s['n']} ({lo:.2f}–{hi:.2f}) | "
+                     f"{s['deg']}/{s['n']} ({dlo:.2f}–{dhi:.2f}) | {med} |")
+    fam = []
+    if "fp32" in stats and len(stats) > 1:
+        for outcome, word in ((0, "diverged"), (1, "degraded")):
+            k, fails, total, p = family(stats, outcome)
+            fam.append(f"{word}: FP32 in {k} of the {fails} failing trajectories (of {total}); if a seed's "
+                       f"trajectories were exchangeable, P(FP32 <= {k}) = {p:.3g} (one-sided)")
+    return "\n".join(lines), comparisons(stats, 0), comparisons(stats, 1), "\n".join(fam)
 
 
 def figure(stats, path):
@@ -104,20 +159,39 @@ def figure(stats, path):
     import matplotlib.pyplot as plt
 
     arms = arm_order(stats)
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(arms) + 1.2))
+    seeds = sorted(stats[arms[0]]["seed"])
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.45 * len(arms) + 1.6),
+                                 gridspec_kw={"width_ratios": [1, max(1.0, len(seeds) / 14)]})
     for y, a in enumerate(arms):
         s = stats[a]
-        lo, hi = wilson(s["div"], s["n"])
-        rate = s["div"] / s["n"]
-        ax.errorbar(rate, y, xerr=[[rate - lo], [hi - rate]], fmt="o", color="tab:blue" if a != "fp32" else "0.3",
-                    capsize=3)
-        ax.text(1.02, y, f"{s['div']}/{s['n']}", va="center", fontsize=8)
+        for k, (key, colour, dy) in enumerate((("div", "tab:red", -0.14), ("deg", "tab:orange", 0.14))):
+            lo, hi = wilson(s[key], s["n"])
+            rate = s[key] / s["n"]
+            ax.errorbar(rate, y + dy, xerr=[[rate - lo], [hi - rate]], fmt="o", color=colour, capsize=3,
+                        label=("diverged", "degraded (final > 2 x FP32 min)")[k] if y == 0 else None)
+        ax.text(1.02, y, f"{s['div']}/{s['n']}, {s['deg']}/{s['n']}", va="center", fontsize=7)
     ax.set_yticks(range(len(arms)))
     ax.set_yticklabels(arms)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
-    ax.set_xlabel("fraction of seeds diverged (Wilson 95 % interval)")
-    ax.set_title("lr 5e-4, L = 4, d = 512: divergence by MX recipe (arms share each seed's FP32 run)", fontsize=8)
+    ax.set_xlabel("fraction of seeds (Wilson 95 % interval)")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title("lr 5e-4, L = 4, d = 512: MX recipes as arms sharing each seed's FP32 run", fontsize=8)
+    for y, a in enumerate(arms):
+        for x, seed in enumerate(seeds):
+            div, deg = stats[a]["seed"].get(seed, (False, False))
+            if div:
+                bx.plot(x, y, "s", color="tab:red", ms=8)
+            elif deg:
+                bx.plot(x, y, "s", mfc="none", mec="tab:orange", ms=8, mew=1.5)
+    bx.set_yticks(range(len(arms)))
+    bx.set_yticklabels(arms, fontsize=7)
+    bx.set_xticks(range(len(seeds)))
+    bx.set_xticklabels(seeds, fontsize=7)
+    bx.set_xlim(-0.5, len(seeds) - 0.5)
+    bx.set_ylim(len(arms) - 0.5, -0.5)
+    bx.set_xlabel("seed (filled: diverged; open: degraded only)")
+    bx.grid(True, lw=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -132,11 +206,11 @@ def main(argv):
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
     stats = per_arm(runs)
-    t1, t2 = tables(stats)
+    t1, t2, t3, fam = tables(stats)
     seeds = sorted(int(g["fp32"]["seed"]) for g in runs.values())
     print(f"{len(runs)} finished runs (seeds {', '.join(map(str, seeds))})" +
           (f"; left out, not finished: {', '.join(interrupted)}" if interrupted else ""))
-    print("\n" + t1 + "\n\n" + t2)
+    print("\n" + t1 + "\n\nDiverged:\n" + t2 + "\n\nDegraded:\n" + t3 + ("\n\n" + fam if fam else ""))
     if a.figure:
         figure(stats, a.figure)
         print(f"\nwrote {a.figure}")

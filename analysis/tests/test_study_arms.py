@@ -51,11 +51,18 @@ def test_merges_shards_and_counts(mod, tmp_path, capsys):
     assert (s["fp32"]["n"], s["fp32"]["div"]) == (4, 0)
     assert (s["floor_away"]["div"], s["floor_away"]["deg"], s["floor_away"]["steps"]) == (3, 3, [5000, 7000, 9000])
     assert (s["floor_even"]["div"], s["floor_even"]["seeds_div"]) == (1, [13])
-    t1, t2 = mod.tables(s)
+    t1, t2, t3, fam = mod.tables(s)
     assert "| floor_away | 4 | 3/4 (" in t1 and "| 7000 |" in t1
     # floor_even 1/4 vs floor_away 3/4: Fisher p = 0.486 (hand: tables with 4 events, P(a=1) =
-    # P(a=3) = 16/70, as or less likely: a in {0, 1, 3, 4} -> (1 + 16 + 16 + 1)/70).
-    assert "| floor_even vs floor_away | 1/4 vs 3/4 | 0.486 |" in t2
+    # P(a=3) = 16/70, as or less likely: a in {0, 1, 3, 4} -> (1 + 16 + 16 + 1)/70). Paired by
+    # seed: floor_even diverged alone in no seed, floor_away alone in 2 (seeds 10, 11; both in 13):
+    # McNemar p = 2 * (1/2)^2 = 0.5; Holm over the one comparison of that family leaves it.
+    assert "| floor_even vs floor_away | 1/4 vs 3/4 | 0.486 (0.486) | 0 / 2 | 0.5 (0.5) |" in t2
+    # Degraded (final 0.05 > 2 * 0.002) equals diverged here.
+    assert "| floor_away vs fp32 | 3/4 vs 0/4 | 0.143 (0.286) | 3 / 0 | 0.25 (0.5) |" in t3
+    # Exchangeability: per seed 3 trajectories, failures 1, 1, 0, 2 (seeds 10, 11, 12, 13):
+    # P(FP32 never fails) = (2/3) * (2/3) * 1 * (1/3) = 4/27 = 0.148.
+    assert "diverged: FP32 in 0 of the 4 failing trajectories (of 12)" in fam and "= 0.148 (one-sided)" in fam
     assert mod.main(["--dir", str(tmp_path), "--figure", str(tmp_path / "f.png")]) == 0
     out = capsys.readouterr().out
     assert "4 finished runs (seeds 10, 11, 12, 13); left out, not finished: e" in out
@@ -87,3 +94,37 @@ def test_diverged_at_takes_the_earlier_step(mod):
     assert diverged_at(row(-1, 30)) == 30
     assert diverged_at(row(500, 30)) == 30
     assert diverged_at(row(20, 30)) == 20
+
+
+def test_mcnemar_and_poisson_binomial_by_hand(mod):
+    from stats_util import mcnemar_exact, poisson_binomial_cdf
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(8, 0) == pytest.approx(2 / 256)            # 2 * (1/2)^8
+    assert mcnemar_exact(7, 2) == pytest.approx(2 * 46 / 512)       # 2 * (1 + 9 + 36) / 2^9
+    assert mcnemar_exact(2, 7) == mcnemar_exact(7, 2)
+    assert mcnemar_exact(1, 1) == 1.0                               # 2 * 3/4, capped
+    assert poisson_binomial_cdf([0.5, 0.5], 0) == pytest.approx(0.25)
+    assert poisson_binomial_cdf([0.5, 0.5], 1) == pytest.approx(0.75)
+    assert poisson_binomial_cdf([0.2, 0.5, 1.0], 1) == pytest.approx(0.8 * 0.5)   # the third always succeeds
+    assert poisson_binomial_cdf([0.3], -1) == 0.0
+    assert poisson_binomial_cdf([0.3, 0.9], 2) == pytest.approx(1.0)
+
+
+def test_paired_counts_use_the_same_seed(mod):
+    stats = {"x": {"seed": {1: (True, True), 2: (False, True), 3: (True, False)}},
+             "y": {"seed": {1: (True, False), 2: (True, True), 4: (True, True)}}}
+    assert mod.paired(stats, "x", "y", 0) == (0, 1)   # seed 1 both, seed 2 only y; seeds 3, 4 unpaired
+    assert mod.paired(stats, "x", "y", 1) == (1, 0)   # degraded: seed 1 only x, seed 2 both
+
+
+def test_readme_section_10_is_what_the_committed_csvs_give(mod, capsys):
+    """results/README.md section 10's tables are study_arms.py's output over the committed CSVs."""
+    assert mod.main(["--dir", os.path.join(ROOT, "results", "study_arms")]) == 0
+    out = capsys.readouterr().out
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("## 10. "):]
+    for block in out.split("\n\n")[1:]:
+        block = block.replace("Diverged:\n", "").replace("Degraded:\n", "").strip()
+        if block.startswith("|"):
+            assert block in section, block.splitlines()[0]
+    assert "0 of the 43 diverging trajectories** (P = 0.0022)" in section and "0.00221" in out
