@@ -13,7 +13,8 @@
 #                                                  #   study (shard i/n, or every seed), over those GPUs
 #   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: shard i/n of the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
-#   bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at 4200, explanations separated
+#   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at a switch,
+#                                                  #   explanations separated, 5 diverging seeds
 #   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
 #   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
 # MXLAB_REPRO_LIMIT=S stops the training S seconds after the part began, over all of its `mxlab run`
@@ -130,12 +131,35 @@ case "$PART" in
     $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard$tag.csv"
     ;;
   L)
-    train experiments/paper/jump_lr5e-4_seed0.yaml --device cuda --out "$RUNS/jump" --quiet
-    f0=$($MX dump-config experiments/paper/jump_lr5e-4_seed0.yaml --id)
-    $MX eval "$RUNS/jump/$f0.h5" --snapshot 4200 --apply to_fp32 --apply snap_gamma+to_fp32 --apply to_fp32_keep_gamma_q \
-      --apply skip_ln_quant --apply snap_gamma+skip_ln_quant --train-batch --device cuda > "$OUT/eval_jump_step4200_train.txt" 2>&1
-    summaries jump
-    python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5
+    # The jump at a switch, its two explanations separated (eight branches each): seed 0 at 4200,
+    # seeds 1, 4, 15 at 8150, seed 25 at 2700 (every lr 5e-4 seed whose MX trajectory diverges);
+    # then the loss each switch causes at once, at the snapshot, on the training batch.
+    # MXLAB_GPUS=0,1: the three files at once over those GPUs (else one after another on cuda).
+    if [ -n "${MXLAB_GPUS:-}" ]; then
+      g0=${MXLAB_GPUS%%,*}; g1=${MXLAB_GPUS##*,}
+      train experiments/paper/jump_lr5e-4_late.yaml --gpus "$MXLAB_GPUS" --out "$RUNS/jump_late" --quiet
+      train experiments/paper/jump_lr5e-4_seed0.yaml --device "cuda:$g0" --out "$RUNS/jump" --quiet &
+      train experiments/paper/jump_lr5e-4_seed25.yaml --device "cuda:$g1" --out "$RUNS/jump_seed25" --quiet
+      wait
+    else
+      train experiments/paper/jump_lr5e-4_seed0.yaml --device cuda --out "$RUNS/jump" --quiet
+      train experiments/paper/jump_lr5e-4_late.yaml --device cuda --out "$RUNS/jump_late" --quiet
+      train experiments/paper/jump_lr5e-4_seed25.yaml --device cuda --out "$RUNS/jump_seed25" --quiet
+    fi
+    for fd in seed0:jump late:jump_late seed25:jump_seed25; do
+      f=experiments/paper/jump_lr5e-4_${fd%%:*}.yaml; d=${fd##*:}
+      step=$($MX dump-config "$f" | grep -m1 snapshot_steps | tr -dc 0-9)
+      n=$($MX plan "$f" | tail -1 | tr -dc 0-9)
+      for ((i = 0; i < n; i++)); do
+        id=$($MX dump-config "$f" --run "$i" --id)
+        [ -f "$RUNS/$d/$id.h5" ] || continue
+        $MX eval "$RUNS/$d/$id.h5" --snapshot "$step" --apply to_fp32 --apply snap_gamma+to_fp32 \
+          --apply to_fp32_keep_gamma_q --apply skip_ln_quant --apply snap_gamma+skip_ln_quant --train-batch \
+          --device cuda > "$OUT/eval_${d}_${id}_step${step}_train.txt" 2>&1
+      done
+    done
+    summaries jump jump_late jump_seed25
+    python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5 "$RUNS"/jump_late/*.h5 "$RUNS"/jump_seed25/*.h5
     ;;
   M)
     SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}

@@ -38,5 +38,36 @@ for spec in "|0,1|--gpus 0,1|all" "2/8||--device cuda --shard 2/8|2of8"; do
   [ -f "$tmp/outK/summary_study_arms_shard$tag.csv" ] ||
     { echo "FAIL: part K wrote no summary_study_arms_shard$tag.csv"; ls "$tmp/outK"; fail=1; }
 done
+# Part L: each jump file's runs, over the GPUs, then mxlab eval at the file's snapshot step for
+# every run file that exists. A second stand-in answers dump-config / plan and writes run files.
+cat > "$tmp/mxlabL" <<'STUB'
+#!/usr/bin/env bash
+echo "stub $*" >> "$(dirname "$0")/callsL.log"
+case "$1" in
+  plan) case "$2" in *late*) echo "total: 3 runs" ;; *) echo "total: 1 run" ;; esac ;;
+  dump-config)
+    if [ "${*: -1}" = --id ]; then echo "id$(basename "$2" .yaml)r${4:-0}"
+    else case "$2" in *late*) echo "  snapshot_steps: [8150]" ;; *seed25*) echo "  snapshot_steps: [2700]" ;;
+         *) echo "  snapshot_steps: [4200]" ;; esac; fi ;;
+  run) out=$(echo "$*" | sed 's/.*--out \([^ ]*\).*/\1/'); mkdir -p "$out"
+       n=1; case "$2" in *late*) n=3 ;; esac
+       for ((i = 0; i < n; i++)); do touch "$out/id$(basename "$2" .yaml)r$i.h5"; done ;;
+esac
+exit 0
+STUB
+chmod +x "$tmp/mxlabL"
+MXLAB_BIN="$tmp/mxlabL" MXLAB_GPUS=0,1 MXLAB_REPRO_RUNS="$tmp/runsL" \
+  bash experiments/paper/run_repro.sh L "$tmp/outL" > "$tmp/logL" 2>&1
+for want in "run experiments/paper/jump_lr5e-4_late.yaml --gpus 0,1 --out $tmp/runsL/jump_late" \
+            "run experiments/paper/jump_lr5e-4_seed0.yaml --device cuda:0 --out $tmp/runsL/jump " \
+            "run experiments/paper/jump_lr5e-4_seed25.yaml --device cuda:1 --out $tmp/runsL/jump_seed25"; do
+  grep -qF "stub $want" "$tmp/callsL.log" || { echo "FAIL: part L did not call mxlab $want"; fail=1; }
+done
+evals=$(grep -c "^stub eval .*--snapshot 8150 " "$tmp/callsL.log")
+[ "$evals" -eq 3 ] || { echo "FAIL: part L evaluated $evals late-seed runs at 8150, expected 3"; fail=1; }
+for want in "eval $tmp/runsL/jump/idjump_lr5e-4_seed0r0.h5 --snapshot 4200" \
+            "eval $tmp/runsL/jump_seed25/idjump_lr5e-4_seed25r0.h5 --snapshot 2700"; do
+  grep -qF "stub $want" "$tmp/callsL.log" || { echo "FAIL: part L did not call mxlab $want"; cat "$tmp/callsL.log"; fail=1; }
+done
 [ "$fail" -eq 0 ] && echo "ok: scripts parse; the limit stopped part J after $t s with $runs run"
 exit "$fail"
