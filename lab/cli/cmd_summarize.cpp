@@ -92,7 +92,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
           ->type_name("KEY[,KEY...]");
   c->add_flag("--compare", a->compare,
               "with --by: a second table, every pair of groups: Fisher's exact test of the diverged counts, "
-              "log-rank test of steps to divergence")
+              "log-rank test of steps to divergence, exact McNemar test over the runs both share (arms paired by seed)")
       ->needs(by);
   c->add_flag("--branches", a->grouping.branches, "with --by: also the intervention branches (arm = branch name)")
       ->needs(by);

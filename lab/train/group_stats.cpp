@@ -131,6 +131,28 @@ std::string rows_text(const std::vector<std::vector<std::string>>& rows, bool cs
   return out;
 }
 
+// The runs with exactly one trajectory in each of the two groups, and their discordant
+// divergence outcomes (OutcomePair's paired_n, only_a, only_b, mcnemar_p).
+void pair_by_run(const OutcomeGroup& ga, const OutcomeGroup& gb, OutcomePair& p) {
+  auto single = [](const OutcomeGroup& g) {
+    std::map<std::string, const TrajectoryOutcome*> by_run;  // nullptr: several in this group
+    for (const TrajectoryOutcome& t : g.members) {
+      auto [it, fresh] = by_run.emplace(t.run_id, &t);
+      if (!fresh) it->second = nullptr;
+    }
+    return by_run;
+  };
+  const auto a = single(ga), b = single(gb);
+  for (const auto& [run, ta] : a) {
+    const auto it = b.find(run);
+    if (ta == nullptr || it == b.end() || it->second == nullptr) continue;
+    ++p.paired_n;
+    p.only_a += ta->diverged && !it->second->diverged;
+    p.only_b += it->second->diverged && !ta->diverged;
+  }
+  p.mcnemar_p = p.paired_n > 0 ? mcnemar_exact(p.only_a, p.only_b) : std::numeric_limits<double>::quiet_NaN();
+}
+
 }  // namespace
 
 GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const GroupingOptions& opt) {
@@ -196,6 +218,7 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
       p.b = b;
       p.fisher_p = fisher_exact_two_sided(ga.diverged, ga.n - ga.diverged, gb.diverged, gb.n - gb.diverged);
       p.log_rank = log_rank(survival_obs(ga), survival_obs(gb));
+      pair_by_run(ga, gb, p);
       out.pairs.push_back(p);
     }
   return out;
@@ -239,7 +262,8 @@ std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv) {
   for (const char* side : {"a_", "b_"})
     for (const std::string& k : g.keys) header.push_back(side + k);
   for (const char* c : {"a_n", "a_diverged", "b_n", "b_diverged", "fisher_p", "logrank_observed_a",
-                        "logrank_expected_a", "logrank_chi2", "logrank_p"})
+                        "logrank_expected_a", "logrank_chi2", "logrank_p", "paired_n", "paired_only_a",
+                        "paired_only_b", "mcnemar_p"})
     header.push_back(c);
   rows.push_back(header);
   for (const OutcomePair& p : g.pairs) {
@@ -248,14 +272,16 @@ std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv) {
     row.insert(row.end(), b.values.begin(), b.values.end());
     for (const std::string& c : {count(a.n), count(a.diverged), count(b.n), count(b.diverged), cell.num(p.fisher_p),
                                  cell.num(p.log_rank.observed_a), cell.num(p.log_rank.expected_a),
-                                 cell.num(p.log_rank.chi2), cell.num(p.log_rank.p)})
+                                 cell.num(p.log_rank.chi2), cell.num(p.log_rank.p), count(p.paired_n),
+                                 count(p.only_a), count(p.only_b), cell.num(p.mcnemar_p)})
       row.push_back(c);
     rows.push_back(row);
   }
   out += "\n";
   if (!csv)
     out += msg("pairs: Fisher's exact test of the diverged counts (two-sided); log-rank test of steps to divergence "
-               "(chi-square, 1 df); no correction for multiple comparisons\n");
+               "(chi-square, 1 df); paired by run (runs with one trajectory in each group): only a / only b diverged, "
+               "exact McNemar test (two-sided); no correction for multiple comparisons\n");
   return out + rows_text(rows, csv);
 }
 

@@ -2,7 +2,7 @@
 // configuration keys (and `arm`, the trajectory's name), with per group the divergence count
 // and its Wilson interval, the degraded count, median divergence step and final-loss ratio to
 // FP32, and Kaplan-Meier survival of steps to divergence; per pair of groups Fisher's exact
-// test and the log-rank test. Columns and definitions: lab/train/README.md.
+// test, the log-rank test and, over the runs both groups share, the exact McNemar test. Columns and definitions: lab/train/README.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -50,6 +50,11 @@ struct OutcomePair {
   size_t a = 0, b = 0;  // indices into groups, a < b
   double fisher_p = 0;  // diverged counts, two-sided
   LogRank log_rank;     // steps to divergence
+  // Paired by run: the runs with exactly one trajectory in each group (arms of one run share its
+  // seed, initial weights and batches); of those, the ones where only a's / only b's diverged,
+  // and the exact McNemar p (NaN when no run pairs the groups).
+  int64_t paired_n = 0, only_a = 0, only_b = 0;
+  double mcnemar_p = 0;
 };
 
 struct GroupedOutcomes {

@@ -82,6 +82,15 @@ double fisher_exact_two_sided(int64_t a, int64_t b, int64_t c, int64_t d) {
   return std::min(1.0, selected / total);
 }
 
+double mcnemar_exact(int64_t b, int64_t c) {
+  MXLAB_ASSERT(b >= 0 && c >= 0);
+  const int64_t n = b + c;
+  if (n == 0) return 1.0;
+  double tail = 0;
+  for (int64_t i = 0; i <= std::min(b, c); ++i) tail += std::exp(log_choose(n, i) - static_cast<double>(n) * std::log(2.0));
+  return std::min(1.0, 2 * tail);
+}
+
 double chi2_1df_sf(double x) {
   if (std::isnan(x)) return kNaN;
   return x <= 0 ? 1.0 : std::erfc(std::sqrt(x / 2));

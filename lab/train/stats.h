@@ -27,6 +27,13 @@ Interval wilson_interval(int64_t k, int64_t n, double z = kZ95);
 // fisher.test and scipy.stats.fisher_exact define it. 1 when a margin is 0.
 double fisher_exact_two_sided(int64_t a, int64_t b, int64_t c, int64_t d);
 
+// Two-sided p-value of the exact McNemar test of paired binary outcomes (McNemar 1947; the
+// exact binomial form, R's binom.test on the discordant pairs, scipy.stats.binomtest): b pairs
+// where only the first member had the event, c where only the second had it; under the null
+// each discordant pair goes either way with probability 1/2, so p = min(1, 2 P(Bin(b + c, 1/2)
+// <= min(b, c))). 1 when there is no discordant pair.
+double mcnemar_exact(int64_t b, int64_t c);
+
 // P(X >= x) for X chi-square with one degree of freedom: erfc(sqrt(x / 2)).
 double chi2_1df_sf(double x);
 

@@ -111,6 +111,21 @@ TEST(Stats, WilsonIntervalHandWorked) {
   EXPECT_TRUE(std::isnan(w.lo) && std::isnan(w.hi));
 }
 
+TEST(Stats, McNemarExactHandWorked) {
+  // No discordant pair: no evidence either way.
+  EXPECT_EQ(mcnemar_exact(0, 0), 1.0);
+  // 8 / 0: 2 * (1/2)^8.
+  EXPECT_NEAR(mcnemar_exact(8, 0), 2.0 / 256, kTight);
+  EXPECT_NEAR(mcnemar_exact(0, 8), 2.0 / 256, kTight);
+  // 7 / 2: 2 * (C(9,0) + C(9,1) + C(9,2)) / 2^9 = 2 * 46 / 512.
+  EXPECT_NEAR(mcnemar_exact(7, 2), 92.0 / 512, kTight);
+  // 1 / 1: 2 * 3/4 > 1: capped.
+  EXPECT_EQ(mcnemar_exact(1, 1), 1.0);
+  // Larger counts, exact rational arithmetic (Python fractions): 2 * sum C(n, i) / 2^n.
+  EXPECT_NEAR(mcnemar_exact(60, 40), 0.05688793364098079, 1e-12);
+  EXPECT_NEAR(mcnemar_exact(300, 250), 0.036578745549102704, 1e-11);
+}
+
 TEST(Stats, FisherExactHandWorked) {
   // 0/5 vs 3/5: margins 5, 5 and 3 events of 10; P(x events in the first row) =
   // C(5,x) C(5,3-x) / C(10,3) = 10, 50, 50, 10 (/120) for x = 0..3. Observed x = 0 (10/120);

@@ -194,8 +194,20 @@ TEST(SummarizeBy, ArmsAndLearningRatesGroupedWithHandWorkedNumbers) {
     EXPECT_NEAR(p.log_rank.expected_a, e, 1e-12);
     EXPECT_NEAR(p.log_rank.chi2, e * e / v, 1e-12);
     EXPECT_NEAR(p.log_rank.p, chi2_1df_sf(e * e / v), 1e-15);
+    // Paired by run: the five 5e-4 runs each have one ne and one ta; ta alone diverged in
+    // seeds 0, 1, 4, ne alone in none: McNemar 0 / 3 = 2 * (1/2)^3.
+    EXPECT_EQ(p.paired_n, 5);
+    EXPECT_EQ(p.only_a, 0);
+    EXPECT_EQ(p.only_b, 3);
+    EXPECT_NEAR(p.mcnemar_p, 0.25, 1e-15);
   }
   EXPECT_TRUE(seen);
+  // Groups of different learning rates share no run: no pairing.
+  for (const OutcomePair& p : g.pairs)
+    if (g.groups[p.a].values[1] != g.groups[p.b].values[1]) {
+      EXPECT_EQ(p.paired_n, 0);
+      EXPECT_TRUE(std::isnan(p.mcnemar_p));
+    }
 
   // One key: the seeds' trajectories of both learning rates together.
   const GroupedOutcomes by_arm = group_outcomes(runs, {{"arm"}});
@@ -203,6 +215,16 @@ TEST(SummarizeBy, ArmsAndLearningRatesGroupedWithHandWorkedNumbers) {
   EXPECT_EQ(by_arm.groups[2].values, std::vector<std::string>{"ta"});
   EXPECT_EQ(by_arm.groups[2].n, 10);
   EXPECT_EQ(by_arm.groups[2].diverged, 4);
+  // ne vs ta over both learning rates: 10 runs paired, ta alone diverged in 4: 2 * (1/2)^4.
+  const OutcomePair& ne_ta = by_arm.pairs.back();
+  EXPECT_EQ(by_arm.groups[ne_ta.a].values[0] + by_arm.groups[ne_ta.b].values[0], "neta");
+  EXPECT_EQ(ne_ta.paired_n, 10);
+  EXPECT_EQ(ne_ta.only_b, 4);
+  EXPECT_NEAR(ne_ta.mcnemar_p, 0.125, 1e-15);
+  // By learning rate alone, a run puts three trajectories into one group: none pairs.
+  const GroupedOutcomes by_lr = group_outcomes(runs, {{"optimizer.lr"}});
+  ASSERT_EQ(by_lr.pairs.size(), 1u);
+  EXPECT_EQ(by_lr.pairs[0].paired_n, 0);
   // --degraded-factor 30 (degraded above 0.057): of ta at 5e-4 only seed 4 (non-finite).
   GroupingOptions o{{"arm", "optimizer.lr"}};
   o.degraded_factor = 30;
@@ -293,7 +315,7 @@ TEST(SummarizeBy, BinaryTablesAndColumns) {
   EXPECT_EQ(lines[7], "");
   EXPECT_EQ(lines[8],
             "a_arm,a_optimizer.lr,b_arm,b_optimizer.lr,a_n,a_diverged,b_n,b_diverged,fisher_p,logrank_observed_a,"
-            "logrank_expected_a,logrank_chi2,logrank_p");
+            "logrank_expected_a,logrank_chi2,logrank_p,paired_n,paired_only_a,paired_only_b,mcnemar_p");
   // The left-out run is named on stderr, one line.
   std::tie(rc, out) = run_command("(" + bin + " summarize --by arm --no-index " + d + " >/dev/null)");
   EXPECT_EQ(rc, 0);
