@@ -160,8 +160,8 @@ def figure(stats, path):
 
     arms = arm_order(stats)
     seeds = sorted(stats[arms[0]]["seed"])
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.45 * len(arms) + 1.6),
-                                 gridspec_kw={"width_ratios": [1, max(1.0, len(seeds) / 14)]})
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(17, 0.45 * len(arms) + 1.6),
+                                     gridspec_kw={"width_ratios": [1, max(1.0, len(seeds) / 14), 1]})
     for y, a in enumerate(arms):
         s = stats[a]
         for k, (key, colour, dy) in enumerate((("div", "tab:red", -0.14), ("deg", "tab:orange", 0.14))):
@@ -192,6 +192,23 @@ def figure(stats, path):
     bx.set_ylim(len(arms) - 0.5, -0.5)
     bx.set_xlabel("seed (filled: diverged; open: degraded only)")
     bx.grid(True, lw=0.3)
+    # Every finished trajectory ran the whole horizon (no censoring before it): the fraction of
+    # seeds diverged by step t is a plain cumulative count.
+    horizon = 10000
+    cmap = plt.get_cmap("tab10")
+    for i, a in enumerate(arms):
+        steps = sorted(stats[a]["steps"])
+        xs = [0] + [t for t in steps for _ in (0, 1)] + [horizon]
+        ys = [0.0] + [v for k in range(len(steps)) for v in (k / stats[a]["n"], (k + 1) / stats[a]["n"])]
+        ys.append(len(steps) / stats[a]["n"])
+        cx.plot(xs, ys, color="0.2" if a == "fp32" else cmap(i % 10), lw=2.2 if a in ("fp32", REFERENCE) else 1.2,
+                label=a)
+    cx.set_xlim(0, horizon)
+    cx.set_ylim(0, min(1.0, max(0.5, max(stats[a]["div"] / stats[a]["n"] for a in arms) + 0.1)))
+    cx.set_xlabel("step")
+    cx.set_ylabel("fraction of seeds diverged by then")
+    cx.legend(fontsize=6, loc="upper left")
+    cx.grid(True, lw=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
