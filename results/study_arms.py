@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Issue 13's recipe-arms study: merges the shards' summaries and prints its table, tests and
-figure, from committed CSVs only.
+"""A recipe-arms study over seeds (issue 13; issue 17's fresh-seed survival study): merges the
+shards' summaries and prints its table, tests and figure, from committed CSVs only.
 
-Each shard (`MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh K OUT` on the GPU machine)
-writes OUT/summary_study_arms_shard<i>of<n>.csv (`mxlab summarize DIR --csv`: one row per
-trajectory); commit those under results/study_arms/. Then:
+Each shard (`[MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUT` on the
+GPU machine) writes OUT/summary_study_arms_shard<i>of<n>.csv (or ...shardall.csv: `mxlab
+summarize DIR --csv`, one row per trajectory); commit those under results/study_arms/. Then:
 
   python3 results/study_arms.py [--dir results/study_arms] [--figure results/figures/study_arms_lr5e-4.png]
+
+Part M (issue 17, 20k steps at two learning rates) the same way, one study per lr:
+
+  python3 results/study_arms.py --dir results/fresh_seeds_20k --prefix summary_fresh_seeds_20k_shard \
+      --split optimizer.lr --figure results/figures/fresh_seeds_20k.png --title "fresh seeds, 20k steps"
 
 Per arm (the FP32 trajectory counts as the arm `fp32`): seeds n, diverged k/n with a Wilson 95 %
 interval, degraded k/n (final loss > 2 x the same run's FP32 minimum loss), median divergence
@@ -27,18 +32,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from stats_util import diverged_at, fisher_two_sided, holm, mcnemar_exact, poisson_binomial_cdf, wilson  # noqa: E402
 
-REFERENCE = "floor_away"
+REFERENCE = "floor_away"  # the comparison arm (--reference)
+PREFIX = "summary_study_arms_shard"
+DEFAULT_TITLE = "lr 5e-4, L = 4, d = 512: MX recipes as arms sharing each seed's FP32 run"
 DEGRADED_FACTOR = 2.0
 FINISHED = ("complete", "diverged")
 
 
-def load(directory):
-    """({run_id: {group: row}}, [interrupted run ids]) from every shard CSV in `directory`; a run
-    that appears in several shards (a rerun) must agree, else it is an error."""
-    runs, status = {}, {}
-    paths = sorted(glob.glob(os.path.join(directory, "summary_study_arms_shard*.csv")))
+def load(directory, prefix=PREFIX):
+    """({run_id: {group: row}}, [interrupted run ids]) from every shard CSV `prefix`*.csv in
+    `directory`; a run that appears in several shards (a rerun) must agree, else it is an error."""
+    runs = {}
+    paths = sorted(glob.glob(os.path.join(directory, prefix + "*.csv")))
     if not paths:
-        raise SystemExit(f"study_arms: no summary_study_arms_shard*.csv in {directory}")
+        raise SystemExit(f"study_arms: no {prefix}*.csv in {directory}")
     for path in paths:
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
@@ -64,8 +71,10 @@ def per_arm(runs):
     for rid, groups in sorted(runs.items(), key=lambda kv: int(kv[1]["fp32"]["seed"])):
         fmin = float(groups["fp32"]["min_loss"])
         for arm, row in groups.items():
-            a = out.setdefault(arm, {"n": 0, "div": 0, "deg": 0, "steps": [], "seeds_div": [], "seed": {}})
+            a = out.setdefault(arm, {"n": 0, "div": 0, "deg": 0, "steps": [], "seeds_div": [], "seed": {},
+                                     "horizon": 0})
             a["n"] += 1
+            a["horizon"] = max(a["horizon"], int(row["steps_run"]))
             d = diverged_at(row)
             deg = float(row["final_loss"]) > DEGRADED_FACTOR * fmin
             if d >= 0:
@@ -153,7 +162,29 @@ def tables(stats):
     return "\n".join(lines), comparisons(stats, 0), comparisons(stats, 1), "\n".join(fam)
 
 
-def figure(stats, path):
+def split_runs(runs, key):
+    """{value: runs} by the value of configuration column `key` (e.g. optimizer.lr, a swept key of
+    `mxlab summarize --csv`) in each run's FP32 row; {None: runs} without a key."""
+    if not key:
+        return {None: runs}
+    out = {}
+    for rid, groups in runs.items():
+        row = groups["fp32"]
+        if key not in row:
+            raise SystemExit(f"study_arms: --split {key}: no such column (columns: {', '.join(row)})")
+        out.setdefault(row[key], {})[rid] = groups
+    return dict(sorted(out.items(), key=lambda kv: float(kv[0]) if _is_number(kv[0]) else kv[0]))
+
+
+def _is_number(text):
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def figure(stats, path, title=DEFAULT_TITLE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -176,7 +207,7 @@ def figure(stats, path):
     ax.set_xlim(0, 1)
     ax.set_xlabel("fraction of seeds (Wilson 95 % interval)")
     ax.legend(fontsize=7, loc="upper right")
-    ax.set_title("lr 5e-4, L = 4, d = 512: MX recipes as arms sharing each seed's FP32 run", fontsize=8)
+    ax.set_title(title, fontsize=8)
     for y, a in enumerate(arms):
         for x, seed in enumerate(seeds):
             div, deg = stats[a]["seed"].get(seed, (False, False))
@@ -194,7 +225,7 @@ def figure(stats, path):
     bx.grid(True, lw=0.3)
     # Every finished trajectory ran the whole horizon (no censoring before it): the fraction of
     # seeds diverged by step t is a plain cumulative count.
-    horizon = 10000
+    horizon = max(stats[a]["horizon"] for a in arms)
     cmap = plt.get_cmap("tab10")
     for i, a in enumerate(arms):
         steps = sorted(stats[a]["steps"])
@@ -215,22 +246,47 @@ def figure(stats, path):
 
 
 def main(argv):
+    global REFERENCE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default=os.path.join(HERE, "study_arms"))
-    ap.add_argument("--figure", default=None, help="write the figure here (PNG)")
+    ap.add_argument("--prefix", default=PREFIX, help=f"shard CSV names start with this (default {PREFIX})")
+    ap.add_argument("--reference", default=REFERENCE, help=f"the arm every other is compared with (default {REFERENCE})")
+    ap.add_argument("--split", default=None, metavar="KEY",
+                    help="a separate study per value of this swept configuration column, e.g. optimizer.lr")
+    ap.add_argument("--figure", default=None, help="write the figure here (PNG); with --split, one per value "
+                                                   "(KEY=VALUE before the extension)")
+    ap.add_argument("--title", default=DEFAULT_TITLE, help="the figure's title")
     a = ap.parse_args(argv)
-    runs, interrupted = load(a.dir)
+    saved, REFERENCE = REFERENCE, a.reference
+    try:
+        return _report(a)
+    finally:
+        REFERENCE = saved
+
+
+def _report(a):
+    runs, interrupted = load(a.dir, a.prefix)
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
-    stats = per_arm(runs)
-    t1, t2, t3, fam = tables(stats)
-    seeds = sorted(int(g["fp32"]["seed"]) for g in runs.values())
-    print(f"{len(runs)} finished runs (seeds {', '.join(map(str, seeds))})" +
-          (f"; left out, not finished: {', '.join(interrupted)}" if interrupted else ""))
-    print("\n" + t1 + "\n\nDiverged:\n" + t2 + "\n\nDegraded:\n" + t3 + ("\n\n" + fam if fam else ""))
-    if a.figure:
-        figure(stats, a.figure)
-        print(f"\nwrote {a.figure}")
+    for value, part in split_runs(runs, a.split).items():
+        stats = per_arm(part)
+        t1, t2, t3, fam = tables(stats)
+        seeds = sorted(int(g["fp32"]["seed"]) for g in part.values())
+        if value is not None:
+            print(f"## {a.split} = {value}\n")
+        print(f"{len(part)} finished runs (seeds {', '.join(map(str, seeds))})" +
+              (f"; left out, not finished: {', '.join(interrupted)}" if interrupted else ""))
+        print("\n" + t1 + "\n\nDiverged:\n" + t2 + "\n\nDegraded:\n" + t3 + ("\n\n" + fam if fam else ""))
+        if a.figure:
+            path = a.figure
+            title = a.title
+            if value is not None:
+                stem, ext = os.path.splitext(a.figure)
+                path = f"{stem}_{a.split}={value}{ext}"
+                title = f"{a.title} ({a.split} = {value})"
+            figure(stats, path, title)
+            print(f"\nwrote {path}")
+        print()
     return 0
 
 

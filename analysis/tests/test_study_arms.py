@@ -128,3 +128,33 @@ def test_readme_section_10_is_what_the_committed_csvs_give(mod, capsys):
         if block.startswith("|"):
             assert block in section, block.splitlines()[0]
     assert "0 of the 43 diverging trajectories** (P = 0.0022)" in section and "0.00221" in out
+
+
+def test_split_prefix_reference_and_horizon(mod, tmp_path, capsys):
+    """Part M's layout: another file prefix, a swept lr column to split on, a 20k horizon, and a
+    reference arm named on the command line."""
+    cols = COLS + ["optimizer.lr"]
+    with open(tmp_path / "summary_fresh_shard0of1.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for i, (lr, d) in enumerate([("0.0005", -1), ("0.0005", 15000), ("0.0006", 19000), ("0.0006", 12000)]):
+            for g, dd in (("fp32", -1), ("floor_away", -1), ("floor_even", d)):
+                final = 0.05 if dd >= 0 else 0.0021
+                w.writerow([f"r{i}", g, "", 100 + i, "diverged" if dd >= 0 else "complete", dd, -1, final, 0.002,
+                            20000, lr])
+    runs, _ = mod.load(str(tmp_path), "summary_fresh_shard")
+    parts = mod.split_runs(runs, "optimizer.lr")
+    assert list(parts) == ["0.0005", "0.0006"] and sorted(parts["0.0006"]) == ["r2", "r3"]
+    assert mod.per_arm(parts["0.0005"])["floor_even"]["horizon"] == 20000
+    with pytest.raises(SystemExit, match="no such column"):
+        mod.split_runs(runs, "optimizer.beta1")
+    fig = tmp_path / "m.png"
+    assert mod.main(["--dir", str(tmp_path), "--prefix", "summary_fresh_shard", "--split", "optimizer.lr",
+                     "--reference", "floor_even", "--figure", str(fig)]) == 0
+    out = capsys.readouterr().out
+    assert "## optimizer.lr = 0.0005" in out and "## optimizer.lr = 0.0006" in out
+    # The reference arm is floor_even: at 6e-4 floor_away (0/2) is compared with it (2/2).
+    assert "| floor_away vs floor_even | 0/2 vs 2/2 |" in out
+    assert mod.REFERENCE == "floor_away"  # main() leaves the module's default as it was
+    assert (tmp_path / "m_optimizer.lr=0.0005.png").stat().st_size > 5000
+    assert (tmp_path / "m_optimizer.lr=0.0006.png").stat().st_size > 5000

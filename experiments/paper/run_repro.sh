@@ -11,7 +11,7 @@
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
 #   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: the arms
 #                                                  #   study (shard i/n, or every seed), over those GPUs
-#   MXLAB_SHARD=i/n bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: shard i/n of the fresh-seed
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
 #   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at a switch,
 #                                                  #   explanations separated, 5 diverging seeds
@@ -37,6 +37,14 @@ train() {
   else
     $MX run "$@"
   fi
+}
+# kargs (mxlab run's device and shard arguments) and tag (the summaries' shard name) of a
+# sharded part: MXLAB_SHARD=i/n runs one shard, unset every run (in order, so a time limit leaves
+# the first seeds finished); MXLAB_GPUS=0,1 spreads the runs over those GPUs, one at a time each.
+spread_args() {
+  kargs=(--device cuda); tag=all
+  if [ -n "${MXLAB_GPUS:-}" ]; then kargs=(--gpus "$MXLAB_GPUS"); fi
+  if [ -n "${MXLAB_SHARD:-}" ]; then kargs+=(--shard "$MXLAB_SHARD"); tag=${MXLAB_SHARD/\//of}; fi
 }
 # OUT/summary_NAME.csv for each run directory RUNS/NAME.
 summaries() {
@@ -119,13 +127,9 @@ case "$PART" in
     intervention_figures instruments instruments_seed0
     ;;
   K)
-    # One shard of the 32-seed arms study (MXLAB_SHARD=i/n); commit its summary_study_arms_*.csv
-    # under results/study_arms/, where results/study_arms.py merges the shards.
-    # MXLAB_SHARD=i/n: one shard; unset: every seed (in order, so a time limit leaves the first
-    # seeds finished). MXLAB_GPUS=0,1: the runs spread over those GPUs, one at a time on each.
-    kargs=(--device cuda); tag=all
-    if [ -n "${MXLAB_GPUS:-}" ]; then kargs=(--gpus "$MXLAB_GPUS"); fi
-    if [ -n "${MXLAB_SHARD:-}" ]; then kargs+=(--shard "$MXLAB_SHARD"); tag=${MXLAB_SHARD/\//of}; fi
+    # The 32-seed arms study (spread_args: a shard, or every seed; over MXLAB_GPUS); commit its
+    # summary_study_arms_*.csv under results/study_arms/, where results/study_arms.py merges them.
+    spread_args
     train experiments/paper/study_arms_lr5e-4.yaml --out "$RUNS/study_arms" --quiet "${kargs[@]}"
     $MX summarize "$RUNS/study_arms" --csv > "$OUT/summary_study_arms_shard$tag.csv"
     $MX summarize "$RUNS/study_arms" --by arm --compare --csv > "$OUT/summary_by_arm_study_arms_shard$tag.csv"
@@ -162,11 +166,13 @@ case "$PART" in
     python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5 "$RUNS"/jump_late/*.h5 "$RUNS"/jump_seed25/*.h5
     ;;
   M)
-    SHARD=${MXLAB_SHARD:?set MXLAB_SHARD=i/n}
-    train experiments/paper/fresh_seeds_20k.yaml --device cuda --out "$RUNS/fresh_seeds_20k" --quiet --shard "$SHARD"
-    train experiments/paper/code_faithful_20k.yaml --device cuda --out "$RUNS/code_faithful_20k" --quiet --shard "$SHARD"
+    # Commit the summaries under results/fresh_seeds_20k/ and results/code_faithful_20k/; then
+    # results/study_arms.py --prefix summary_<name>_shard --split optimizer.lr (its docstring).
+    spread_args
+    train experiments/paper/fresh_seeds_20k.yaml --out "$RUNS/fresh_seeds_20k" --quiet "${kargs[@]}"
+    train experiments/paper/code_faithful_20k.yaml --out "$RUNS/code_faithful_20k" --quiet "${kargs[@]}"
     for d in fresh_seeds_20k code_faithful_20k; do
-      $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard${SHARD/\//of}.csv"
+      $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard$tag.csv"
     done
     ;;
   *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L|M)" >&2; exit 2 ;;

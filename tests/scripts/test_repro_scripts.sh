@@ -38,6 +38,15 @@ for spec in "|0,1|--gpus 0,1|all" "2/8||--device cuda --shard 2/8|2of8"; do
   [ -f "$tmp/outK/summary_study_arms_shard$tag.csv" ] ||
     { echo "FAIL: part K wrote no summary_study_arms_shard$tag.csv"; ls "$tmp/outK"; fail=1; }
 done
+# Part M: both 20k-step experiments with the same spread, a summary of each.
+rm -f "$tmp/calls.log"
+MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_GPUS=0,1 MXLAB_REPRO_RUNS="$tmp/runs" \
+  bash experiments/paper/run_repro.sh M "$tmp/outM" > "$tmp/logM" 2>&1
+for e in fresh_seeds_20k code_faithful_20k; do
+  grep -q "^stub run experiments/paper/$e.yaml .*--quiet --gpus 0,1 --shard 3/10\$" "$tmp/calls.log" ||
+    { echo "FAIL: part M did not run $e over the GPUs and the shard"; cat "$tmp/calls.log"; fail=1; }
+  [ -f "$tmp/outM/summary_${e}_shard3of10.csv" ] || { echo "FAIL: part M wrote no summary of $e"; fail=1; }
+done
 # Part L: each jump file's runs, over the GPUs, then mxlab eval at the file's snapshot step for
 # every run file that exists. A second stand-in answers dump-config / plan and writes run files.
 cat > "$tmp/mxlabL" <<'STUB'
