@@ -17,8 +17,9 @@ Per arm (the FP32 trajectory counts as the arm `fp32`): seeds n, diverged k/n wi
 interval, degraded k/n (final loss > 2 x the same run's FP32 minimum loss), median divergence
 step. Tests, for diverged and for degraded: every arm against the paper's emulator (`floor_away`)
 and against FP32, two-sided Fisher exact (unpaired) and exact McNemar (paired by seed: the arms
-of a seed share its initial weights and batches), Holm-corrected within each family; and a
-family-level exchangeability test: is FP32 a seed's failing trajectory less often than chance? Only runs whose every trajectory finished count
+of a seed share its initial weights and batches), Holm-corrected within each family; a
+family-level exchangeability test: is FP32 a seed's failing trajectory less often than chance?;
+and a permutation test of a seed effect: do the MX arms fail in the same seeds? Only runs whose every trajectory finished count
 (an interrupted run is listed and left out). Standard library (+ matplotlib for the figure).
 """
 import argparse
@@ -141,6 +142,28 @@ def family(stats, outcome):
     return k, fails, len(arms) * len(seeds), poisson_binomial_cdf(probs, k)
 
 
+def seed_effect(stats, outcome, permutations=20000, rng_seed=1):
+    """Do the MX arms fail in the same seeds? The per-seed count of failing MX arms, its variance,
+    and a permutation p-value: each arm's outcomes shuffled over the seeds independently (keeping
+    every arm's failure count), P(variance >= the observed one). Overdispersed counts mean that a
+    seed (its initial weights and batch order) is unstable under many recipes at once. A fixed
+    RNG seed makes the p-value reproducible; its Monte Carlo error is ~ sqrt(p / permutations)."""
+    import random
+
+    seeds = sorted(stats["fp32"]["seed"])
+    rows = [[stats[a]["seed"][x][outcome] for x in seeds] for a in stats if a != "fp32"]
+
+    def variance(cols):
+        counts = [sum(col[j] for col in cols) for j in range(len(seeds))]
+        return counts, statistics.pvariance(counts)
+
+    counts, observed = variance(rows)
+    rng = random.Random(rng_seed)
+    hits = sum(1 for _ in range(permutations)
+               if variance([rng.sample(r, len(r)) for r in rows])[1] >= observed - 1e-12)
+    return counts, observed, (hits + 1) / (permutations + 1)
+
+
 def tables(stats):
     """(per-arm table, diverged tests, degraded tests, family line)."""
     arms = arm_order(stats)
@@ -159,6 +182,9 @@ def tables(stats):
             k, fails, total, p = family(stats, outcome)
             fam.append(f"{word}: FP32 in {k} of the {fails} failing trajectories (of {total}); if a seed's "
                        f"trajectories were exchangeable, P(FP32 <= {k}) = {p:.3g} (one-sided)")
+            counts, var, p = seed_effect(stats, outcome)
+            fam.append(f"{word}: MX arms failing per seed {counts}, variance {var:.2f}; arms shuffled over seeds "
+                       f"independently: P(variance >= observed) = {p:.3g}")
     return "\n".join(lines), comparisons(stats, 0), comparisons(stats, 1), "\n".join(fam)
 
 

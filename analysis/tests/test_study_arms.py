@@ -128,6 +128,7 @@ def test_readme_section_10_is_what_the_committed_csvs_give(mod, capsys):
         if block.startswith("|"):
             assert block in section, block.splitlines()[0]
     assert "0 of the 43 diverging trajectories** (P = 0.0022)" in section and "0.00221" in out
+    assert "variance 2.63, P = 0.020" in section and "variance 2.63; arms shuffled" in out and "= 0.0198" in out
 
 
 def test_split_prefix_reference_and_horizon(mod, tmp_path, capsys):
@@ -158,3 +159,20 @@ def test_split_prefix_reference_and_horizon(mod, tmp_path, capsys):
     assert mod.REFERENCE == "floor_away"  # main() leaves the module's default as it was
     assert (tmp_path / "m_optimizer.lr=0.0005.png").stat().st_size > 5000
     assert (tmp_path / "m_optimizer.lr=0.0006.png").stat().st_size > 5000
+
+
+def test_seed_effect_by_hand(mod):
+    """Two arms, four seeds, each arm failing in one seed. Same seed: counts [2, 0, 0, 0], the
+    largest variance; a shuffle reproduces it when the two arms land on one seed, probability
+    1/4. Different seeds: [1, 1, 0, 0], the smallest variance any shuffle can give: p = 1."""
+    def stats_of(fail_a, fail_b):
+        seeds = {x: (False, False) for x in range(4)}
+        return {"fp32": {"seed": dict(seeds)},
+                "a": {"seed": {x: (x == fail_a, False) for x in range(4)}},
+                "b": {"seed": {x: (x == fail_b, False) for x in range(4)}}}
+    counts, var, p = mod.seed_effect(stats_of(0, 0), 0, permutations=20000)
+    assert counts == [2, 0, 0, 0] and var == pytest.approx(0.75)
+    assert p == pytest.approx(0.25, abs=0.015)
+    counts, var, p = mod.seed_effect(stats_of(0, 1), 0, permutations=2000)
+    assert counts == [1, 1, 0, 0] and p == 1.0
+    assert mod.seed_effect(stats_of(0, 0), 0, permutations=500) == mod.seed_effect(stats_of(0, 0), 0, permutations=500)
