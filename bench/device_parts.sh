@@ -8,6 +8,10 @@
 #             (carry it back as .devbin/mxlab to skip the build in a later call)
 #   gputests  every GPU test (log in logs.tgz)
 #   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
+#   refbench  the baseline of a performance change, on the same GPU in the same call: builds the
+#             source tree in .ref (another revision: `git worktree add --detach .ref REV`, ignored by
+#             .git/info/exclude, named in the call's carry) and runs the paper configuration's
+#             bench with it and with this tree's binary, alternately (ref, this, ref, this)
 #   P         run_repro.sh part P (A..M; K and M need MXLAB_SHARD); P+Q+... runs parts concurrently.
 #             Each part's training stops DEADLINE_S - 60 s after this script began, so its
 #             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
@@ -49,6 +53,24 @@ for step in "$@"; do
       grep -v '^{' "$LOGS/bench_attention.log" | tail -14
       $BIN bench experiments/paper/study_arms_lr5e-4.yaml --device cuda --steps 100 > "$LOGS/bench_study.log" 2>&1
       grep -A4 "trainer step" "$LOGS/bench_study.log"
+      ;;
+    refbench)
+      if [ ! -f .ref/CMakeLists.txt ]; then
+        echo "refbench: no source tree in .ref: git worktree add --detach .ref REV (ignored), and carry .ref"
+        exit 2
+      fi
+      cmake -S .ref -B .ref/build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake_ref.log" 2>&1 ||
+        { tail -30 "$LOGS/cmake_ref.log"; exit 1; }
+      ninja -C .ref/build -j16 mxlab > "$LOGS/build_ref.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build_ref.log"; exit 1; }
+      for i in 1 2; do
+        for tag in ref this; do
+          b=$BIN
+          [ "$tag" = ref ] && b=.ref/build/mxlab
+          $b bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 > "$LOGS/bench_fig4_${tag}_$i.log" 2>&1
+          echo "$tag $i: $(grep -E '^  MX trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
+          echo "$tag $i: $(grep -E '^  FP32 trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
+        done
+      done
       ;;
     *)
       limit=$(( DEADLINE - 60 - $(elapsed) ))

@@ -6,6 +6,7 @@
 set -uo pipefail
 ROOT=${1:?usage: test_repro_scripts.sh REPO_ROOT}
 cd "$ROOT" || exit 1
+ROOT=$PWD
 fail=0
 for f in bench/*.sh experiments/paper/run_repro.sh scripts/*.sh; do
   bash -n "$f" || { echo "FAIL: $f does not parse"; fail=1; }
@@ -38,6 +39,11 @@ for spec in "|0,1|--gpus 0,1|all" "2/8||--device cuda --shard 2/8|2of8"; do
   [ -f "$tmp/outK/summary_study_arms_shard$tag.csv" ] ||
     { echo "FAIL: part K wrote no summary_study_arms_shard$tag.csv"; ls "$tmp/outK"; fail=1; }
 done
+# device_parts.sh refbench without a .ref tree: one line that says how to make one, exit 2.
+out=$(cd "$tmp" && mkdir -p noref && cd noref && bash "$ROOT/bench/device_parts.sh" "$tmp/outR" 60 refbench 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] && echo "$out" | grep -q "refbench: no source tree in .ref: git worktree add --detach .ref REV" ||
+  { echo "FAIL: refbench without .ref: rc $rc"; echo "$out"; fail=1; }
 # Part M: both 20k-step experiments with the same spread, a summary of each.
 rm -f "$tmp/calls.log"
 MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_GPUS=0,1 MXLAB_REPRO_RUNS="$tmp/runs" \
