@@ -9,8 +9,8 @@
 #   gputests  every GPU test (log in logs.tgz)
 #   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
 #   refbench  the baseline of a performance change, on the same GPU in the same call: builds the
-#             source tree in .ref (another revision: `git worktree add --detach .ref REV`, ignored by
-#             .git/info/exclude, named in the call's carry) and runs the paper configuration's
+#             source tree in .ref (another revision: `git worktree add --detach .ref REV`; .gitignore
+#             ignores it, so name it in the call's carry) and runs the paper configuration's
 #             bench with it and with this tree's binary, alternately (ref, this, ref, this)
 #   P         run_repro.sh part P (A..M; K and M need MXLAB_SHARD); P+Q+... runs parts concurrently.
 #             Each part's training stops DEADLINE_S - 60 s after this script began, so its
