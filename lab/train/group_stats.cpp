@@ -131,18 +131,21 @@ std::string rows_text(const std::vector<std::vector<std::string>>& rows, bool cs
   return out;
 }
 
+// A group's members by run: the run's one trajectory in the group, or nullptr where the run
+// has several there (such a run pairs with nothing).
+using MembersByRun = std::map<std::string, const TrajectoryOutcome*>;
+MembersByRun members_by_run(const OutcomeGroup& g) {
+  MembersByRun by_run;
+  for (const TrajectoryOutcome& t : g.members) {
+    auto [it, fresh] = by_run.emplace(t.run_id, &t);
+    if (!fresh) it->second = nullptr;
+  }
+  return by_run;
+}
+
 // The runs with exactly one trajectory in each of the two groups, and their discordant
 // divergence outcomes (OutcomePair's paired_n, only_a, only_b, mcnemar_p).
-void pair_by_run(const OutcomeGroup& ga, const OutcomeGroup& gb, OutcomePair& p) {
-  auto single = [](const OutcomeGroup& g) {
-    std::map<std::string, const TrajectoryOutcome*> by_run;  // nullptr: several in this group
-    for (const TrajectoryOutcome& t : g.members) {
-      auto [it, fresh] = by_run.emplace(t.run_id, &t);
-      if (!fresh) it->second = nullptr;
-    }
-    return by_run;
-  };
-  const auto a = single(ga), b = single(gb);
+void pair_by_run(const MembersByRun& a, const MembersByRun& b, OutcomePair& p) {
   for (const auto& [run, ta] : a) {
     const auto it = b.find(run);
     if (ta == nullptr || it == b.end() || it->second == nullptr) continue;
@@ -210,6 +213,8 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
     }
     return false;
   });
+  std::vector<MembersByRun> by_run;  // once per group, for every pair it is in
+  for (const OutcomeGroup& g : out.groups) by_run.push_back(members_by_run(g));
   for (size_t a = 0; a < out.groups.size(); ++a)
     for (size_t b = a + 1; b < out.groups.size(); ++b) {
       const OutcomeGroup &ga = out.groups[a], &gb = out.groups[b];
@@ -218,7 +223,7 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
       p.b = b;
       p.fisher_p = fisher_exact_two_sided(ga.diverged, ga.n - ga.diverged, gb.diverged, gb.n - gb.diverged);
       p.log_rank = log_rank(survival_obs(ga), survival_obs(gb));
-      pair_by_run(ga, gb, p);
+      pair_by_run(by_run[a], by_run[b], p);
       out.pairs.push_back(p);
     }
   return out;
