@@ -88,8 +88,8 @@ def per_arm(runs):
     return out
 
 
-def arm_order(arms):
-    first = [a for a in ("fp32", REFERENCE) if a in arms]
+def arm_order(arms, ref=REFERENCE):
+    first = [a for a in ("fp32", ref) if a in arms]
     return first + sorted(a for a in arms if a not in first)
 
 
@@ -102,18 +102,18 @@ def paired(stats, a, ref, outcome):
     return only_a, only_ref
 
 
-def comparisons(stats, outcome):
+def comparisons(stats, outcome, reference=REFERENCE):
     """The test table of one outcome (0: diverged, 1: degraded): every arm against FP32 and
     against the paper's emulator; Fisher exact (unpaired) and exact McNemar (paired by seed), each
     Holm-corrected within its family (one reference = one family). * marks Holm-adjusted p < 0.05."""
     key = ("div", "deg")[outcome]
-    arms = arm_order(stats)
+    arms = arm_order(stats, reference)
     lines = [f"| comparison | {('diverged', 'degraded')[outcome]} | Fisher p (Holm) | seeds only a / only ref | "
              "McNemar p (Holm) |", "|---|---|---|---|---|"]
-    for ref in ("fp32", REFERENCE):
+    for ref in ("fp32", reference):
         if ref not in stats:
             continue
-        others = [a for a in arms if a != ref and not (ref == REFERENCE and a == "fp32")]
+        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
         fp = [fisher_two_sided(stats[a][key], stats[a]["n"], stats[ref][key], stats[ref]["n"]) for a in others]
         pairs = [paired(stats, a, ref, outcome) for a in others]
         mp = [mcnemar_exact(b, c) for b, c in pairs]
@@ -164,9 +164,9 @@ def seed_effect(stats, outcome, permutations=20000, rng_seed=1):
     return counts, observed, (hits + 1) / (permutations + 1)
 
 
-def tables(stats):
+def tables(stats, reference=REFERENCE):
     """(per-arm table, diverged tests, degraded tests, family line)."""
-    arms = arm_order(stats)
+    arms = arm_order(stats, reference)
     lines = ["| arm | seeds | diverged (Wilson 95 %) | degraded (Wilson 95 %) | median divergence step |",
              "|---|---|---|---|---|"]
     for a in arms:
@@ -185,7 +185,7 @@ def tables(stats):
             counts, var, p = seed_effect(stats, outcome)
             fam.append(f"{word}: MX arms failing per seed {counts}, variance {var:.2f}; arms shuffled over seeds "
                        f"independently: P(variance >= observed) = {p:.3g}")
-    return "\n".join(lines), comparisons(stats, 0), comparisons(stats, 1), "\n".join(fam)
+    return "\n".join(lines), comparisons(stats, 0, reference), comparisons(stats, 1, reference), "\n".join(fam)
 
 
 def split_runs(runs, key):
@@ -210,12 +210,12 @@ def _is_number(text):
         return False
 
 
-def figure(stats, path, title=DEFAULT_TITLE):
+def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = arm_order(stats)
+    arms = arm_order(stats, reference)
     seeds = sorted(stats[arms[0]]["seed"])
     fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(17, 0.45 * len(arms) + 1.6),
                                      gridspec_kw={"width_ratios": [1, max(1.0, len(seeds) / 14), 1]})
@@ -258,7 +258,7 @@ def figure(stats, path, title=DEFAULT_TITLE):
         xs = [0] + [t for t in steps for _ in (0, 1)] + [horizon]
         ys = [0.0] + [v for k in range(len(steps)) for v in (k / stats[a]["n"], (k + 1) / stats[a]["n"])]
         ys.append(len(steps) / stats[a]["n"])
-        cx.plot(xs, ys, color="0.2" if a == "fp32" else cmap(i % 10), lw=2.2 if a in ("fp32", REFERENCE) else 1.2,
+        cx.plot(xs, ys, color="0.2" if a == "fp32" else cmap(i % 10), lw=2.2 if a in ("fp32", reference) else 1.2,
                 label=a)
     cx.set_xlim(0, horizon)
     cx.set_ylim(0, min(1.0, max(0.5, max(stats[a]["div"] / stats[a]["n"] for a in arms) + 0.1)))
@@ -272,7 +272,6 @@ def figure(stats, path, title=DEFAULT_TITLE):
 
 
 def main(argv):
-    global REFERENCE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default=os.path.join(HERE, "study_arms"))
     ap.add_argument("--prefix", default=PREFIX, help=f"shard CSV names start with this (default {PREFIX})")
@@ -283,20 +282,12 @@ def main(argv):
                                                    "(KEY=VALUE before the extension)")
     ap.add_argument("--title", default=DEFAULT_TITLE, help="the figure's title")
     a = ap.parse_args(argv)
-    saved, REFERENCE = REFERENCE, a.reference
-    try:
-        return _report(a)
-    finally:
-        REFERENCE = saved
-
-
-def _report(a):
     runs, interrupted = load(a.dir, a.prefix)
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
     for value, part in split_runs(runs, a.split).items():
         stats = per_arm(part)
-        t1, t2, t3, fam = tables(stats)
+        t1, t2, t3, fam = tables(stats, a.reference)
         seeds = sorted(int(g["fp32"]["seed"]) for g in part.values())
         if value is not None:
             print(f"## {a.split} = {value}\n")
@@ -310,7 +301,7 @@ def _report(a):
                 stem, ext = os.path.splitext(a.figure)
                 path = f"{stem}_{a.split}={value}{ext}"
                 title = f"{a.title} ({a.split} = {value})"
-            figure(stats, path, title)
+            figure(stats, path, title, a.reference)
             print(f"\nwrote {path}")
         print()
     return 0
