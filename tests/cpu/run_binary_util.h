@@ -230,6 +230,16 @@ inline std::string run_file_in(const std::string& dir) {
   return n == 1 ? found : "";
 }
 
+// `mxlab run EXP --out OUT_DIR --device cpu --quiet`, and in *file the one run file it wrote;
+// a fatal test failure when the run fails or leaves no single run file (call it under
+// ASSERT_NO_FATAL_FAILURE).
+inline void train_cpu(const std::string& exp, const std::string& out_dir, std::string* file) {
+  const Proc p = run_mxlab({"run", exp, "--out", out_dir, "--device", "cpu", "--quiet"});
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  *file = run_file_in(out_dir);
+  ASSERT_FALSE(file->empty()) << "no single run file in " << out_dir;
+}
+
 inline std::string root_str(const std::string& path, const std::string& name) {
   const h5::H5File f(path, h5::H5File::Mode::read);
   return f.get_attr_string("/", name);

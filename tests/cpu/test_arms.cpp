@@ -368,12 +368,11 @@ TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
       "log: {log_every: 5, progress: false, snapshot_steps: [10], snapshot_optimizer: true, probe_batch: 8}\n"
       "checkpoint_every: 10\narms:\n  - {name: away, set: {rounding: nearest_away}}\n  - {name: even}\n");
   const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
-  ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
   ASSERT_FALSE(file.empty());
   // An inline branch of arm `even` at 15 and the same branch added after the fact agree.
-  std::tie(rc, out) = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late");
+  auto [rc, out] = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("has no arm 'mx' (arms: away, even): choose one with --from"), std::string::npos) << out;
   std::tie(rc, out) = mxlab::test::run_command(bin + " branch " + file + " --at 15 --apply to_fp32 --name late --from even");
@@ -426,9 +425,8 @@ TEST(ArmsCli, EvalReproducesTheRecordedLossesOfItsStep) {
       "arms:\n  - {name: away}\n  - {name: even, set: {rounding: nearest_even}}\n"
       "interventions:\n  - {name: noln, at: 20, apply: skip_ln_quant, from: even}\n");
   const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
-  ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
   auto be = make_cpu_backend();
   const h5::H5File f(file, h5::H5File::Mode::read);
   for (const char* t : {"away", "even"}) {
@@ -452,7 +450,7 @@ TEST(ArmsCli, EvalReproducesTheRecordedLossesOfItsStep) {
   EXPECT_EQ(a[1].loss, a[2].loss);
   EXPECT_NE(a[0].loss, eval_snapshot(*be, file, "even", 10, {}, true)[0].loss);
   // Through the binary: a table and a JSON line; unknown trajectories and steps are one-line errors.
-  std::tie(rc, out) = mxlab::test::run_command(bin + " eval " + file + " --snapshot 10 --trajectory even --apply to_fp32");
+  auto [rc, out] = mxlab::test::run_command(bin + " eval " + file + " --snapshot 10 --trajectory even --apply to_fp32");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("{apply: to_fp32}"), std::string::npos) << out;
   EXPECT_NE(out.find("\"rows\":[{\"label\":\"as trained\""), std::string::npos) << out;

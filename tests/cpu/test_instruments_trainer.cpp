@@ -189,10 +189,9 @@ TEST(InstrumentsTrainer, ExportWritesEachSeriesToItsOwnCsv) {
                 "log: {log_every: 5, bias_every: 2, progress: false, curvature_every: 10, curvature_iters: 3, "
                 "probe_batch: 8}\n");
   const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
-  ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
-  std::tie(rc, out) = mxlab::test::run_command(bin + " export " + file + " --csv " + dir.str() + "/csv");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
+  const auto [rc, out] = mxlab::test::run_command(bin + " export " + file + " --csv " + dir.str() + "/csv");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;
   const std::string id = std::filesystem::path(file).stem().string();

@@ -84,10 +84,8 @@ TEST(MxTeacherTargets, EvalOnTheTrainingBatchUsesTheTrajectorysTargets) {
       "steps: 16\nseed: 7\nmodel: {depth: 2, width: 32, hidden_mult: 2}\ndata: {batch: 24, mx_teacher_targets: true}\n"
       "precision: {rounding: nearest_away}\n"
       "log: {log_every: 4, bias_every: 2, progress: false, snapshot_steps: [10], probe_batch: 8}\n");
-  const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() +
-                                                  "/r --device cpu --quiet");
-  ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
   const h5::H5File f(file, h5::H5File::Mode::read);
   auto be = make_cpu_backend();
   for (const char* t : {"mx", "fp32"}) {

@@ -40,10 +40,9 @@ std::string run_small(mxlab::test::TempDir& dir, const std::string& intervention
       "precision: {rounding: nearest_away}\n"
       "log: {log_every: 5, bias_every: 5, progress: false, snapshot_steps: [20], probe_batch: 16}\n" +
           interventions);
-  const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() +
-                                                  "/r --device cpu --quiet");
-  EXPECT_EQ(rc, 0) << out;
-  return mxlab::testutil::run_file_in(dir.str() + "/r");
+  std::string file;
+  mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file);
+  return file;
 }
 
 }  // namespace
@@ -148,9 +147,8 @@ TEST(SnapGamma, ResetAdamVRecalibratesOnTheFirstGradient) {
       " probe_batch: 16}\n"
       "interventions:\n  - {name: rv, at: 20, apply: reset_adam_v}\n");
   const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " run " + exp + " --out " + dir.str() + "/r --device cpu --quiet");
-  ASSERT_EQ(rc, 0) << out;
-  const std::string file = mxlab::testutil::run_file_in(dir.str() + "/r");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
   const h5::H5File f(file, h5::H5File::Mode::read);
   const double b2 = 0.999;
   const double bc2 = 1.0 - std::pow(b2, 21.0);  // step 20: 1 - beta2^(t+1)
@@ -179,7 +177,7 @@ TEST(SnapGamma, ResetAdamVRecalibratesOnTheFirstGradient) {
   const std::string sgd = dir.write("s.yaml", "steps: 6\nmodel: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
                                               "optimizer: {name: sgd, lr: 0.01}\nlog: {progress: false}\n"
                                               "interventions:\n  - {name: rv, at: 3, apply: reset_adam_v}\n");
-  std::tie(rc, out) = mxlab::test::run_command(bin + " run " + sgd + " --out " + dir.str() + "/s --device cpu --quiet");
+  const auto [rc, out] = mxlab::test::run_command(bin + " run " + sgd + " --out " + dir.str() + "/s --device cpu --quiet");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("reset_adam_v needs Adam"), std::string::npos) << out;
 }
