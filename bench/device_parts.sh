@@ -6,12 +6,16 @@
 #   (`build gputests bench` is a whole validation session of a GPU change)
 #   build     cmake + ninja mxlab and mxlab_gpu_tests (Release, sm_90); OUTDIR/mxlab is the binary
 #             (carry it back as .devbin/mxlab to skip the build in a later call)
+#   ref       build .ref's mxlab (another revision: `git worktree add --detach .ref REV`; .gitignore
+#             ignores it, so name it in the call's carry); refbench and paired10k compare against it
 #   gputests  every GPU test (log in logs.tgz)
 #   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
-#   refbench  the baseline of a performance change, on the same GPU in the same call: builds the
-#             source tree in .ref (another revision: `git worktree add --detach .ref REV`; .gitignore
-#             ignores it, so name it in the call's carry) and runs the paper configuration's
-#             bench with it and with this tree's binary, alternately (ref, this, ref, this)
+#   refbench  the baseline of a performance change, on the same GPU in the same call: builds .ref
+#             (as `ref` does, when not built yet) and runs the paper configuration's bench with it
+#             and with this tree's binary, alternately (ref, this, ref, this)
+#   paired10k issue 16's whole-run target: the 10,000-step paired run of the paper configuration
+#             with the shadow gradient every step (--set log.bias_every=1), wall time, with this
+#             tree's binary and then, when .ref is built, with the baseline's
 #   P         run_repro.sh part P (A..M; K and M need MXLAB_SHARD); P+Q+... runs parts concurrently.
 #             Each part's training stops DEADLINE_S - 60 s after this script began, so its
 #             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
@@ -31,6 +35,16 @@ cat "$LOGS/device.txt"
 BIN=build/mxlab
 [ -x .devbin/mxlab ] && BIN=.devbin/mxlab
 elapsed() { echo $(( $(date +%s) - T0 )); }
+build_ref() {
+  if [ ! -f .ref/CMakeLists.txt ]; then
+    echo "$step: no source tree in .ref: git worktree add --detach .ref REV (ignored), and carry .ref"
+    return 2
+  fi
+  [ -x .ref/build/mxlab ] && return 0
+  cmake -S .ref -B .ref/build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake_ref.log" 2>&1 ||
+    { tail -30 "$LOGS/cmake_ref.log"; return 1; }
+  ninja -C .ref/build -j16 mxlab > "$LOGS/build_ref.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build_ref.log"; return 1; }
+}
 
 for step in "$@"; do
   echo "== $step at $(elapsed) s"
@@ -54,14 +68,9 @@ for step in "$@"; do
       $BIN bench experiments/paper/study_arms_lr5e-4.yaml --device cuda --steps 100 > "$LOGS/bench_study.log" 2>&1
       grep -A4 "trainer step" "$LOGS/bench_study.log"
       ;;
-    refbench)
-      if [ ! -f .ref/CMakeLists.txt ]; then
-        echo "refbench: no source tree in .ref: git worktree add --detach .ref REV (ignored), and carry .ref"
-        exit 2
-      fi
-      cmake -S .ref -B .ref/build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake_ref.log" 2>&1 ||
-        { tail -30 "$LOGS/cmake_ref.log"; exit 1; }
-      ninja -C .ref/build -j16 mxlab > "$LOGS/build_ref.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build_ref.log"; exit 1; }
+    ref|refbench)
+      build_ref || exit $?
+      [ "$step" = ref ] && continue
       for i in 1 2; do
         for tag in ref this; do
           b=$BIN
@@ -70,6 +79,18 @@ for step in "$@"; do
           echo "$tag $i: $(grep -E '^  MX trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
           echo "$tag $i: $(grep -E '^  FP32 trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
         done
+      done
+      ;;
+    paired10k)
+      for tag in this ref; do
+        b=$BIN
+        if [ "$tag" = ref ]; then [ -x .ref/build/mxlab ] || continue; b=.ref/build/mxlab; fi
+        rm -rf "$WORK/paired10k_$tag"
+        t1=$(date +%s%N)
+        $b run experiments/paper/fig4_baseline.yaml --device cuda --set log.bias_every=1 \
+          --out "$WORK/paired10k_$tag" --quiet > "$LOGS/paired10k_$tag.log" 2>&1
+        rc=$?
+        echo "paired10k $tag: exit $rc, $(( ($(date +%s%N) - t1) / 1000000 )) ms wall (10,000 steps, bias_every=1)"
       done
       ;;
     *)

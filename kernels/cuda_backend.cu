@@ -325,14 +325,15 @@ class CudaBackend final : public Backend {
     double* scratch = lane_scratch(layernorm_bwd_scratch_doubles(rows, d));
     launch_layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta, rows, d, r, scratch, cur());
   }
-  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r) override {
+  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+               const ElementwiseRound& h_in) override {
     ctx();
-    launch_act_fwd(act, h, a, rows, cols, r, cur());
+    launch_act_fwd(act, h, a, rows, cols, r, h_in, cur());
   }
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-               const ElementwiseRound& r) override {
+               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) override {
     ctx();
-    launch_act_bwd(act, h, da, dh, rows, cols, r, cur());
+    launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur());
   }
   void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                     const ElementwiseRound& r) override {

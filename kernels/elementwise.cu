@@ -92,21 +92,26 @@ struct RandnOp {
 
 // ---- activations (ACT a compile-time constant: act_value's switch folds away) ----
 
+// The input roundings (hb/hm of h, gb/gm of da): a GEMM output's bf16 rounding deferred to its
+// consumer (Backend::act_fwd), applied as the value is read.
 template <Act ACT>
 struct ActFwdOp {
   const float* h;
   float* a;
   bool rb;
   Rounding rm;
+  bool hb;
+  Rounding hm;
+  __device__ float f(float x) const { return act_fwd_elem(ACT, ew_round(x, hb, hm), rb, rm); }
   __device__ void vec(int64_t v) const {
     float4 x = ld4(h, v);
-    x.x = act_fwd_elem(ACT, x.x, rb, rm);
-    x.y = act_fwd_elem(ACT, x.y, rb, rm);
-    x.z = act_fwd_elem(ACT, x.z, rb, rm);
-    x.w = act_fwd_elem(ACT, x.w, rb, rm);
+    x.x = f(x.x);
+    x.y = f(x.y);
+    x.z = f(x.z);
+    x.w = f(x.w);
     st4(a, v, x);
   }
-  __device__ void one(int64_t i) const { a[i] = act_fwd_elem(ACT, h[i], rb, rm); }
+  __device__ void one(int64_t i) const { a[i] = f(h[i]); }
 };
 
 template <Act ACT>
@@ -116,16 +121,23 @@ struct ActBwdOp {
   float* dh;
   bool rb;
   Rounding rm;
+  bool hb;
+  Rounding hm;
+  bool gb;
+  Rounding gm;
+  __device__ float f(float x, float g) const {
+    return act_bwd_elem(ACT, ew_round(x, hb, hm), ew_round(g, gb, gm), rb, rm);
+  }
   __device__ void vec(int64_t v) const {
     const float4 x = ld4(h, v), g = ld4(da, v);
     float4 o;
-    o.x = act_bwd_elem(ACT, x.x, g.x, rb, rm);
-    o.y = act_bwd_elem(ACT, x.y, g.y, rb, rm);
-    o.z = act_bwd_elem(ACT, x.z, g.z, rb, rm);
-    o.w = act_bwd_elem(ACT, x.w, g.w, rb, rm);
+    o.x = f(x.x, g.x);
+    o.y = f(x.y, g.y);
+    o.z = f(x.z, g.z);
+    o.w = f(x.w, g.w);
     st4(dh, v, o);
   }
-  __device__ void one(int64_t i) const { dh[i] = act_bwd_elem(ACT, h[i], da[i], rb, rm); }
+  __device__ void one(int64_t i) const { dh[i] = f(h[i], da[i]); }
 };
 
 // SwiGLU: element i of a (rows, cols) reads u = h[r, c] and gate = h[r, cols + c] of the
@@ -137,21 +149,24 @@ struct SwigluFwdOp {
   int64_t cols;
   bool rb;
   Rounding rm;
+  bool hb;
+  Rounding hm;
+  __device__ float f(float u, float g) const { return swiglu_fwd_elem(ew_round(u, hb, hm), ew_round(g, hb, hm), rb, rm); }
   __device__ void vec(int64_t v) const {
     const int64_t i = 4 * v, r = i / cols, c = i - r * cols;
     const int64_t base = r * 2 * cols + c;
     const float4 u = *reinterpret_cast<const float4*>(h + base);
     const float4 g = *reinterpret_cast<const float4*>(h + base + cols);
     float4 o;
-    o.x = swiglu_fwd_elem(u.x, g.x, rb, rm);
-    o.y = swiglu_fwd_elem(u.y, g.y, rb, rm);
-    o.z = swiglu_fwd_elem(u.z, g.z, rb, rm);
-    o.w = swiglu_fwd_elem(u.w, g.w, rb, rm);
+    o.x = f(u.x, g.x);
+    o.y = f(u.y, g.y);
+    o.z = f(u.z, g.z);
+    o.w = f(u.w, g.w);
     st4(a, v, o);
   }
   __device__ void one(int64_t i) const {
     const int64_t r = i / cols, c = i - r * cols, base = r * 2 * cols + c;
-    a[i] = swiglu_fwd_elem(h[base], h[base + cols], rb, rm);
+    a[i] = f(h[base], h[base + cols]);
   }
 };
 
@@ -162,6 +177,13 @@ struct SwigluBwdOp {
   int64_t cols;
   bool rb;
   Rounding rm;
+  bool hb;
+  Rounding hm;
+  bool gb;
+  Rounding gm;
+  __device__ void f(float u, float g, float d, float& du, float& dg) const {
+    swiglu_bwd_elem(ew_round(u, hb, hm), ew_round(g, hb, hm), ew_round(d, gb, gm), du, dg, rb, rm);
+  }
   __device__ void vec(int64_t v) const {
     const int64_t i = 4 * v, r = i / cols, c = i - r * cols;
     const int64_t base = r * 2 * cols + c;
@@ -169,16 +191,16 @@ struct SwigluBwdOp {
     const float4 g = *reinterpret_cast<const float4*>(h + base + cols);
     const float4 d = ld4(da, v);
     float4 du, dg;
-    swiglu_bwd_elem(u.x, g.x, d.x, du.x, dg.x, rb, rm);
-    swiglu_bwd_elem(u.y, g.y, d.y, du.y, dg.y, rb, rm);
-    swiglu_bwd_elem(u.z, g.z, d.z, du.z, dg.z, rb, rm);
-    swiglu_bwd_elem(u.w, g.w, d.w, du.w, dg.w, rb, rm);
+    f(u.x, g.x, d.x, du.x, dg.x);
+    f(u.y, g.y, d.y, du.y, dg.y);
+    f(u.z, g.z, d.z, du.z, dg.z);
+    f(u.w, g.w, d.w, du.w, dg.w);
     *reinterpret_cast<float4*>(dh + base) = du;
     *reinterpret_cast<float4*>(dh + base + cols) = dg;
   }
   __device__ void one(int64_t i) const {
     const int64_t r = i / cols, c = i - r * cols, base = r * 2 * cols + c;
-    swiglu_bwd_elem(h[base], h[base + cols], da[i], dh[base], dh[base + cols], rb, rm);
+    f(h[base], h[base + cols], da[i], dh[base], dh[base + cols]);
   }
 };
 
@@ -251,25 +273,28 @@ void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float sca
 }
 
 void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-                    cudaStream_t s) {
+                    const ElementwiseRound& h_in, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (act == Act::swiglu) {
     const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(a);
-    launch_ew(SwigluFwdOp{h, a, cols, r.bf16, r.mode}, n, vec_ok, s);
+    launch_ew(SwigluFwdOp{h, a, cols, r.bf16, r.mode, h_in.bf16, h_in.mode}, n, vec_ok, s);
     return;
   }
-  dispatch_act<ActFwdOp>(act, n, aligned16(h) && aligned16(a), s, h, a, r.bf16, r.mode);
+  dispatch_act<ActFwdOp>(act, n, aligned16(h) && aligned16(a), s, h, a, r.bf16, r.mode, h_in.bf16, h_in.mode);
 }
 
 void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-                    const ElementwiseRound& r, cudaStream_t s) {
+                    const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
+                    cudaStream_t s) {
   const int64_t n = rows * cols;
   if (act == Act::swiglu) {
     const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(da) && aligned16(dh);
-    launch_ew(SwigluBwdOp{h, da, dh, cols, r.bf16, r.mode}, n, vec_ok, s);
+    launch_ew(SwigluBwdOp{h, da, dh, cols, r.bf16, r.mode, h_in.bf16, h_in.mode, da_in.bf16, da_in.mode}, n, vec_ok,
+              s);
     return;
   }
-  dispatch_act<ActBwdOp>(act, n, aligned16(h) && aligned16(da) && aligned16(dh), s, h, da, dh, r.bf16, r.mode);
+  dispatch_act<ActBwdOp>(act, n, aligned16(h) && aligned16(da) && aligned16(dh), s, h, da, dh, r.bf16, r.mode,
+                         h_in.bf16, h_in.mode, da_in.bf16, da_in.mode);
 }
 
 void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,

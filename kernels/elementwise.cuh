@@ -22,13 +22,15 @@ void launch_round_bf16(float* x, int64_t n, Rounding mode, cudaStream_t s);
 void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float scale, bool accumulate,
                   const StepScalars* d_step, cudaStream_t s);
 
-// a = R(act(h)); h: (rows, cols), or (rows, 2*cols) = [u | gate] for swiglu; a: (rows, cols).
+// a = R(act(R_h(h))); h: (rows, cols), or (rows, 2*cols) = [u | gate] for swiglu; a: (rows, cols).
+// R_h (h_in): the rounding of a GEMM output deferred to this consumer (Backend::act_fwd).
 void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-                    cudaStream_t s);
+                    const ElementwiseRound& h_in, cudaStream_t s);
 
-// dh = R(da * act'(h)); for swiglu dh is (rows, 2*cols) = [du | dgate].
+// dh = R(R_da(da) * act'(R_h(h))); for swiglu dh is (rows, 2*cols) = [du | dgate].
 void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-                    const ElementwiseRound& r, cudaStream_t s);
+                    const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
+                    cudaStream_t s);
 
 // x (rows, d) = R(x + R(y + bias)) (bias (d) broadcast over rows; without bias R(x + y)).
 void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,

@@ -128,27 +128,31 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r) override {
+  void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+               const ElementwiseRound& h_in) override {
+    auto H = [&](int64_t i) { return ew_round(h[i], h_in.bf16, h_in.mode); };
     if (act == Act::swiglu) {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j)
-          a[i * cols + j] = swiglu_fwd_elem(h[i * 2 * cols + j], h[i * 2 * cols + cols + j], r.bf16, r.mode);
+          a[i * cols + j] = swiglu_fwd_elem(H(i * 2 * cols + j), H(i * 2 * cols + cols + j), r.bf16, r.mode);
       return;
     }
-    for (int64_t i = 0; i < rows * cols; ++i) a[i] = act_fwd_elem(act, h[i], r.bf16, r.mode);
+    for (int64_t i = 0; i < rows * cols; ++i) a[i] = act_fwd_elem(act, H(i), r.bf16, r.mode);
   }
 
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-               const ElementwiseRound& r) override {
+               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) override {
+    auto H = [&](int64_t i) { return ew_round(h[i], h_in.bf16, h_in.mode); };
+    auto D = [&](int64_t i) { return ew_round(da[i], da_in.bf16, da_in.mode); };
     if (act == Act::swiglu) {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
           const int64_t u = i * 2 * cols + j, g = u + cols;
-          swiglu_bwd_elem(h[u], h[g], da[i * cols + j], dh[u], dh[g], r.bf16, r.mode);
+          swiglu_bwd_elem(H(u), H(g), D(i * cols + j), dh[u], dh[g], r.bf16, r.mode);
         }
       return;
     }
-    for (int64_t i = 0; i < rows * cols; ++i) dh[i] = act_bwd_elem(act, h[i], da[i], r.bf16, r.mode);
+    for (int64_t i = 0; i < rows * cols; ++i) dh[i] = act_bwd_elem(act, H(i), D(i), r.bf16, r.mode);
   }
 
   void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,

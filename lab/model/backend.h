@@ -142,12 +142,16 @@ class Backend {
   virtual void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma,
                              float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t d,
                              const ElementwiseRound& r) = 0;
-  // a = act(h). h is [rows x cols]; for swiglu h is [rows x 2*cols] (first half "a", second
-  // half "gate") and a is [rows x cols].
-  virtual void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r) = 0;
-  // dh = da * act'(h) (swiglu: dh is [rows x 2*cols]).
+  // a = R(act(H)) with H = R_h(h): the input is rounded as it is read. h is [rows x cols]; for
+  // swiglu h is [rows x 2*cols] (first half "a", second half "gate") and a is [rows x cols].
+  // R_h (`h_in`) lets the model leave a GEMM output unrounded (gemm's `out` = no rounding) and
+  // round it in its consumers instead: bit-identical to rounding it in gemm, one pass over the
+  // tensor fewer (kernels/PERF.md, issue 16).
+  virtual void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+                       const ElementwiseRound& h_in) = 0;
+  // dh = R(R_da(da) * act'(R_h(h))) (swiglu: dh is [rows x 2*cols]); h_in and da_in as act_fwd's.
   virtual void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-                       const ElementwiseRound& r) = 0;
+                       const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) = 0;
   // x[rows x d] += y (+ bias[d] broadcast over rows, when bias != null): x = R(x + R(y + b)).
   virtual void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                             const ElementwiseRound& r) = 0;

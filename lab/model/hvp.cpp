@@ -114,7 +114,7 @@ void hvp_prepare(Backend& be, const NetShape& s, const RunConfig& cfg, const flo
     const float* W1 = at(s, params, k, ParamGroup::w1);
     const float* W2 = at(s, params, k, ParamGroup::w2);
     be.gemm(B, H, d, f32(ws.gA[k], true), f32(W2, false), ws.ga[k], 0.0f, kFp32);  // da = dA W2
-    be.act_bwd(s.act, w.h[k], ws.ga[k], ws.gh[k], B, H, kFp32);                    // dh = act'(h) da
+    be.act_bwd(s.act, w.h[k], ws.ga[k], ws.gh[k], B, H, kFp32, w.h_round, kFp32);  // dh = act'(h) da
     if (!need_gy(s, k)) continue;
     be.gemm(B, d, H1, f32(ws.gh[k], true), f32(W1, false), ws.gy[k], 0.0f, kFp32);  // dy = dh W1
     if (k == 0) continue;

@@ -460,6 +460,7 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
+  ws.h_round = R;
   // A0 = R(x)
   be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
   if (R.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), R.mode);
@@ -475,10 +476,12 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     if (s.layernorm)
       W1 = norm_forward(be, s, params, k, mlp_norm_site(k), A, ws.ln_y[k], ws.xhat[k], ws.rstd[k], W1, H1, ws, pol,
                         R);
-    // h [B x H1] = y [B x d] . W1 [H1 x d]^T
+    // h [B x H1] = y [B x d] . W1 [H1 x d]^T, stored unrounded: its readers, act_fwd here and
+    // act_bwd in the backward pass, round it per R as they read it (bit-identical to rounding it
+    // here, one pass over h fewer; kernels/PERF.md).
     be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
-            ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, R);
-    be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R);
+            ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, ElementwiseRound{});
+    be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round);
     // o [B x d] = a [B x H] . W2 [d x H]^T
     float* o = s.residual ? ws.y : next;
     be.gemm(B, d, H, ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out)),
@@ -532,10 +535,11 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
     be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x),
             grads + g2.offset, 0.0f, R);
-    // da [B x H] = dA W2: reduction over d (W2 stored [d x H]).
+    // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
+    // reader) rounds both as it reads them.
     be.gemm(B, H, d, ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
-            ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f, R);
-    be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R);
+            ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f, ElementwiseRound{});
+    be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R);
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);

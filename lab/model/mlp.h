@@ -112,7 +112,11 @@ struct Workspace {
   std::vector<float*> ln_y;   // [L] layernorm output (= a_in without LN) [B x d]
   std::vector<float*> xhat;   // [L] normalised input                    [B x d]
   std::vector<float*> rstd;   // [L]                                     [B]
-  std::vector<float*> h;      // [L] pre-activation                      [B x H1]
+  std::vector<float*> h;      // [L] pre-activation, unrounded           [B x H1]
+  // The rounding its readers (act_fwd, act_bwd) apply to h: the forward pass's element-wise
+  // rounding, deferred from the GEMM that produced h (kernels/PERF.md). Set by forward(), so a
+  // backward under another policy still reads h as that forward left it.
+  ElementwiseRound h_round;
   std::vector<float*> a;      // [L] activation                          [B x H]
   float* out = nullptr;       // network output                          [B x d]
   float* dout = nullptr;      // loss gradient / residual-stream gradient [B x d]

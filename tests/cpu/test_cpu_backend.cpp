@@ -132,34 +132,34 @@ TEST(CpuBackend, ActivationsAtKnownPoints) {
   float* dh = be->alloc(3);
   float* ones = put(*be, {1, 1, 1});
   // gelu(x) = x Phi(x): gelu(0) = 0, gelu(1) = Phi(1) = 0.8413447460685429, gelu'(0) = 0.5.
-  be->act_fwd(Act::gelu, h, a, 1, 3, kNoRound);
+  be->act_fwd(Act::gelu, h, a, 1, 3, kNoRound, kNoRound);
   auto v = get(*be, a, 3);
   EXPECT_EQ(v[0], 0.0f);
   EXPECT_NEAR(v[1], 0.8413447460685429, 2e-7);
   EXPECT_NEAR(v[2], -0.15865525393145707, 2e-7);
-  be->act_bwd(Act::gelu, h, ones, dh, 1, 3, kNoRound);
+  be->act_bwd(Act::gelu, h, ones, dh, 1, 3, kNoRound, kNoRound, kNoRound);
   v = get(*be, dh, 3);
   EXPECT_NEAR(v[0], 0.5, 1e-7);
   EXPECT_NEAR(v[1], 0.8413447460685429 + 0.24197072451914337, 4e-7);  // Phi(1) + phi(1)
   // gelu_tanh(1) = 0.5 (1 + tanh(sqrt(2/pi) 1.044715)) = 0.8411919906082768.
-  be->act_fwd(Act::gelu_tanh, h, a, 1, 3, kNoRound);
+  be->act_fwd(Act::gelu_tanh, h, a, 1, 3, kNoRound, kNoRound);
   EXPECT_NEAR(get(*be, a, 3)[1], 0.8411919906082768, 2e-7);
-  be->act_fwd(Act::relu, h, a, 1, 3, kNoRound);
+  be->act_fwd(Act::relu, h, a, 1, 3, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, a, 3), (std::vector<float>{0.0f, 1.0f, 0.0f}));
-  be->act_bwd(Act::relu, h, ones, dh, 1, 3, kNoRound);
+  be->act_bwd(Act::relu, h, ones, dh, 1, 3, kNoRound, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, dh, 3), (std::vector<float>{0.0f, 1.0f, 0.0f}));
-  be->act_fwd(Act::linear, h, a, 1, 3, kNoRound);
+  be->act_fwd(Act::linear, h, a, 1, 3, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, a, 3), (std::vector<float>{0.0f, 1.0f, -1.0f}));
   // swiglu: h row = [u | g]; a = u silu(g); silu(1) = 0.7310585786300049, silu'(0) = 0.5.
   float* hs = put(*be, {2.0f, 3.0f, 1.0f, 0.0f});  // u = (2, 3), g = (1, 0)
   float* as = be->alloc(2);
-  be->act_fwd(Act::swiglu, hs, as, 1, 2, kNoRound);
+  be->act_fwd(Act::swiglu, hs, as, 1, 2, kNoRound, kNoRound);
   v = get(*be, as, 2);
   EXPECT_NEAR(v[0], 2 * 0.7310585786300049, 4e-7);
   EXPECT_EQ(v[1], 0.0f);
   float* das = put(*be, {1.0f, 1.0f});
   float* dhs = be->alloc(4);
-  be->act_bwd(Act::swiglu, hs, das, dhs, 1, 2, kNoRound);
+  be->act_bwd(Act::swiglu, hs, das, dhs, 1, 2, kNoRound, kNoRound, kNoRound);
   v = get(*be, dhs, 4);
   EXPECT_NEAR(v[0], 0.7310585786300049, 2e-7);  // du = silu(g)
   EXPECT_EQ(v[1], 0.0f);

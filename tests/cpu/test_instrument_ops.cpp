@@ -76,7 +76,7 @@ TEST(InstrumentOps, ActivationTangentsHandWorked) {
   float *B = h.put(big), *RB = h.put(rbig), *O1 = h.be->alloc(300), *O2 = h.be->alloc(300);
   for (Act a : {Act::relu, Act::gelu, Act::gelu_tanh, Act::linear}) {
     h.be->act_jvp(a, B, RB, O1, 10, 30);
-    h.be->act_bwd(a, B, RB, O2, 10, 30, ElementwiseRound{});
+    h.be->act_bwd(a, B, RB, O2, 10, 30, ElementwiseRound{}, ElementwiseRound{}, ElementwiseRound{});
     EXPECT_EQ(h.get(O1, 300), h.get(O2, 300)) << static_cast<int>(a);
   }
   // swiglu, one (u, g) pair: R{a} = ru silu(g) + u silu'(g) rg; the backward tangent against

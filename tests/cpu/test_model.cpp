@@ -408,12 +408,13 @@ class NaiveGemmBackend final : public Backend {
                      float* db, int64_t r, int64_t d, const ElementwiseRound& R) override {
     in->layernorm_bwd(dy, xh, rs, g, dx, dg, db, r, d, R);
   }
-  void act_fwd(Act a, const float* h, float* o, int64_t r, int64_t c, const ElementwiseRound& R) override {
-    in->act_fwd(a, h, o, r, c, R);
+  void act_fwd(Act a, const float* h, float* o, int64_t r, int64_t c, const ElementwiseRound& R,
+               const ElementwiseRound& Rh) override {
+    in->act_fwd(a, h, o, r, c, R, Rh);
   }
-  void act_bwd(Act a, const float* h, const float* da, float* dh, int64_t r, int64_t c,
-               const ElementwiseRound& R) override {
-    in->act_bwd(a, h, da, dh, r, c, R);
+  void act_bwd(Act a, const float* h, const float* da, float* dh, int64_t r, int64_t c, const ElementwiseRound& R,
+               const ElementwiseRound& Rh, const ElementwiseRound& Rda) override {
+    in->act_bwd(a, h, da, dh, r, c, R, Rh, Rda);
   }
   void residual_add(float* x, const float* y, const float* b, int64_t r, int64_t d, const ElementwiseRound& R) override {
     in->residual_add(x, y, b, r, d, R);

@@ -352,15 +352,28 @@ TEST(CudaBackend, ActivationsMatchCpu) {
     h[8] = -0.0f;
     const auto da = normal(rows * cols + 1, 31, 0.1f);
     Buf Hb = t.make(h), DA = t.make(da), A = t.poisoned(rows * cols + 1), DH = t.poisoned(rows * hcols + 1);
-    for (const ElementwiseRound& r : {kFp32, kBf16Even, kBf16Away}) {
+    // Output rounding r; the inputs' deferred rounding (h_in, da_in): none, as r, or another.
+    struct Rounds {
+      ElementwiseRound r, h_in, da_in;
+    };
+    const std::vector<Rounds> rounds = {{kFp32, kFp32, kFp32},         {kBf16Even, kFp32, kFp32},
+                                        {kBf16Away, kFp32, kFp32},     {kBf16Even, kBf16Even, kBf16Even},
+                                        {kBf16Away, kBf16Away, kBf16Away}, {kFp32, kBf16Away, kFp32},
+                                        {kBf16Away, kBf16Even, kBf16Away}};
+    for (const Rounds& q : rounds) {
+      const ElementwiseRound& r = q.r;
       for (int off : {0, 1}) {  // off = 1: misaligned pointers take the scalar path
         t.poison(A);
         t.poison(DH);
-        t.cpu->act_fwd(act, Hb.c + off, A.c + off, rows, cols, r);
-        t.gpu->act_fwd(act, Hb.g + off, A.g + off, rows, cols, r);
-        t.cpu->act_bwd(act, Hb.c + off, DA.c + off, DH.c + off, rows, cols, r);
-        t.gpu->act_bwd(act, Hb.g + off, DA.g + off, DH.g + off, rows, cols, r);
-        const std::string what = msg("act ", static_cast<int>(act), r.bf16 ? " bf16" : " fp32", " off ", off);
+        t.cpu->act_fwd(act, Hb.c + off, A.c + off, rows, cols, r, q.h_in);
+        t.gpu->act_fwd(act, Hb.g + off, A.g + off, rows, cols, r, q.h_in);
+        t.cpu->act_bwd(act, Hb.c + off, DA.c + off, DH.c + off, rows, cols, r, q.h_in, q.da_in);
+        t.gpu->act_bwd(act, Hb.g + off, DA.g + off, DH.g + off, rows, cols, r, q.h_in, q.da_in);
+        auto name = [](const ElementwiseRound& e) {
+          return std::string(e.bf16 ? (e.mode == Rounding::nearest_away ? "bf16-away" : "bf16-even") : "fp32");
+        };
+        const std::string what = msg("act ", static_cast<int>(act), " out ", name(r), " h_in ", name(q.h_in),
+                                     " da_in ", name(q.da_in), " off ", off);
         auto ac = t.host_cpu(A), ag = t.host_gpu(A), dc = t.host_cpu(DH), dg = t.host_gpu(DH);
         EXPECT_TRUE(std::isnan(ag[off ? 0 : rows * cols])) << what << ": wrote outside";
         ac.erase(ac.begin() + (off ? 0 : rows * cols));
@@ -605,7 +618,7 @@ struct MiniStep {
     be.randn(x, kRows * kD, 5, Stream::data, 1.0f);
     be.layernorm_fwd(x, gamma, beta, y, xhat, rstd, kRows, kD, 1e-5f, r);
     be.gemm(kRows, kH, kD, op(y, true, 0), op(w1, true, -1), h, 0.0f, r);
-    be.act_fwd(Act::gelu, h, a, kRows, kH, r);
+    be.act_fwd(Act::gelu, h, a, kRows, kH, r, kFp32);
     be.gemm(kRows, kD, kH, op(a, true, 1), op(w2, true, -1), o, 0.0f, r);
     be.residual_add(o, x, beta, kRows, kD, r);
     if (use_lanes) be.join();
