@@ -152,7 +152,7 @@ case "$PART" in
     fi
     for fd in seed0:jump late:jump_late seed25:jump_seed25; do
       f=experiments/paper/jump_lr5e-4_${fd%%:*}.yaml; d=${fd##*:}
-      step=$($MX dump-config "$f" | grep -m1 snapshot_steps | tr -dc 0-9)
+      step=$($MX dump-config "$f" --run 0 | grep -m1 snapshot_steps | tr -dc 0-9)  # --run: a sweep file has no single config
       n=$($MX plan "$f" | tail -1 | tr -dc 0-9)
       for ((i = 0; i < n; i++)); do
         id=$($MX dump-config "$f" --run "$i" --id)

@@ -61,6 +61,8 @@ echo "stub $*" >> "$(dirname "$0")/callsL.log"
 case "$1" in
   plan) case "$2" in *late*) echo "total: 3 runs" ;; *) echo "total: 1 run" ;; esac ;;
   dump-config)
+    # As the real one: a sweep file (late: 3 runs) has no single config without --run.
+    case "$2" in *late*) [ "${3:-}" = --run ] || { echo "mxlab: error: $2: this experiment is a sweep" >&2; exit 2; } ;; esac
     if [ "${*: -1}" = --id ]; then echo "id$(basename "$2" .yaml)r${4:-0}"
     else case "$2" in *late*) echo "  snapshot_steps: [8150]" ;; *seed25*) echo "  snapshot_steps: [2700]" ;;
          *) echo "  snapshot_steps: [4200]" ;; esac; fi ;;
