@@ -21,7 +21,8 @@
 #             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
 #             same warm machine resumes them; not returned)
 # Each part's outputs (CSV, text, PNG) come back as OUTDIR/part_<P>.tgz; every log as logs.tgz.
-# Without `build`, the binary is .devbin/mxlab when present, else build/mxlab.
+# Without `build`, the binaries are .devbin/ when present (bench/pack_devbin.sh packs them on the
+# development machine, with the shared libraries the device lacks), else build/.
 set -uo pipefail
 OUT=${1:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
 DEADLINE=${2:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
@@ -33,7 +34,13 @@ mkdir -p "$OUT" "$LOGS" runs
 nvidia-smi -L > "$LOGS/device.txt" 2>&1
 cat "$LOGS/device.txt"
 BIN=build/mxlab
-[ -x .devbin/mxlab ] && BIN=.devbin/mxlab
+TESTS=build/mxlab_gpu_tests
+# Binaries packed on the development machine (bench/pack_devbin.sh; carry .devbin): no build here.
+if [ -x .devbin/mxlab ]; then
+  BIN=.devbin/mxlab
+  [ -x .devbin/mxlab_gpu_tests ] && TESTS=.devbin/mxlab_gpu_tests
+  echo "using .devbin (revision $(head -c 12 .devbin/REVISION 2>/dev/null || echo unknown))"
+fi
 elapsed() { echo $(( $(date +%s) - T0 )); }
 build_ref() {
   if [ ! -f .ref/CMakeLists.txt ]; then
@@ -53,10 +60,11 @@ for step in "$@"; do
       cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
       ninja -C build -j16 mxlab mxlab_gpu_tests > "$LOGS/build.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build.log"; exit 1; }
       BIN=build/mxlab
+      TESTS=build/mxlab_gpu_tests
       cp build/mxlab "$OUT/mxlab"
       ;;
     gputests)
-      ./build/mxlab_gpu_tests --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
+      "$TESTS" --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
       echo "gpu tests exit $?"
       grep -E "^\[  (PASSED|FAILED|SKIPPED)|tests ran" "$LOGS/gpu_tests.log" | head -20
       ;;

@@ -1,6 +1,7 @@
 """pytest setup: make `mxlab_analysis` and the fixture writer importable from the repo root
 (`python3 -m pytest -q analysis/tests`), and build the synthetic run files once per session."""
 
+import importlib.util
 import os
 import sys
 
@@ -15,6 +16,18 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 
 import make_fixtures as F  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def load_results_script(name):
+    """results/<name>.py as a module: the results scripts are scripts, not a package (results/ goes
+    on sys.path too, for their shared stats_util)."""
+    sys.path.insert(0, os.path.join(ROOT, "results"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "results", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 STEPS = 400
 DIVERGE_AT = 300

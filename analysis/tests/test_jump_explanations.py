@@ -2,22 +2,18 @@
 results/README.md section 7d's tables are the script's output over the committed CSVs."""
 
 import csv
-import importlib.util
 import json
 import os
 
 import pytest
+from conftest import load_results_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def mod():
-    spec = importlib.util.spec_from_file_location("jump_explanations",
-                                                  os.path.join(ROOT, "results", "jump_explanations.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return load_results_script("jump_explanations")
 
 
 def synthetic(d, mod):

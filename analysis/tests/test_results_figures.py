@@ -2,22 +2,18 @@
 CSVs; its statistics agree with mxlab summarize's (lab/train/stats.cpp) on the same runs."""
 
 import csv
-import importlib.util
 import math
 import os
 
 import pytest
+from conftest import load_results_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def fig():
-    spec = importlib.util.spec_from_file_location("figures_instruments",
-                                                  os.path.join(ROOT, "results", "figures_instruments.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_results_script("figures_instruments")
 
 
 def test_wilson_and_fisher_by_hand(fig):

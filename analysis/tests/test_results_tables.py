@@ -1,19 +1,16 @@
 """results/tabulate.py: the README's tables recomputed from the committed summary CSVs."""
 
-import importlib.util
 import os
 
 import pytest
+from conftest import load_results_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def tab():
-    spec = importlib.util.spec_from_file_location("tabulate", os.path.join(ROOT, "results", "tabulate.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_results_script("tabulate")
 
 
 def test_every_configured_csv_exists_and_has_paired_trajectories(tab):

@@ -2,11 +2,11 @@
 on synthetic shard CSVs with known answers; results/stats_util.py's Holm correction by hand."""
 
 import csv
-import importlib.util
 import os
 import sys
 
 import pytest
+from conftest import load_results_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLS = ["run_id", "group", "at", "seed", "status", "divergence_step", "first_nonfinite_step", "final_loss", "min_loss",
@@ -15,11 +15,7 @@ COLS = ["run_id", "group", "at", "seed", "status", "divergence_step", "first_non
 
 @pytest.fixture(scope="module")
 def mod():
-    sys.path.insert(0, os.path.join(ROOT, "results"))
-    spec = importlib.util.spec_from_file_location("study_arms", os.path.join(ROOT, "results", "study_arms.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return load_results_script("study_arms")
 
 
 def write(path, rows):

@@ -86,5 +86,24 @@ for want in "eval $tmp/runsL/jump/idjump_lr5e-4_seed0r0.h5 --snapshot 4200" \
             "eval $tmp/runsL/jump_seed25/idjump_lr5e-4_seed25r0.h5 --snapshot 2700"; do
   grep -qF "stub $want" "$tmp/callsL.log" || { echo "FAIL: part L did not call mxlab $want"; cat "$tmp/callsL.log"; fail=1; }
 done
+# pack_devbin.sh: a build dir whose two binaries link libz (not part of the C runtime) is packed
+# into wrappers that run them with .devbin/lib first; libz is packed, libc is not; a missing
+# binary is refused. device_parts.sh then reports that it uses .devbin.
+if command -v cc > /dev/null && [ -e /usr/include/zlib.h ]; then
+  pk="$tmp/pk"
+  mkdir -p "$pk/build" "$pk/bench"
+  cp "$ROOT/bench/pack_devbin.sh" "$ROOT/bench/device_parts.sh" "$pk/bench/"
+  printf '#include <zlib.h>\n#include <stdio.h>\nint main(void){ printf("zlib %%s\\n", zlibVersion()); return 0; }\n' > "$pk/z.c"
+  cc "$pk/z.c" -o "$pk/build/mxlab" -lz && cp "$pk/build/mxlab" "$pk/build/mxlab_gpu_tests"
+  (cd "$pk" && git init -q && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m x &&
+     bash bench/pack_devbin.sh > pack.log 2>&1) || { echo "FAIL: pack_devbin.sh"; cat "$pk/pack.log"; fail=1; }
+  [ -f "$pk/.devbin/lib/libz.so.1" ] || { echo "FAIL: pack_devbin did not pack libz"; fail=1; }
+  ls "$pk/.devbin/lib" | grep -qE '^(libc|libm|libstdc)\.' && { echo "FAIL: pack_devbin packed the C runtime"; fail=1; }
+  "$pk/.devbin/mxlab" | grep -q "^zlib " || { echo "FAIL: the packed wrapper does not run its binary"; fail=1; }
+  out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
+  echo "$out" | grep -q "using .devbin (revision " || { echo "FAIL: device_parts.sh did not use .devbin"; echo "$out"; fail=1; }
+  rm "$pk/build/mxlab_gpu_tests"
+  (cd "$pk" && bash bench/pack_devbin.sh > /dev/null 2>&1) && { echo "FAIL: pack_devbin packed without mxlab_gpu_tests"; fail=1; }
+fi
 [ "$fail" -eq 0 ] && echo "ok: scripts parse; the limit stopped part J after $t s with $runs run"
 exit "$fail"
