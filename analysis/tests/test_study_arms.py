@@ -3,7 +3,6 @@ on synthetic shard CSVs with known answers; results/stats_util.py's Holm correct
 
 import csv
 import os
-import sys
 
 import pytest
 from conftest import load_results_script
