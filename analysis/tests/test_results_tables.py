@@ -1,11 +1,7 @@
 """results/tabulate.py: the README's tables recomputed from the committed summary CSVs."""
 
-import os
-
 import pytest
 from conftest import load_results_script
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
