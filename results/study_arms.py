@@ -19,8 +19,14 @@ step. Tests, for diverged and for degraded: every arm against the paper's emulat
 and against FP32, two-sided Fisher exact (unpaired) and exact McNemar (paired by seed: the arms
 of a seed share its initial weights and batches), Holm-corrected within each family; a
 family-level exchangeability test: is FP32 a seed's failing trajectory less often than chance?;
-and a permutation test of a seed effect: do the MX arms fail in the same seeds? Only runs whose every trajectory finished count
-(an interrupted run is listed and left out). Standard library (+ matplotlib for the figure).
+and a permutation test of a seed effect: do the MX arms fail in the same seeds? Only runs whose
+every trajectory finished count there (an interrupted run is listed and left out).
+
+Censored statistics (issue 17): "steps to divergence" per arm as Kaplan-Meier estimates with 95 %
+log-log bands, and log-rank tests of every arm against FP32 and against the reference (Holm within
+each family), from analysis/mxlab_analysis/survival.py. Here every trajectory counts, an
+interrupted run's too: an event at its divergence step, else censored where it stopped.
+Standard library + numpy (through the survival module), matplotlib for the figure.
 """
 import argparse
 import csv
@@ -33,6 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from stats_util import diverged_at, fisher_two_sided, holm, mcnemar_exact, poisson_binomial_cdf, wilson  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "analysis"))
+
 REFERENCE = "floor_away"  # the comparison arm (--reference)
 PREFIX = "summary_study_arms_shard"
 DEFAULT_TITLE = "lr 5e-4, L = 4, d = 512: MX recipes as arms sharing each seed's FP32 run"
@@ -43,6 +51,14 @@ FINISHED = ("complete", "diverged")
 def load(directory, prefix=PREFIX):
     """({run_id: {group: row}}, [interrupted run ids]) from every shard CSV `prefix`*.csv in
     `directory`; a run that appears in several shards (a rerun) must agree, else it is an error."""
+    runs = load_all(directory, prefix)
+    done = {rid: g for rid, g in runs.items() if all(r["status"] in FINISHED for r in g.values())}
+    interrupted = sorted(set(runs) - set(done))
+    return done, interrupted
+
+
+def load_all(directory, prefix=PREFIX):
+    """{run_id: {group: row}} of every run in the shards, finished or not (load's merge rules)."""
     runs = {}
     paths = sorted(glob.glob(os.path.join(directory, prefix + "*.csv")))
     if not paths:
@@ -60,9 +76,7 @@ def load(directory, prefix=PREFIX):
                     raise SystemExit(f"study_arms: run {rid} {group} differs between shards ({path})")
                 if prev is None or row["status"] in FINISHED:
                     runs[rid][group] = row
-    done = {rid: g for rid, g in runs.items() if all(r["status"] in FINISHED for r in g.values())}
-    interrupted = sorted(set(runs) - set(done))
-    return done, interrupted
+    return runs
 
 
 def per_arm(runs):
@@ -188,6 +202,62 @@ def tables(stats, reference=REFERENCE):
     return "\n".join(lines), comparisons(stats, 0, reference), comparisons(stats, 1, reference), "\n".join(fam)
 
 
+def subjects(runs):
+    """{arm: (times, events)} over every trajectory of `runs` (finished or not): the event is its
+    divergence (stats_util.diverged_at), else it is censored at steps_run."""
+    out = {}
+    for groups in runs.values():
+        for arm, row in groups.items():
+            d = diverged_at(row)
+            t, e = out.setdefault(arm, ([], []))
+            t.append(d if d >= 0 else int(row["steps_run"]))
+            e.append(d >= 0)
+    return out
+
+
+def survival(runs, reference=REFERENCE):
+    """(Kaplan-Meier table, log-rank table) of steps to divergence per arm (module docstring)."""
+    from mxlab_analysis.survival import kaplan_meier, logrank
+
+    subj = subjects(runs)
+    arms = arm_order(subj, reference)
+    horizon = max(max(t) for t, _ in subj.values())
+    lines = [f"| arm | trajectories | diverged | censored before {horizon} | S({horizon}) (95 % band) | "
+             "median steps to divergence |", "|---|---|---|---|---|---|"]
+    for a in arms:
+        t, e = subj[a]
+        km = kaplan_meier(t, e)
+        early = sum(1 for ti, ei in zip(t, e) if not ei and ti < horizon)
+        if km.n_events:
+            lo, hi = km.lower[-1], km.upper[-1]
+            band = f"{km.at(horizon):.3f} ({lo:.3f}–{hi:.3f})" if lo == lo else f"{km.at(horizon):.3f} (–)"
+        else:
+            band = "1 (no event)"
+        med = km.median if km.median is not None else f"> {horizon}"
+        lines.append(f"| {a} | {km.n} | {km.n_events} | {early} | {band} | {med} |")
+    tests = ["| log-rank | diverged a vs ref | chi2 | p (Holm) |", "|---|---|---|---|"]
+    for ref in ("fp32", reference):
+        if ref not in subj:
+            continue
+        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
+        res = []
+        for a in others:
+            ta, ea = subj[a]
+            tr, er = subj[ref]
+            res.append(logrank((ta, ea, [0] * len(ta)), (tr, er, [0] * len(tr))))
+        ps = [p for _, p in res]
+        finite = [p for p in ps if p == p]
+        adj = iter(holm(finite))
+        for a, (chi2, p) in zip(others, res):
+            n_a, n_r = sum(subj[a][1]), sum(subj[ref][1])
+            if p != p:
+                tests.append(f"| {a} vs {ref} | {n_a} vs {n_r} | – | no event while both at risk |")
+                continue
+            q = next(adj)
+            tests.append(f"| {a} vs {ref} | {n_a} vs {n_r} | {chi2:.2f} | {p:.3g} ({q:.3g}{' *' if q < 0.05 else ''}) |")
+    return "\n".join(lines), "\n".join(tests)
+
+
 def split_runs(runs, key):
     """{value: runs} by the value of configuration column `key` (e.g. optimizer.lr, a swept key of
     `mxlab summarize --csv`) in each run's FP32 row; {None: runs} without a key."""
@@ -285,6 +355,7 @@ def main(argv):
     runs, interrupted = load(a.dir, a.prefix)
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
+    every = split_runs(load_all(a.dir, a.prefix), a.split)
     for value, part in split_runs(runs, a.split).items():
         stats = per_arm(part)
         t1, t2, t3, fam = tables(stats, a.reference)
@@ -294,6 +365,9 @@ def main(argv):
         print(f"{len(part)} finished runs (seeds {', '.join(map(str, seeds))})" +
               (f"; left out, not finished: {', '.join(interrupted)}" if interrupted else ""))
         print("\n" + t1 + "\n\nDiverged:\n" + t2 + "\n\nDegraded:\n" + t3 + ("\n\n" + fam if fam else ""))
+        km, lr = survival(every[value], a.reference)
+        print("\nSteps to divergence, every trajectory (interrupted runs censored where they stopped):\n" + km +
+              "\n\n" + lr)
         if a.figure:
             path = a.figure
             title = a.title

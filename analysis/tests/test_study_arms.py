@@ -171,3 +171,32 @@ def test_seed_effect_by_hand(mod):
     counts, var, p = mod.seed_effect(stats_of(0, 1), 0, permutations=2000)
     assert counts == [1, 1, 0, 0] and p == 1.0
     assert mod.seed_effect(stats_of(0, 0), 0, permutations=500) == mod.seed_effect(stats_of(0, 0), 0, permutations=500)
+
+
+def test_survival_by_hand(mod, tmp_path):
+    """Three seeds. floor_even diverges at 100 and 200 and its third run is interrupted at 300
+    (censored there, kept: the counts leave that run out, the survival table does not); FP32 and
+    floor_away never diverge, horizon 400.
+    KM of floor_even: S(100) = 2/3, S(200) = 2/3 * 1/2 = 1/3, median 200; log-log band at 200:
+    Greenwood sum 1/(3*2) + 1/(2*1) = 2/3, se = sqrt(2/3) / |log 1/3| = 0.7432, band
+    (1/3)^exp(+-1.96 * 0.7432) = 0.0090 .. 0.774.
+    Log-rank floor_even vs fp32: at 100 n1 = 3, n2 = 3, d = 1: O - E = 1 - 3/6 = 0.5,
+    V = 3*3*1*5 / (36*5) = 0.25; at 200 n1 = 2, n2 = 3, d = 1: O - E += 1 - 2/5 = 0.6,
+    V += 2*3*1*4 / (25*4) = 0.24; chi2 = 1.1^2 / 0.49 = 2.4694, p = erfc(sqrt(chi2 / 2)) = 0.1161."""
+    rows = []
+    for i, (d, steps, status) in enumerate([(100, 400, "diverged"), (200, 400, "diverged"), (-1, 300, "interrupted")]):
+        for g in ("fp32", "floor_away", "floor_even"):
+            dd = d if g == "floor_even" else -1
+            st = status if (g == "floor_even" or status == "interrupted") else "complete"
+            rows.append([f"r{i}", g, "", i, st, dd, -1, 0.05 if dd >= 0 else 0.0021, 0.002,
+                         steps if (status == "interrupted") else 400])
+    write(tmp_path / "summary_study_arms_shard0of1.csv", rows)
+    done, interrupted = mod.load(str(tmp_path))
+    assert interrupted == ["r2"] and sorted(done) == ["r0", "r1"]
+    subj = mod.subjects(mod.load_all(str(tmp_path)))
+    assert subj["floor_even"] == ([100, 200, 300], [True, True, False])
+    km, lr = mod.survival(mod.load_all(str(tmp_path)))
+    assert "| floor_even | 3 | 2 | 1 | 0.333 (0.009–0.774) | 200 |" in km
+    assert "| fp32 | 3 | 0 | 1 | 1 (no event) | > 400 |" in km
+    assert "| floor_even vs fp32 | 2 vs 0 | 2.47 | 0.116 (0.116) |" in lr
+    assert "| floor_away vs fp32 | 0 vs 0 | – | no event while both at risk |" in lr
