@@ -280,7 +280,10 @@ def _is_number(text):
         return False
 
 
-def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE):
+def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE, runs_all=None):
+    """Three panels: per-arm rates with Wilson intervals, the seed x arm outcome grid, and the
+    fraction diverged by each step: 1 - Kaplan-Meier over every trajectory of `runs_all` (finished
+    or not; the finished runs when None), with the 95 % band for FP32 and the reference arm."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -319,21 +322,33 @@ def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE):
     bx.set_ylim(len(arms) - 0.5, -0.5)
     bx.set_xlabel("seed (filled: diverged; open: degraded only)")
     bx.grid(True, lw=0.3)
-    # Every finished trajectory ran the whole horizon (no censoring before it): the fraction of
-    # seeds diverged by step t is a plain cumulative count.
-    horizon = max(stats[a]["horizon"] for a in arms)
+    from mxlab_analysis.survival import kaplan_meier
+
+    subj = subjects(runs_all) if runs_all is not None else {
+        a: ([t for t in stats[a]["steps"]] + [stats[a]["horizon"]] * (stats[a]["n"] - stats[a]["div"]),
+            [True] * stats[a]["div"] + [False] * (stats[a]["n"] - stats[a]["div"])) for a in arms}
+    horizon = max(max(t) for t, _ in subj.values())
     cmap = plt.get_cmap("tab10")
     for i, a in enumerate(arms):
-        steps = sorted(stats[a]["steps"])
-        xs = [0] + [t for t in steps for _ in (0, 1)] + [horizon]
-        ys = [0.0] + [v for k in range(len(steps)) for v in (k / stats[a]["n"], (k + 1) / stats[a]["n"])]
-        ys.append(len(steps) / stats[a]["n"])
-        cx.plot(xs, ys, color="0.2" if a == "fp32" else cmap(i % 10), lw=2.2 if a in ("fp32", reference) else 1.2,
-                label=a)
+        if a not in subj:
+            continue
+        km = kaplan_meier(*subj[a])
+        colour = "0.2" if a == "fp32" else cmap(i % 10)
+        xs, ys = [0], [0.0]
+        for t, sv in zip(km.times, km.survival):
+            xs += [t, t]
+            ys += [ys[-1], 1.0 - sv]
+        xs.append(horizon)
+        ys.append(ys[-1])
+        cx.plot(xs, ys, color=colour, lw=2.2 if a in ("fp32", reference) else 1.2, label=a)
+        if a in ("fp32", reference) and km.n_events:
+            lo = [0.0] + [1.0 - u for u in km.upper] + [1.0 - km.upper[-1]]
+            hi = [0.0] + [1.0 - v for v in km.lower] + [1.0 - km.lower[-1]]
+            cx.fill_between([0] + list(km.times) + [horizon], lo, hi, step="post", color=colour, alpha=0.15, lw=0)
     cx.set_xlim(0, horizon)
     cx.set_ylim(0, min(1.0, max(0.5, max(stats[a]["div"] / stats[a]["n"] for a in arms) + 0.1)))
     cx.set_xlabel("step")
-    cx.set_ylabel("fraction of seeds diverged by then")
+    cx.set_ylabel("diverged by then: 1 - Kaplan-Meier (band: 95 %)")
     cx.legend(fontsize=6, loc="upper left")
     cx.grid(True, lw=0.3)
     fig.tight_layout()
@@ -375,7 +390,7 @@ def main(argv):
                 stem, ext = os.path.splitext(a.figure)
                 path = f"{stem}_{a.split}={value}{ext}"
                 title = f"{a.title} ({a.split} = {value})"
-            figure(stats, path, title, a.reference)
+            figure(stats, path, title, a.reference, every[value])
             print(f"\nwrote {path}")
         print()
     return 0
