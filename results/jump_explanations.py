@@ -39,14 +39,12 @@ JUMP = 10.0
 
 
 def load(d):
-    """{run_id: {"seed", "at", "mx_div", "series": {traj: {step: (loss, grad_norm)}}}}"""
+    """{run_id: {"seed", "at", "div": {traj: divergence step}, "series": {traj: {step: (loss, grad_norm)}}}}"""
     runs = {}
     for r in csv.DictReader(open(os.path.join(d, "runs.csv"))):
-        e = runs.setdefault(r["run_id"], {"seed": int(r["seed"]), "at": None, "mx_div": None, "div": {}})
+        e = runs.setdefault(r["run_id"], {"seed": int(r["seed"]), "at": None, "div": {}})
         if r["kind"] == "branch":
             e["at"] = int(r["at"])
-        if r["trajectory"] == "mx":
-            e["mx_div"] = int(r["divergence_step"])
         e["div"][r["trajectory"]] = int(r["divergence_step"])
     for rid, e in runs.items():
         s = defaultdict(dict)
@@ -69,7 +67,7 @@ def jump_rows(runs):
             if s not in tr or not window:
                 raise ValueError(f"run {rid}: branch {b} has no logged step at {s} or in ({s}, {s + WINDOW}]")
             cells[b] = (tr[s][1] / grad0, max(window) / loss0)
-        rows.append({"run": rid, "seed": e["seed"], "at": s, "mx_div": e["mx_div"], "cells": cells,
+        rows.append({"run": rid, "seed": e["seed"], "at": s, "mx_div": e["div"]["mx"], "cells": cells,
                      "div": e["div"]})
     return rows
 
@@ -90,8 +88,8 @@ def fmt_x(v):
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
 
 
-def print_tables(runs, evals):
-    rows = jump_rows(runs)
+def print_tables(rows, evals):
+    """The jump table (rows: jump_rows), the counts, the eval table and the later divergences."""
     print(f"Peak loss in the {WINDOW} steps after the switch / MX loss at the switch (bold: >= {JUMP:g}, a jump); "
           "in brackets the branch's first gradient norm / the MX one:\n")
     print("| seed | switch s | MX diverges | " + " | ".join(f"{b} {REMOVES[b]}" for b in BRANCHES) + " |")
@@ -134,11 +132,10 @@ def print_tables(runs, evals):
               " | ".join("-" if r["div"][b] < 0 else str(r["div"][b]) for b in BRANCHES) + " |")
 
 
-def figure(runs, path):
+def figure(runs, rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = jump_rows(runs)
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.6), sharey=True)
     styles = {"to_fp32": ("C3", "-"), "snap_to_fp32": ("C0", "-"), "to_fp32_keep_q": ("C0", ":"),
               "to_fp32_new_v": ("C1", "-"), "snap_to_fp32_new_v": ("C1", ":"), "skip_ln_quant": ("C3", "--"),
@@ -169,9 +166,10 @@ def main(argv=None):
     ap.add_argument("--figure", help="write the loss-after-switch figure (PNG)")
     a = ap.parse_args(argv)
     runs = load(a.dir)
-    print_tables(runs, load_evals(a.dir))
+    rows = jump_rows(runs)
+    print_tables(rows, load_evals(a.dir))
     if a.figure:
-        figure(runs, a.figure)
+        figure(runs, rows, a.figure)
     return 0
 
 

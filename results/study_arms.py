@@ -51,10 +51,13 @@ FINISHED = ("complete", "diverged")
 def load(directory, prefix=PREFIX):
     """({run_id: {group: row}}, [interrupted run ids]) from every shard CSV `prefix`*.csv in
     `directory`; a run that appears in several shards (a rerun) must agree, else it is an error."""
-    runs = load_all(directory, prefix)
+    return finished(load_all(directory, prefix))
+
+
+def finished(runs):
+    """(the runs whose every trajectory finished, [the others' ids]) of load_all's runs."""
     done = {rid: g for rid, g in runs.items() if all(r["status"] in FINISHED for r in g.values())}
-    interrupted = sorted(set(runs) - set(done))
-    return done, interrupted
+    return done, sorted(set(runs) - set(done))
 
 
 def load_all(directory, prefix=PREFIX):
@@ -245,9 +248,7 @@ def survival(runs, reference=REFERENCE):
             ta, ea = subj[a]
             tr, er = subj[ref]
             res.append(logrank((ta, ea, [0] * len(ta)), (tr, er, [0] * len(tr))))
-        ps = [p for _, p in res]
-        finite = [p for p in ps if p == p]
-        adj = iter(holm(finite))
+        adj = iter(holm([p for _, p in res if p == p]))  # Holm over the tests that exist
         for a, (chi2, p) in zip(others, res):
             n_a, n_r = sum(subj[a][1]), sum(subj[ref][1])
             if p != p:
@@ -280,10 +281,10 @@ def _is_number(text):
         return False
 
 
-def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE, runs_all=None):
+def figure(stats, path, runs_all, title=DEFAULT_TITLE, reference=REFERENCE):
     """Three panels: per-arm rates with Wilson intervals, the seed x arm outcome grid, and the
     fraction diverged by each step: 1 - Kaplan-Meier over every trajectory of `runs_all` (finished
-    or not; the finished runs when None), with the 95 % band for FP32 and the reference arm."""
+    or not), with the 95 % band for FP32 and the reference arm."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -324,9 +325,7 @@ def figure(stats, path, title=DEFAULT_TITLE, reference=REFERENCE, runs_all=None)
     bx.grid(True, lw=0.3)
     from mxlab_analysis.survival import kaplan_meier
 
-    subj = subjects(runs_all) if runs_all is not None else {
-        a: ([t for t in stats[a]["steps"]] + [stats[a]["horizon"]] * (stats[a]["n"] - stats[a]["div"]),
-            [True] * stats[a]["div"] + [False] * (stats[a]["n"] - stats[a]["div"])) for a in arms}
+    subj = subjects(runs_all)
     horizon = max(max(t) for t, _ in subj.values())
     cmap = plt.get_cmap("tab10")
     for i, a in enumerate(arms):
@@ -367,10 +366,11 @@ def main(argv):
                                                    "(KEY=VALUE before the extension)")
     ap.add_argument("--title", default=DEFAULT_TITLE, help="the figure's title")
     a = ap.parse_args(argv)
-    runs, interrupted = load(a.dir, a.prefix)
+    all_runs = load_all(a.dir, a.prefix)
+    runs, interrupted = finished(all_runs)
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
-    every = split_runs(load_all(a.dir, a.prefix), a.split)
+    every = split_runs(all_runs, a.split)
     for value, part in split_runs(runs, a.split).items():
         stats = per_arm(part)
         t1, t2, t3, fam = tables(stats, a.reference)
@@ -390,7 +390,7 @@ def main(argv):
                 stem, ext = os.path.splitext(a.figure)
                 path = f"{stem}_{a.split}={value}{ext}"
                 title = f"{a.title} ({a.split} = {value})"
-            figure(stats, path, title, a.reference, every[value])
+            figure(stats, path, every[value], title, a.reference)
             print(f"\nwrote {path}")
         print()
     return 0
