@@ -11,7 +11,7 @@
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
 #   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: the arms
 #                                                  #   study (shard i/n, or every seed), over those GPUs
-#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] [MXLAB_JOBS=4] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
 #   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at a switch,
 #                                                  #   explanations separated, 5 diverging seeds
@@ -40,10 +40,14 @@ train() {
 }
 # kargs (mxlab run's device and shard arguments) and tag (the summaries' shard name) of a
 # sharded part: MXLAB_SHARD=i/n runs one shard, unset every run (in order, so a time limit leaves
-# the first seeds finished); MXLAB_GPUS=0,1 spreads the runs over those GPUs, one at a time each.
+# the first seeds finished); MXLAB_GPUS=0,1 spreads the runs over those GPUs, one at a time each;
+# MXLAB_JOBS=N runs N at once (over the GPUs in turn: 4 over 0,1 is two per GPU, which share it
+# through concurrent streams with the bits each writes alone; the step's small kernels leave a
+# GPU room for a second run).
 spread_args() {
   kargs=(--device cuda); tag=all
   if [ -n "${MXLAB_GPUS:-}" ]; then kargs=(--gpus "$MXLAB_GPUS"); fi
+  if [ -n "${MXLAB_JOBS:-}" ]; then kargs+=(--jobs "$MXLAB_JOBS"); fi
   if [ -n "${MXLAB_SHARD:-}" ]; then kargs+=(--shard "$MXLAB_SHARD"); tag=${MXLAB_SHARD/\//of}; fi
 }
 # OUT/summary_NAME.csv for each run directory RUNS/NAME.

@@ -1,11 +1,15 @@
 // Multi-arm runs on CUDA (issue 13): an arm of a K-arm run, whose passes run on their own
 // streams beside the other arms', is bit-identical to the single-arm run of its recipe on the
 // same device (CUDA graphs on, as the trainer always runs them), and every metric of the
-// shadow series is there. The CPU twin is tests/cpu/test_arms.cpp.
+// shadow series is there. The CPU twin is tests/cpu/test_arms.cpp. Runs that share one GPU at
+// once (`mxlab run --jobs 4 --gpus 0,1`: two threads per GPU, each run with its own backend
+// and streams) write the bits they write alone.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "kernels/cuda_backend.h"
 #include "lab/train/config_io.h"
@@ -134,4 +138,31 @@ TEST(ArmsGpu, MxTeacherTargetsFeedOnlyTheMxTrajectories) {
   const MemorySink a = run_cuda(c), b = run_cuda(on);
   EXPECT_EQ(a.groups.at("trajectories/fp32").loss_all, b.groups.at("trajectories/fp32").loss_all);
   EXPECT_NE(a.groups.at("trajectories/mx").loss_all, b.groups.at("trajectories/mx").loss_all);
+}
+
+// `mxlab run --jobs 2 --device cuda` (or --jobs 4 --gpus 0,1) trains two runs at once on one GPU,
+// each in its own thread with its own backend, whose streams the GPU interleaves. Every run
+// must write the bits it writes alone: a multi-arm run with a shadow every 3 steps and a branch,
+// beside a single-arm run with another seed (kernels of the two overlap in time).
+TEST(ArmsGpu, RunsSharingOneGpuAtOnceWriteTheirBitsAlone) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig a = tiny();
+  a.steps = 60;
+  a.arms = {{"away", "", {}}, {"rceil", "", {{"scale_rule", "rceil"}}}};
+  a.interventions = {{"fp32_at30", 30, "to_fp32", {}, "away"}};
+  RunConfig b = tiny();
+  b.steps = 60;
+  b.seed = 6;
+  b.log.bias_every = 1;
+  const MemorySink a_alone = run_cuda(a), b_alone = run_cuda(b);
+  for (int round = 0; round < 2; ++round) {  // two rounds: a different interleaving each time
+    std::vector<MemorySink> together(2);
+    std::thread ta([&] { together[0] = run_cuda(a); });
+    std::thread tb([&] { together[1] = run_cuda(b); });
+    ta.join();
+    tb.join();
+    for (const char* g : {"trajectories/fp32", "trajectories/away", "trajectories/rceil", "branches/fp32_at30"})
+      expect_same(together[0], g, a_alone, g);
+    for (const char* g : {"trajectories/fp32", "trajectories/mx"}) expect_same(together[1], g, b_alone, g);
+  }
 }

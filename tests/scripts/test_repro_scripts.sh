@@ -29,13 +29,13 @@ if [ "$runs" -ne 1 ]; then echo "FAIL: expected 1 mxlab run call under a 2 s lim
 grep -q "time limit reached: skipping mxlab run experiments/paper/instruments_lr5e-4.yaml" "$tmp/log" ||
   { echo "FAIL: the second run was not reported as skipped"; cat "$tmp/log"; fail=1; }
 # Part K: every seed over the named GPUs, or one shard; the summary's name says which.
-for spec in "|0,1|--gpus 0,1|all" "2/8||--device cuda --shard 2/8|2of8"; do
-  IFS='|' read -r shard gpus want tag <<< "$spec"
+for spec in "|0,1||--gpus 0,1|all" "2/8|||--device cuda --shard 2/8|2of8" "1/5|0,1|4|--gpus 0,1 --jobs 4 --shard 1/5|1of5"; do
+  IFS='|' read -r shard gpus jobs want tag <<< "$spec"
   rm -f "$tmp/calls.log"
-  MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD="$shard" MXLAB_GPUS="$gpus" MXLAB_REPRO_RUNS="$tmp/runs" \
+  MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD="$shard" MXLAB_GPUS="$gpus" MXLAB_JOBS="$jobs" MXLAB_REPRO_RUNS="$tmp/runs" \
     bash experiments/paper/run_repro.sh K "$tmp/outK" > "$tmp/logK" 2>&1
   grep -q "^stub run experiments/paper/study_arms_lr5e-4.yaml .*--quiet $want\$" "$tmp/calls.log" ||
-    { echo "FAIL: part K (shard '$shard', gpus '$gpus') did not pass $want"; cat "$tmp/calls.log"; fail=1; }
+    { echo "FAIL: part K (shard '$shard', gpus '$gpus', jobs '$jobs') did not pass $want"; cat "$tmp/calls.log"; fail=1; }
   [ -f "$tmp/outK/summary_study_arms_shard$tag.csv" ] ||
     { echo "FAIL: part K wrote no summary_study_arms_shard$tag.csv"; ls "$tmp/outK"; fail=1; }
 done
