@@ -26,6 +26,15 @@ Censored statistics (issue 17): "steps to divergence" per arm as Kaplan-Meier es
 log-log bands, and log-rank tests of every arm against FP32 and against the reference (Holm within
 each family), from analysis/mxlab_analysis/survival.py. Here every trajectory counts, an
 interrupted run's too: an event at its divergence step, else censored where it stopped.
+
+A sustained divergence (--sustained W): the divergence step of `mxlab summarize` is the first step
+from which the loss never again falls below 10 x its earlier minimum *up to the run's last step*,
+so a loss that is just above that line at the last few steps counts as a divergence at the
+horizon (the 10k study has 10 events in its last 100 steps). With W > 0 a trajectory counts as
+diverged only when that excursion lasted at least W steps (divergence step <= steps_run - W), and
+every trajectory is censored at steps_run - W otherwise: the same window for all, so the tests
+stay fair. W = 0 (default) is the plain criterion. --sensitivity 0,250,500,1000 prints, per W,
+each arm's events and its log-rank p-values (Holm) against FP32 and the reference.
 Standard library + numpy (through the survival module), matplotlib for the figure.
 """
 import argparse
@@ -82,9 +91,21 @@ def load_all(directory, prefix=PREFIX):
     return runs
 
 
-def per_arm(runs):
+def outcome(row, sustained=0):
+    """(diverged, step): the divergence step when the trajectory diverged for at least `sustained`
+    steps before its last (module docstring), else (False, the step it is censored at:
+    steps_run - sustained)."""
+    d = diverged_at(row)
+    cut = int(row["steps_run"]) - sustained
+    if 0 <= d <= cut:
+        return True, d
+    return False, max(cut, 0)
+
+
+def per_arm(runs, sustained=0):
     """{arm: {'n', 'div', 'deg', 'steps', 'seeds_div', 'seed': {seed: (diverged, degraded)}}} over
-    the finished runs; 'seed' pairs the arms' outcomes by seed (same initial weights and batches)."""
+    the finished runs; 'seed' pairs the arms' outcomes by seed (same initial weights and batches).
+    Diverged: for at least `sustained` steps (outcome)."""
     out = {}
     for rid, groups in sorted(runs.items(), key=lambda kv: int(kv[1]["fp32"]["seed"])):
         fmin = float(groups["fp32"]["min_loss"])
@@ -93,15 +114,15 @@ def per_arm(runs):
                                      "horizon": 0})
             a["n"] += 1
             a["horizon"] = max(a["horizon"], int(row["steps_run"]))
-            d = diverged_at(row)
+            div, d = outcome(row, sustained)
             deg = float(row["final_loss"]) > DEGRADED_FACTOR * fmin
-            if d >= 0:
+            if div:
                 a["div"] += 1
                 a["steps"].append(d)
                 a["seeds_div"].append(int(row["seed"]))
             if deg:
                 a["deg"] += 1
-            a["seed"][int(row["seed"])] = (d >= 0, deg)
+            a["seed"][int(row["seed"])] = (div, deg)
     return out
 
 
@@ -205,24 +226,44 @@ def tables(stats, reference=REFERENCE):
     return "\n".join(lines), comparisons(stats, 0, reference), comparisons(stats, 1, reference), "\n".join(fam)
 
 
-def subjects(runs):
+def subjects(runs, sustained=0):
     """{arm: (times, events)} over every trajectory of `runs` (finished or not): the event is its
-    divergence (stats_util.diverged_at), else it is censored at steps_run."""
+    divergence (stats_util.diverged_at) lasting `sustained` steps, else it is censored at
+    steps_run - sustained (outcome)."""
     out = {}
     for groups in runs.values():
         for arm, row in groups.items():
-            d = diverged_at(row)
-            t, e = out.setdefault(arm, ([], []))
-            t.append(d if d >= 0 else int(row["steps_run"]))
-            e.append(d >= 0)
+            e, step = outcome(row, sustained)
+            t, ev = out.setdefault(arm, ([], []))
+            t.append(step)
+            ev.append(e)
     return out
 
 
-def survival(runs, reference=REFERENCE):
-    """(Kaplan-Meier table, log-rank table) of steps to divergence per arm (module docstring)."""
-    from mxlab_analysis.survival import kaplan_meier, logrank
+def logrank_tests(subj, reference=REFERENCE):
+    """{ref: [(arm, chi2, p, Holm p)]} for ref in (fp32, reference): every other arm (not FP32
+    against the reference) by log-rank; chi2 = p = Holm p = nan when no event happened while both
+    were at risk (Holm over the tests that exist)."""
+    from mxlab_analysis.survival import logrank
 
-    subj = subjects(runs)
+    arms = arm_order(subj, reference)
+    out = {}
+    for ref in ("fp32", reference):
+        if ref not in subj:
+            continue
+        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
+        res = [logrank((subj[a][0], subj[a][1], [0] * len(subj[a][0])),
+                       (subj[ref][0], subj[ref][1], [0] * len(subj[ref][0]))) for a in others]
+        adj = iter(holm([p for _, p in res if p == p]))
+        out[ref] = [(a, chi2, p, next(adj) if p == p else float("nan")) for a, (chi2, p) in zip(others, res)]
+    return out
+
+
+def survival(runs, reference=REFERENCE, sustained=0):
+    """(Kaplan-Meier table, log-rank table) of steps to divergence per arm (module docstring)."""
+    from mxlab_analysis.survival import kaplan_meier
+
+    subj = subjects(runs, sustained)
     arms = arm_order(subj, reference)
     horizon = max(max(t) for t, _ in subj.values())
     lines = [f"| arm | trajectories | diverged | censored before {horizon} | S({horizon}) (95 % band) | "
@@ -239,24 +280,37 @@ def survival(runs, reference=REFERENCE):
         med = km.median if km.median is not None else f"> {horizon}"
         lines.append(f"| {a} | {km.n} | {km.n_events} | {early} | {band} | {med} |")
     tests = ["| log-rank | diverged a vs ref | chi2 | p (Holm) |", "|---|---|---|---|"]
-    for ref in ("fp32", reference):
-        if ref not in subj:
-            continue
-        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
-        res = []
-        for a in others:
-            ta, ea = subj[a]
-            tr, er = subj[ref]
-            res.append(logrank((ta, ea, [0] * len(ta)), (tr, er, [0] * len(tr))))
-        adj = iter(holm([p for _, p in res if p == p]))  # Holm over the tests that exist
-        for a, (chi2, p) in zip(others, res):
+    for ref, rows in logrank_tests(subj, reference).items():
+        for a, chi2, p, q in rows:
             n_a, n_r = sum(subj[a][1]), sum(subj[ref][1])
             if p != p:
                 tests.append(f"| {a} vs {ref} | {n_a} vs {n_r} | – | no event while both at risk |")
                 continue
-            q = next(adj)
             tests.append(f"| {a} vs {ref} | {n_a} vs {n_r} | {chi2:.2f} | {p:.3g} ({q:.3g}{' *' if q < 0.05 else ''}) |")
     return "\n".join(lines), "\n".join(tests)
+
+
+def sensitivity(runs, windows, reference=REFERENCE):
+    """A table over sustained-divergence windows W (module docstring): per arm and W, events / trajectories,
+    and the Holm-adjusted log-rank p against FP32 and against the reference (- for itself, or no
+    event while both at risk)."""
+    cols = {}
+    for w in windows:
+        subj = subjects(runs, w)
+        tests = logrank_tests(subj, reference)
+        cols[w] = (subj, {ref: {a: q for a, _, _, q in rows} for ref, rows in tests.items()})
+    arms = arm_order(cols[windows[0]][0], reference)
+    head = "| arm | " + " | ".join(f"W = {w}: events; p vs fp32, vs {reference}" for w in windows) + " |"
+    lines = [head, "|---|" + "---|" * len(windows)]
+    fmt = lambda q: "–" if q is None or q != q else f"{q:.2g}{'*' if q < 0.05 else ''}"
+    for a in arms:
+        cells = []
+        for w in windows:
+            subj, q = cols[w]
+            t, e = subj[a]
+            cells.append(f"{sum(e)}/{len(e)}; {fmt(q.get('fp32', {}).get(a))}, {fmt(q.get(reference, {}).get(a))}")
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def split_runs(runs, key):
@@ -281,7 +335,7 @@ def _is_number(text):
         return False
 
 
-def figure(stats, path, runs_all, title=DEFAULT_TITLE, reference=REFERENCE):
+def figure(stats, path, runs_all, title=DEFAULT_TITLE, reference=REFERENCE, sustained=0):
     """Three panels: per-arm rates with Wilson intervals, the seed x arm outcome grid, and the
     fraction diverged by each step: 1 - Kaplan-Meier over every trajectory of `runs_all` (finished
     or not), with the 95 % band for FP32 and the reference arm."""
@@ -325,7 +379,7 @@ def figure(stats, path, runs_all, title=DEFAULT_TITLE, reference=REFERENCE):
     bx.grid(True, lw=0.3)
     from mxlab_analysis.survival import kaplan_meier
 
-    subj = subjects(runs_all)
+    subj = subjects(runs_all, sustained)
     horizon = max(max(t) for t, _ in subj.values())
     cmap = plt.get_cmap("tab10")
     for i, a in enumerate(arms):
@@ -365,24 +419,45 @@ def main(argv):
     ap.add_argument("--figure", default=None, help="write the figure here (PNG); with --split, one per value "
                                                    "(KEY=VALUE before the extension)")
     ap.add_argument("--title", default=DEFAULT_TITLE, help="the figure's title")
+    ap.add_argument("--sustained", type=int, default=0, metavar="W",
+                    help="count a divergence only when it lasted at least W steps before the run's end; "
+                         "censor every trajectory at steps_run - W (default 0: the plain criterion)")
+    ap.add_argument("--sensitivity", default=None, metavar="W,W,...",
+                    help="also print events and log-rank p-values for each of these windows W, e.g. 0,250,500,1000")
     a = ap.parse_args(argv)
+    if a.sustained < 0:
+        raise SystemExit("study_arms: --sustained must be >= 0")
+    windows = None
+    if a.sensitivity:
+        try:
+            windows = [int(w) for w in a.sensitivity.split(",")]
+        except ValueError:
+            raise SystemExit(f"study_arms: --sensitivity {a.sensitivity}: a comma-separated list of steps") from None
+        if any(w < 0 for w in windows):
+            raise SystemExit("study_arms: --sensitivity: windows must be >= 0")
     all_runs = load_all(a.dir, a.prefix)
     runs, interrupted = finished(all_runs)
     if not runs:
         raise SystemExit("study_arms: no finished run in the shards")
     every = split_runs(all_runs, a.split)
     for value, part in split_runs(runs, a.split).items():
-        stats = per_arm(part)
+        stats = per_arm(part, a.sustained)
         t1, t2, t3, fam = tables(stats, a.reference)
         seeds = sorted(int(g["fp32"]["seed"]) for g in part.values())
         if value is not None:
             print(f"## {a.split} = {value}\n")
+        if a.sustained:
+            print(f"Sustained divergences only: lasting >= {a.sustained} steps; trajectories censored "
+                  f"{a.sustained} steps before their end.\n")
         print(f"{len(part)} finished runs (seeds {', '.join(map(str, seeds))})" +
               (f"; left out, not finished: {', '.join(interrupted)}" if interrupted else ""))
         print("\n" + t1 + "\n\nDiverged:\n" + t2 + "\n\nDegraded:\n" + t3 + ("\n\n" + fam if fam else ""))
-        km, lr = survival(every[value], a.reference)
+        km, lr = survival(every[value], a.reference, a.sustained)
         print("\nSteps to divergence, every trajectory (interrupted runs censored where they stopped):\n" + km +
               "\n\n" + lr)
+        if windows:
+            print("\nSensitivity to the sustained-divergence window W (log-rank, Holm-adjusted p; * < 0.05):\n" +
+                  sensitivity(every[value], windows, a.reference))
         if a.figure:
             path = a.figure
             title = a.title
@@ -390,7 +465,7 @@ def main(argv):
                 stem, ext = os.path.splitext(a.figure)
                 path = f"{stem}_{a.split}={value}{ext}"
                 title = f"{a.title} ({a.split} = {value})"
-            figure(stats, path, every[value], title, a.reference)
+            figure(stats, path, every[value], title, a.reference, a.sustained)
             print(f"\nwrote {path}")
         print()
     return 0

@@ -124,6 +124,15 @@ def test_readme_section_10_is_what_the_committed_csvs_give(mod, capsys):
             assert block in section, block.splitlines()[0]
     assert "0 of the 43 diverging trajectories** (P = 0.0022)" in section and "0.00221" in out
     assert "variance 2.63, P = 0.020" in section and "variance 2.63; arms shuffled" in out and "= 0.0198" in out
+    # The sensitivity table and the W = 500 numbers the section quotes.
+    assert mod.main(["--dir", os.path.join(ROOT, "results", "study_arms"), "--sensitivity", "0,100,250,500,1000"]) == 0
+    table = capsys.readouterr().out.split("Sensitivity to the sustained-divergence window W")[1].split("\n", 1)[1].strip()
+    assert table in section
+    assert mod.main(["--dir", os.path.join(ROOT, "results", "study_arms"), "--sustained", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "FP32 in 0 of the 29 failing trajectories (of 180)" in out and "P(FP32 <= 0) = 0.0208" in out
+    assert "| rceil_away vs fp32 | 6/20 vs 0/20 | 0.0202 (0.162) | 6 / 0 | 0.0312 (0.25) |" in out
+    assert "none of the 29 sustained divergences. The family test gives P = 0.021." in section
 
 
 def test_split_prefix_reference_and_horizon(mod, tmp_path, capsys):
@@ -200,3 +209,51 @@ def test_survival_by_hand(mod, tmp_path):
     assert "| fp32 | 3 | 0 | 1 | 1 (no event) | > 400 |" in km
     assert "| floor_even vs fp32 | 2 vs 0 | 2.47 | 0.116 (0.116) |" in lr
     assert "| floor_away vs fp32 | 0 vs 0 | – | no event while both at risk |" in lr
+
+
+def test_sustained_divergence_window(mod, tmp_path, capsys):
+    """--sustained W: a divergence counts only when it lasted W steps before the run's end, and
+    every trajectory is censored W steps before its end. Horizon 1000; floor_away diverges at 300
+    (seed 0), 960 (seed 1: an end spike) and never (seed 2); floor_even at 990 only (seed 2); a
+    fourth run is interrupted at 500 with floor_away diverged at 450.
+    W = 0: floor_away 3 events of 4, floor_even 1. W = 100: floor_away keeps 300 only (960 > 900,
+    450 > 500 - 100 = 400 -> censored at 400), floor_even none; censored at 900 (and 400).
+    Log-rank floor_away vs fp32 at W = 100: one event at 300 with 4 at risk in each: O - E = 1/2,
+    V = 4*4*1*7 / (64*7) = 1/4, chi2 = 1, p = erfc(sqrt(1/2)) = 0.3173; floor_even vs floor_away at
+    W = 100 the same (that event is the only one). floor_even vs fp32 at W = 0: one event at 990 with
+    3 at risk in each, chi2 = 1 again (Holm over the two vs-fp32 tests keeps 0.32). floor_even vs
+    floor_away at W = 0, events at 300, 450, 960 (away; even at risk 4, 4, 3 of 8, 7, 5) and 990
+    (even; 3 of 4): O - E = -1/2 - 4/7 - 3/5 + 1/4 = -1.4214, V = 1/4 + 12/49 + 6/25 + 3/16 = 0.9224,
+    chi2 = 2.190, p = 0.139."""
+    rows = []
+    for i, (away, even, steps, st) in enumerate([(300, -1, 1000, "diverged"), (960, -1, 1000, "diverged"),
+                                                 (-1, 990, 1000, "diverged"), (450, -1, 500, "interrupted")]):
+        for g, d in (("fp32", -1), ("floor_away", away), ("floor_even", even)):
+            status = st if st == "interrupted" else ("diverged" if d >= 0 else "complete")
+            rows.append([f"r{i}", g, "", i, status, d, -1, 0.05 if d >= 0 else 0.0021, 0.002, steps])
+    write(tmp_path / "summary_study_arms_shard0of1.csv", rows)
+    every = mod.load_all(str(tmp_path))
+    assert mod.outcome({"divergence_step": "960", "first_nonfinite_step": "-1", "steps_run": "1000"}, 0) == (True, 960)
+    assert mod.outcome({"divergence_step": "960", "first_nonfinite_step": "-1", "steps_run": "1000"}, 100) == (False, 900)
+    assert mod.outcome({"divergence_step": "-1", "first_nonfinite_step": "900", "steps_run": "1000"}, 100) == (True, 900)
+    assert mod.outcome({"divergence_step": "-1", "first_nonfinite_step": "-1", "steps_run": "50"}, 100) == (False, 0)
+    assert mod.subjects(every, 0)["floor_away"] == ([300, 960, 1000, 450], [True, True, False, True])
+    assert mod.subjects(every, 100)["floor_away"] == ([300, 900, 900, 400], [True, False, False, False])
+    assert mod.subjects(every, 100)["floor_even"] == ([900, 900, 900, 400], [False, False, False, False])
+    done, _ = mod.load(str(tmp_path))
+    assert (mod.per_arm(done, 0)["floor_away"]["div"], mod.per_arm(done, 100)["floor_away"]["div"]) == (2, 1)
+    assert mod.per_arm(done, 100)["floor_even"]["seed"][2] == (False, True)  # still degraded: final 0.05
+    tests = mod.logrank_tests(mod.subjects(every, 100))
+    (arm, chi2, p, q), = [r for r in tests["fp32"] if r[0] == "floor_away"]
+    assert chi2 == pytest.approx(1.0) and p == pytest.approx(0.3173, abs=1e-4)
+    table = mod.sensitivity(every, [0, 100])
+    assert "| floor_away | 3/4; " in table and "| floor_even | 1/4; " in table
+    assert "| floor_away | 3/4; " in table.splitlines()[3] and " | 1/4; 0.32, – |" in table.splitlines()[3]
+    assert "| floor_even | 1/4; 0.32, 0.14 | 0/4; –, 0.32 |" in table
+    assert mod.main(["--dir", str(tmp_path), "--sustained", "100", "--sensitivity", "0,100"]) == 0
+    out = capsys.readouterr().out
+    assert "Sustained divergences only: lasting >= 100 steps" in out and "W = 100: events" in out
+    with pytest.raises(SystemExit, match="comma-separated"):
+        mod.main(["--dir", str(tmp_path), "--sensitivity", "0,x"])
+    with pytest.raises(SystemExit, match=">= 0"):
+        mod.main(["--dir", str(tmp_path), "--sustained", "-5"])
