@@ -42,8 +42,9 @@ train() {
 # sharded part: MXLAB_SHARD=i/n runs one shard, unset every run (in order, so a time limit leaves
 # the first seeds finished); MXLAB_GPUS=0,1 spreads the runs over those GPUs, one at a time each;
 # MXLAB_JOBS=N runs N at once (over the GPUs in turn: 4 over 0,1 is two per GPU, which share it
-# through concurrent streams with the bits each writes alone; the step's small kernels leave a
-# GPU room for a second run).
+# through concurrent streams, each with the bits it writes alone). It saves little: on an H200 two
+# 2000-step fresh_seeds_20k runs took 24 s together and 25 s one after the other; three per GPU
+# were slower than two.
 spread_args() {
   kargs=(--device cuda); tag=all
   if [ -n "${MXLAB_GPUS:-}" ]; then kargs=(--gpus "$MXLAB_GPUS"); fi
@@ -170,13 +171,17 @@ case "$PART" in
     python3 results/extract_series.py "$OUT/series_jump" "$RUNS"/jump/*.h5 "$RUNS"/jump_late/*.h5 "$RUNS"/jump_seed25/*.h5
     ;;
   M)
-    # Commit the summaries under results/fresh_seeds_20k/ and results/code_faithful_20k/; then
+    # Commit the summaries and loss blocks under results/fresh_seeds_20k/ and
+    # results/code_faithful_20k/; then
     # results/study_arms.py --prefix summary_<name>_shard --split optimizer.lr (its docstring).
     spread_args
     train experiments/paper/fresh_seeds_20k.yaml --out "$RUNS/fresh_seeds_20k" --quiet "${kargs[@]}"
     train experiments/paper/code_faithful_20k.yaml --out "$RUNS/code_faithful_20k" --quiet "${kargs[@]}"
     for d in fresh_seeds_20k code_faithful_20k; do
       $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard$tag.csv"
+      # The loss curves, as 100-step blocks (min/max/mean/last): the run files stay here.
+      files=("$RUNS/$d"/*.h5)
+      [ -e "${files[0]}" ] && python3 results/extract_loss_blocks.py "$OUT/loss_blocks_${d}_shard$tag.csv" 100 "${files[@]}"
     done
     ;;
   *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L|M)" >&2; exit 2 ;;

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Block statistics of every trajectory's per-step loss (`loss_all`), from mxlab run files, in
+one CSV: what a survival study needs to look at its loss curves, and to test another divergence
+criterion, after the run files are gone (they stay on the GPU machine).
+
+  python3 results/extract_loss_blocks.py OUT.csv BLOCK RUN.h5 [RUN.h5 ...]
+
+One row per run, trajectory (or branch) and block of BLOCK steps: run_id, seed, lr, trajectory,
+block_start (the step of the block's first loss), steps (losses in the block), min, max and mean
+of its finite losses (empty when none is finite), nonfinite (how many are not), last (the block's
+last loss). Steps are absolute: a branch's loss_all starts at its `at`.
+"""
+import csv
+import math
+import sys
+
+import h5py
+import numpy as np
+
+COLUMNS = ("run_id", "seed", "lr", "trajectory", "block_start", "steps", "min", "max", "mean", "nonfinite", "last")
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _lr(config_yaml):
+    """optimizer.lr of a run file's config_yaml (the first `lr:` key)."""
+    for line in config_yaml.splitlines():
+        if line.strip().startswith("lr:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def blocks(loss, block):
+    """[(offset, steps, min, max, mean, nonfinite, last)] over consecutive blocks of `loss`."""
+    out = []
+    for i in range(0, len(loss), block):
+        b = np.asarray(loss[i:i + block], dtype=np.float64)
+        fin = b[np.isfinite(b)]
+        stats = (float(fin.min()), float(fin.max()), float(fin.mean())) if fin.size else (math.nan,) * 3
+        out.append((i, len(b)) + stats + (int(b.size - fin.size), float(b[-1])))
+    return out
+
+
+def main(argv):
+    if len(argv) < 3:
+        raise SystemExit(__doc__)
+    out, block, paths = argv[0], argv[1], argv[2:]
+    try:
+        block = int(block)
+    except ValueError:
+        raise SystemExit(f"extract_loss_blocks: BLOCK must be a number of steps, not {block!r}") from None
+    if block < 1:
+        raise SystemExit("extract_loss_blocks: BLOCK must be >= 1")
+    rows = 0
+    with open(out, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for path in paths:
+            with h5py.File(path, "r") as f:
+                rid, seed, lr = _text(f.attrs["run_id"]), int(f.attrs["seed"]), _lr(_text(f.attrs["config_yaml"]))
+                for top in ("trajectories", "branches"):
+                    for name, g in (f[top].items() if top in f else ()):
+                        if "loss_all" not in g:
+                            continue
+                        at = int(g.attrs.get("at", 0))
+                        for off, n, lo, hi, mean, bad, last in blocks(g["loss_all"][:], block):
+                            fmt = lambda x: "" if math.isnan(x) else repr(x)
+                            w.writerow([rid, seed, lr, name, at + off, n, fmt(lo), fmt(hi), fmt(mean), bad, fmt(last)])
+                            rows += 1
+    print(f"extract_loss_blocks: {rows} blocks of {block} steps from {len(paths)} run files -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
