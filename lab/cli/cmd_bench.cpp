@@ -21,11 +21,18 @@
 // alone and for both lambda_max(H) and lambda_max(P^-1 H), in ms (host clock around a
 // synchronised measurement, median of a few after one warm-up that records the product's
 // graph) and in forward-backward equivalents: the FP32 forward + loss + backward of the same
-// run (timed like the step figures). The last line is one JSON object for scripts.
+// run (timed like the step figures). With --log-steps N, the trainer's logged step (log_every 1:
+// eager, statistics counted, every metric computed and written to an HDF5 run file in a
+// temporary directory, as a run writes it) against its unlogged step, and where a logged step's
+// time goes, phase by phase (Trainer::set_phase_clock: each phase synchronised, so their sum is
+// a little more than the logged step). The last line is one JSON object for scripts.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +47,7 @@
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
+#include "lab/train/run_file.h"
 #include "lab/train/sweep.h"
 #include "lab/train/trainer.h"
 #ifdef MXLAB_HAVE_CUDA
@@ -72,20 +80,28 @@ struct Args {
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
   int curvature_iters = kCurvatureIters;
   int run = 0;  // --run I: which run of a sweep
+  int log_steps = 0;  // --log-steps N: time N logged trainer steps and their phases
 };
 
-// The trainer's own step (compute, update, the shadow pass every bias_every steps and its
-// metrics; CUDA graphs as the trainer uses them), ms per step: `warmup` steps, then the wall
-// time of `steps` more over their count. Logging happens only at step 0 and the last step.
-double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
-  cfg.steps = warmup + steps + 2;
-  cfg.log.log_every = cfg.steps;
+// The trainer's configuration for timing its steps: no curvature, snapshots, interventions or
+// checkpoints; no progress line.
+RunConfig bare_trainer_config(RunConfig cfg) {
   cfg.log.progress = false;
   cfg.log.curvature_every = 0;
   cfg.log.snapshot_steps.clear();
   cfg.log.snapshot_every = 0;
   cfg.interventions.clear();
   cfg.checkpoint_every = 0;
+  return cfg;
+}
+
+// The trainer's own step (compute, update, the shadow pass every bias_every steps and its
+// metrics; CUDA graphs as the trainer uses them), ms per step: `warmup` steps, then the wall
+// time of `steps` more over their count. Logging happens only at step 0 and the last step.
+double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
+  cfg = bare_trainer_config(cfg);
+  cfg.steps = warmup + steps + 2;
+  cfg.log.log_every = cfg.steps;
   MemorySink sink;
   Trainer tr(cfg, be, sink);
   tr.open_output();
@@ -94,6 +110,60 @@ double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
   tr.run(RunControl{}, 1 + warmup + steps);
   const auto t1 = std::chrono::steady_clock::now();  // run() synchronises before it returns
   return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+}
+
+// --log-steps: a logged step against an unlogged one, and its phases.
+struct LogProfile {
+  double logged_ms = 0.0;   // per logged step, no phase clock
+  double clocked_ms = 0.0;  // per logged step with the phase clock (its synchronisations)
+  int shadow_steps = 0;     // logged steps of the timed ones with the shadow pass
+  std::vector<std::pair<std::string, double>> phases;  // ms per logged step, in order of first use
+};
+
+// `warmup` logged steps, then `steps` timed ones without the phase clock and `steps` with it,
+// every one logged (log_every 1) into a RunFile in a temporary directory.
+LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps) {
+  cfg = bare_trainer_config(cfg);
+  cfg.steps = warmup + 2 * steps + 1;
+  cfg.log.log_every = 1;
+  const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : 1;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid());
+  fs::create_directories(dir);
+  LogProfile p;
+  try {
+    std::unique_ptr<RunFile> file = RunFile::create((dir / "bench.h5").string(), Attrs{});
+    Trainer tr(cfg, be, *file);
+    tr.open_output();
+    tr.run(RunControl{}, warmup);
+    auto timed = [&](int64_t to) {
+      const auto t0 = std::chrono::steady_clock::now();
+      tr.run(RunControl{}, to);  // run() synchronises before it returns
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+    };
+    p.logged_ms = timed(warmup + steps);
+    auto last = std::chrono::steady_clock::now();
+    tr.set_phase_clock([&](const char* phase) {
+      be.synchronize();
+      const auto now = std::chrono::steady_clock::now();
+      if (phase) {
+        const double ms = std::chrono::duration<double, std::milli>(now - last).count() / steps;
+        auto it = std::find_if(p.phases.begin(), p.phases.end(), [&](const auto& e) { return e.first == phase; });
+        if (it == p.phases.end()) p.phases.push_back({phase, ms});
+        else it->second += ms;
+      }
+      last = now;
+    });
+    p.clocked_ms = timed(warmup + 2 * steps);
+    for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % bias_every == 0;
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    throw;
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return p;
 }
 
 double median(std::vector<double> v) {
@@ -431,6 +501,25 @@ void run_bench(const Args& a) {
     std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", K, tk / K, t1, saving);
   }
 
+  // --log-steps N: a logged trainer step against an unlogged one, and its phases.
+  LogProfile lp;
+  double unlogged_ms = 0.0;
+  if (a.log_steps > 0) {
+    const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : cfg.log.log_every;
+    unlogged_ms = trainer_ms_per_step(*be, cfg, warmup, steps);
+    lp = trainer_log_profile(*be, cfg, std::min(warmup, 3), a.log_steps);
+    std::printf("\n  logged trainer step (log_every 1: eager, statistics counted, every metric written to an HDF5 "
+                "run file), %d steps, %d with the shadow pass:\n", a.log_steps, lp.shadow_steps);
+    std::printf("  %-36s %10.3f   unlogged step %.3f ms (shadow every %d steps%s): +%.3f ms per logged step\n",
+                "logged step", lp.logged_ms, unlogged_ms, bias_every, is_cuda ? ", CUDA graphs" : "",
+                lp.logged_ms - unlogged_ms);
+    double sum = 0.0;
+    for (const auto& ph : lp.phases) sum += ph.second;
+    std::printf("  where it goes (each phase synchronised: %.3f ms per logged step in all):\n", lp.clocked_ms);
+    for (const auto& [name, ms] : lp.phases)
+      std::printf("    %-38s %8.3f  %5.1f %%\n", name.c_str(), ms, sum > 0 ? 100.0 * ms / sum : 0.0);
+  }
+
   // ---- curvature: one measurement at the FP32 weights on the batch, vs one forward-backward ----
   const bool curv_supported = curvature_supported(cfg.model);
   if (only == kOnlyCurvature && !curv_supported)
@@ -494,6 +583,10 @@ void run_bench(const Args& a) {
     json += msg(",\"fwd_bwd_ms\":", fb_ms, ",\"curvature_iters\":", a.curvature_iters, ",\"curvature_hessian_ms\":",
                 curv_h_ms, ",\"curvature_ms\":", curv_ms, ",\"curvature_hessian_fb_equiv\":", curv_h_ms / fb_ms,
                 ",\"curvature_fb_equiv\":", curv_ms / fb_ms, ",\"hvp_gemms\":", hvp_gemms(bench.S));
+  if (a.log_steps > 0) {
+    json += msg(",\"log_steps\":", a.log_steps, ",\"logged_step_ms\":", lp.logged_ms, ",\"unlogged_step_ms\":", unlogged_ms,
+                ",\"logged_step_clocked_ms\":", lp.clocked_ms);
+  }
   json += msg(",\"step_gflop\":", gflop(student), "}");
   std::printf("%s\n", json.c_str());
 }
@@ -518,6 +611,10 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--only", args->only,
                   "time one figure only (fp32, mx, shadow, data, paired, curvature), no cuBLAS floors");
+  sub->add_option("--log-steps", args->log_steps,
+                  "also time N logged trainer steps (log_every 1, metrics to a temporary HDF5 file) against an "
+                  "unlogged one, phase by phase")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--curvature-iters", args->curvature_iters,
                   "Lanczos steps per eigenvalue of the curvature figure (log.curvature_iters)")
       ->capture_default_str();

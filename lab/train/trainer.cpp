@@ -455,7 +455,9 @@ void Trainer::log_metrics(bool shadow_step) {
   }
   std::vector<double> r(req.size());
   be_.reduce(req.data(), req.size(), r.data());
+  phase("gradient reductions");
   const std::vector<QuantStats> qs = be_.read_stats();
+  phase("statistics counters");
 
   std::vector<MetricRow> rows(traj_.size());
   std::vector<double> losses(traj_.size(), kNaN);
@@ -466,6 +468,7 @@ void Trainer::log_metrics(bool shadow_step) {
     row.step = step_;
     losses[i] = be_.read_scalar(tr.ws.loss);
     tr.last_loss = losses[i];
+    phase("losses");
     row.add("loss", losses[i]);
     row.add("lr", static_cast<double>(scalars(step_).lr));
     row.add("grad_norm", std::sqrt(r[idx[i].gg]));
@@ -487,6 +490,7 @@ void Trainer::log_metrics(bool shadow_step) {
         }
         sh = shadow_scalars(tr, sums, cross);
         append_shadow_row(tr, sh);
+        phase("shadow row (with its sink write)");
       }
       const double br = sh.bias_ratio;
       if (std::isfinite(br) && !(br <= tr.max_bias_ratio)) tr.max_bias_ratio = br;
@@ -511,7 +515,9 @@ void Trainer::log_metrics(bool shadow_step) {
       row.add("gbar_norm_group", sg);
       row.add("gtilde_norm_group", gtg);
     }
+    phase("gradient metrics (host)");
     clamp_debt(tr, static_cast<int>(i), row);  // the stored weights the step's forward used
+    phase("clamp debt (quantization gaps)");
     // Last-bin statistics of this trajectory's pass.
     for (const StatTensor t : stat_tensors(shape_)) {
       std::vector<double> lastbin(L, kNaN), clamped(L, kNaN);
@@ -529,15 +535,18 @@ void Trainer::log_metrics(bool shadow_step) {
       row.add(nm + "_lastbin", lastbin);
       row.add(nm + "_clamped", clamped);
     }
+    phase("last-bin statistics (host)");
     if (shape_.attention()) {
       std::vector<double> logit_max(L);
       for (int l = 0; l < L; ++l) logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
       row.add("attn_logit_max", logit_max);
+      phase("attention logits");
     }
   }
 
   // ---- update, then weight metrics ----
   update_phase(true);
+  phase("update");
   req.clear();
   std::vector<size_t> widx(traj_.size(), 0);
   for (size_t i = 0; i < traj_.size(); ++i) {
@@ -550,6 +559,7 @@ void Trainer::log_metrics(bool shadow_step) {
   }
   r.assign(req.size(), 0.0);
   be_.reduce(req.data(), req.size(), r.data());
+  phase("weight reductions");
   const bool has_gamma = shape_.find(0, ParamGroup::gamma) != nullptr;
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
@@ -571,13 +581,16 @@ void Trainer::log_metrics(bool shadow_step) {
       row.add("gamma_std", sd);
       row.add("gamma_min", mn);
       row.add("gamma_max", mx);
+      phase("gamma moments");
     }
     row.cols.insert(row.cols.begin(), {"step", {static_cast<double>(step_)}});
     if (!tr.muted) sink_.append(tr.h5_group, row);
     tr.rows_logged += 1;
     if (!std::isfinite(losses[i]) && cfg_.log.on_nonfinite == OnNonfinite::stop) tr.stopped = true;
+    phase("sink write");
   }
   if (cfg_.log.flush_every > 0 && traj_[0]->rows_logged % cfg_.log.flush_every == 0) sink_.flush();
+  phase("sink flush");
 }
 
 // The curvature instrument at the start of step_ (every log.curvature_every-th step from the
@@ -658,8 +671,10 @@ void Trainer::step_once(bool log) {
   // The last step is always logged with its shadow gradient, so every run ends with a bias row.
   const bool shadow = (step_ % bias_every_) == 0 || (log && step_ == cfg_.steps - 1);
   if (log) {
+    phase(nullptr);
     be_.reset_stats(static_cast<int>(traj_.size()) * cfg_.model.depth * kStatTensors);
     compute_phase(true, shadow);
+    phase("eager compute with statistics");
     log_metrics(shadow);
     return;
   }

@@ -63,6 +63,13 @@ class Trainer {
   // Steps at which the run wants a checkpoint saved (intervention steps, checkpoint_every).
   bool checkpoint_due(int64_t step) const;
 
+  // Where a logged step's time goes (`mxlab bench --log-steps`): when set, a logged step calls
+  // `clock(nullptr)` as it begins and `clock(phase)` at the end of each of its phases (eager
+  // compute with statistics, reductions, the update, the sink, ...; a phase may recur within
+  // one step). The callee synchronises the backend and charges the time since its previous
+  // call to `phase`. Unlogged steps never call it. Empty (the default): no calls, no cost.
+  void set_phase_clock(std::function<void(const char* phase)> clock) { phase_clock_ = std::move(clock); }
+
   // ---- state for checkpoints (lab/train/checkpoint.h) ----
   // Restore the step counter (after restoring trajectory buffers and bookkeeping).
   void set_step(int64_t step) { step_ = step; }
@@ -127,6 +134,10 @@ class Trainer {
   int64_t step_ = 0;
   int bias_every_ = 1;
   bool output_open_ = false;  // open_output() has declared the groups in the sink
+  std::function<void(const char*)> phase_clock_;  // set_phase_clock
+  void phase(const char* name) {
+    if (phase_clock_) phase_clock_(name);
+  }
 };
 
 }  // namespace mxlab

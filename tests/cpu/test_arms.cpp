@@ -513,6 +513,27 @@ TEST(ArmsCli, BenchOfASweepBenchesOneRun) {
   EXPECT_NE(out.find("--run 2: " + exp + " has 2 runs (indices 0..1"), std::string::npos) << out;
 }
 
+// `mxlab bench --log-steps N`: the logged trainer step against the unlogged one, phase by phase,
+// and its JSON keys; N must be positive.
+TEST(ArmsCli, BenchLogStepsBreaksALoggedStepIntoPhases) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write("b.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
+                                              "log: {bias_every: 2}\n");
+  const std::string bin = MXLAB_BINARY;
+  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --log-steps 4");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("logged trainer step (log_every 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("4 steps, 2 with the shadow pass"), std::string::npos) << out;
+  EXPECT_NE(out.find("unlogged step"), std::string::npos) << out;
+  for (const char* phase : {"eager compute with statistics", "clamp debt (quantization gaps)", "update", "sink write",
+                            "shadow row (with its sink write)"})
+    EXPECT_NE(out.find(std::string("    ") + phase), std::string::npos) << phase << "\n" << out;
+  EXPECT_NE(out.find("\"log_steps\":4,\"logged_step_ms\":"), std::string::npos) << out;
+  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --log-steps 0");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--log-steps"), std::string::npos) << out;
+}
+
 // The curvature figure is left out (with a line saying why) where the Hessian-vector products do
 // not reach: an attention block.
 TEST(ArmsCli, BenchLeavesOutCurvatureWhereItIsNotDefined) {

@@ -346,3 +346,40 @@ TEST(Summary, DivergedAtTakesTheEarlierStep) {
   s.first_nonfinite_step = 9;
   EXPECT_EQ(mxlab::diverged_at(s), 7);
 }
+
+// The phase clock (`mxlab bench --log-steps`): called on logged steps only (once with nullptr
+// as each begins, then once per phase), with the phases of a logged step in their order, and
+// without changing a bit of what the run writes.
+TEST(Trainer, PhaseClockSeesLoggedStepsOnlyAndChangesNothing) {
+  RunConfig cfg = tiny_config();
+  cfg.steps = 10;
+  cfg.log.log_every = 4;  // logged: 0, 4, 8 and the last step 9
+  cfg.log.bias_every = 2;
+  const MemorySink plain = run_to_end(cfg);
+  auto be = make_cpu_backend();
+  MemorySink sink;
+  Trainer tr(cfg, *be, sink);
+  tr.open_output();
+  std::vector<std::string> calls;
+  tr.set_phase_clock([&](const char* phase) { calls.push_back(phase ? phase : "<begin>"); });
+  tr.finish(tr.run(RunControl{}));
+  for (const char* g : {"trajectories/fp32", "trajectories/mx"}) {
+    expect_groups_identical(plain, sink, g);
+    EXPECT_EQ(plain.groups.at(g).loss_all, sink.groups.at(g).loss_all) << g;
+  }
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "<begin>"), 4);
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.front(), "<begin>");
+  // One logged step: the phases in order (two trajectories: the per-trajectory ones twice;
+  // the MX one with its shadow row, the step being a shadow step).
+  const std::vector<std::string> step0(calls.begin(), std::find(calls.begin() + 1, calls.end(), "<begin>"));
+  const std::vector<std::string> want = {"<begin>", "eager compute with statistics", "gradient reductions",
+                                         "statistics counters",
+                                         "losses", "gradient metrics (host)", "clamp debt (quantization gaps)",
+                                         "last-bin statistics (host)",
+                                         "losses", "shadow row (with its sink write)", "gradient metrics (host)",
+                                         "clamp debt (quantization gaps)", "last-bin statistics (host)",
+                                         "update", "weight reductions",
+                                         "gamma moments", "sink write", "gamma moments", "sink write", "sink flush"};
+  EXPECT_EQ(step0, want);
+}
