@@ -27,7 +27,7 @@ int swiglu_hidden(int mult, int width) { return (2 * mult * width + 1) / 3; }
 // statistics are collected even when ln_affine does not quantize (under the diagnostic spec).
 // RMSNorm and MXNorm have no beta.
 void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
-                        Workspace& ws, const PassPolicy& pol, bool collect) {
+                        Workspace& ws, const PassPolicy& pol, bool collect, bool with_beta) {
   const PrecisionConfig& p = pol.p;
   struct Item {
     ParamGroup::Kind kind;
@@ -38,7 +38,7 @@ void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int
   const Item items[] = {{site.gamma, ws.gq_gamma, site.gamma_stat, site.gamma_op},
                         {site.beta, ws.gq_beta, site.beta_stat, site.beta_op}};
   for (const Item& it : items) {
-    if (it.kind == site.beta && s.norm != NormKind::layernorm) continue;
+    if (it.kind == site.beta && (s.norm != NormKind::layernorm || !with_beta)) continue;
     const float* src = params + group(s, k, it.kind).offset;
     const uint64_t seed = sr_seed(pol.seed, it.op);
     int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
@@ -129,7 +129,14 @@ NormSite attn_norm_site(int k) {
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
                         Workspace& ws, const PassPolicy& pol, bool collect) {
   if (!s.ln_affine) return nullptr;
-  ln_affine_operands(be, s, params, k, site, ws, pol, collect);
+  ln_affine_operands(be, s, params, k, site, ws, pol, collect, true);
+  return ws.gq_gamma;
+}
+
+const float* backward_gain(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
+                           Workspace& ws, const PassPolicy& pol) {
+  if (!s.ln_affine) return nullptr;
+  ln_affine_operands(be, s, params, k, site, ws, pol, false, false);
   return ws.gq_gamma;
 }
 
@@ -545,7 +552,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
     // The forward's Q(gamma) again (deterministic: same seed, op and step); gradients w.r.t.
     // the quantized values go straight through to the FP32 masters.
-    const float* gq = s.ln_affine ? norm_gains(be, s, params, k, mlp_norm_site(k), ws, pol, false) : nullptr;
+    const float* gq = backward_gain(be, s, params, k, mlp_norm_site(k), ws, pol);
     norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
     be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),

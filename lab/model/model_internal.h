@@ -128,6 +128,11 @@ NormSite attn_norm_site(int layer);
 // their statistics when `collect`; returns ws.gq_gamma, or null without affine gains.
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
                         Workspace& ws, const PassPolicy& pol, bool collect);
+// The backward's Q(gamma): the forward's again (same seed, op and step: the same values) into
+// ws.gq_gamma, without statistics; Q(beta) is not computed (no backward reads it). Null without
+// affine gains.
+const float* backward_gain(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
+                           Workspace& ws, const PassPolicy& pol);
 // The norm of `site` on x [rows x d] into y (the next GEMM's activation operand), xhat, rstd.
 // Returns the weight the next GEMM uses: W itself, or for MXNorm with gains ws.w_fused =
 // R(W o Q(gamma)) (W is [w_rows x d]; the gain moves onto the weight, papers/mxnorm.md 3.7).

@@ -388,7 +388,9 @@ class NaiveGemmBackend final : public Backend {
   }
   void randn(float* o, size_t n, uint64_t s, Stream st, float sc) override { in->randn(o, n, s, st, sc); }
   void add_randn(float* o, size_t n, uint64_t s, Stream st, float sc) override { in->add_randn(o, n, s, st, sc); }
+  std::vector<std::pair<int64_t, int64_t>> quantized;  // the shape of every quantize call, in order
   void quantize(const float* i, float* o, int64_t r, int64_t c, Axis ax, const QuantSpec& q, int slot) override {
+    quantized.push_back({r, c});
     in->quantize(i, o, r, c, ax, q, slot);
   }
   void round_bf16(float* x, size_t n, Rounding m) override { in->round_bf16(x, n, m); }
@@ -751,6 +753,34 @@ TEST(ModelMx, MatchesExplicitCompositionBitForBit) {
           << "flipping the axis of operand " << flip << " went unnoticed";
     }
   }
+}
+
+// The layernorm's affine operands: the forward quantizes gamma and beta of every layer, the
+// backward gamma only (its layernorm backward reads Q(gamma); nothing there reads Q(beta)).
+// That the backward's Q(gamma) equals the forward's is MatchesExplicitCompositionBitForBit's.
+TEST(ModelMx, BackwardQuantizesGammaButNotBeta) {
+  const int64_t B = 32, d = 32;
+  const ModelConfig m = small_model(2, d, Act::gelu, true, true, false);
+  const NetShape s = NetShape::student(m);
+  const auto params = test_params(s, 21);
+  const auto x = noise(B * d, 22), t = noise(B * d, 23);
+  NaiveGemmBackend be;
+  RunConfig cfg;
+  cfg.model = m;
+  PassPolicy pol;
+  pol.p.rounding = Rounding::nearest_away;
+  float* P = put(be, params);
+  float* X = put(be, x);
+  float* T = put(be, t);
+  float* G = be.alloc(params.size());
+  Workspace ws = Workspace::make(be, s, B);
+  auto gains = [&] { return std::count(be.quantized.begin(), be.quantized.end(), std::make_pair(int64_t{1}, d)); };
+  forward(be, s, P, X, ws, pol);
+  EXPECT_EQ(gains(), 2 * s.depth);  // gamma and beta per layer
+  loss_and_grad(be, cfg, T, ws, pol, nullptr);
+  be.quantized.clear();
+  backward(be, s, P, X, ws, G, pol);
+  EXPECT_EQ(gains(), s.depth);  // gamma only
 }
 
 // The real CPU backend (Eigen GEMM) on the same MX step: agreement with the naive-order
