@@ -10,8 +10,8 @@
 //       block amax is a butterfly of G lanes, the next unit is loaded while the current one is
 //       computed. k = 32 -> 4 lanes per block, 8 blocks per warp.
 //   mx_strided_tile_kernel - blocks of 32 down columns, cols % 4 == 0 (the backward GEMMs'
-//       operands): each lane owns an 8-row x 4-column tile (16-byte loads, a warp's 8 lanes of
-//       a row read 128 contiguous bytes), 4 lanes stacked per block, the next tile loaded while
+//       operands): each lane owns a 4-row x 4-column tile (16-byte loads, a warp's 4 lanes of
+//       a row read 64 contiguous bytes), 8 lanes stacked per block, the next tile loaded while
 //       the current one is computed.
 //   mx_strided_kernel      - other strided blocks (block <= kMaxStridedBlock, or rows that are
 //       not 16-byte multiples): one thread per column of a block, loads of 32 consecutive floats
@@ -44,11 +44,13 @@ constexpr int kVec = 4;                // elements per thread and step in the el
 constexpr int kLaneElems = 8;          // elements per lane in the contiguous MX kernel (two 16-byte loads)
 constexpr int kStridedBatch = 16;      // loads in flight per thread in the shared-memory strided kernel
 constexpr int kMaxStridedBlock = 64;   // shared staging: 64 rows x 128 columns x 4 B = 32 KiB
-constexpr int kTileBlock = 32;         // the strided tile kernel's block size (the default k): 4 lanes x 8 rows
-constexpr int kTileRows = 8;           // rows per lane in the strided tile kernel
+constexpr int kTileBlock = 32;         // the strided tile kernel's block size (the default k): 8 lanes x 4 rows
+constexpr int kTileRows = 4;           // rows per lane in the strided tile kernel
 constexpr int kTileCols = 4;           // columns per lane (one 16-byte load per row)
-constexpr int kTileWarpCols = 32;      // columns per warp item: 8 lanes x 4
-constexpr int kTileMinCtas = 2;        // register cap (128): two 8 x 4 tiles (current, next) per lane
+constexpr int kTileLanesPerBand = kTileBlock / kTileRows;        // lanes stacked down one column block: 8
+constexpr int kTileLanesPerRow = 32 / kTileLanesPerBand;         // lanes side by side in a row: 4
+constexpr int kTileWarpCols = kTileLanesPerRow * kTileCols;      // columns per warp item: 16
+constexpr int kTileMinCtas = 4;        // register cap (64): two 4 x 4 tiles (current, next) per lane
 constexpr int kCtasPerSm = 8;          // grid size cap: enough resident warps to hide latency
 constexpr int kStridedMinCtas = 8;    // register cap (64): 32 resident warps per SM to keep loads in flight
 constexpr int kContigMinCtas = 4;     // register cap (64): 32 resident warps per SM
@@ -405,18 +407,19 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
   if (p.stats || p.inexact) flush_counters(cnt, p);
 }
 
-// ---- strided axis, block size 32: 8 x 4 tiles per lane ---------------------------------------
-// A warp item is (band b of 32 rows, group of 32 columns). Lane l owns columns 4 (l % 8) ..
-// +3 of the group and rows 8 (l / 8) .. +7 of the band: one 16-byte load per row (the 8 lanes
-// of a row read 128 contiguous bytes; one load instruction covers 4 rows). The 4 lanes holding
-// the same columns (l, l ^ 8, l ^ 16, l ^ 24) finish each column's block amax with two
-// shuffles. The next warp item's 8 loads are issued before the current one is computed (the
-// layout of the contiguous kernel, transposed). Needs cols % 4 == 0, `in` 16-byte and `out`
-// 16-byte (f32) / 8-byte (bf16) aligned (the launcher checks; other shapes take
-// mx_strided_kernel).
+// ---- strided axis, block size 32: 4 x 4 tiles per lane ---------------------------------------
+// A warp item is (band b of 32 rows, group of 16 columns). Lane l owns columns 4 (l % 4) .. +3
+// of the group and rows 4 (l / 4) .. +3 of the band: one 16-byte load per row (the 4 lanes of a
+// row read 64 contiguous bytes; one load instruction covers 8 rows). The 8 lanes holding the
+// same columns (l, l ^ 4, l ^ 8, ..., l ^ 28) finish each column's block amax with three
+// shuffles. The next warp item's 4 loads are issued before the current one is computed (the
+// layout of the contiguous kernel, transposed). Items of 512 elements (not 1024, as with 8 x 4
+// tiles: kernels/PERF.md v7) give a [2048 x 512] operand 2048 warps with work, and the smaller
+// tiles leave room for 4 CTAs per SM. Needs cols % 4 == 0, `in` 16-byte and `out` 16-byte (f32) /
+// 8-byte (bf16) aligned (the launcher checks; other shapes take mx_strided_kernel).
 struct TileSlice {
   int64_t off;  // flat index of the lane's first element (its first row, first column)
-  int nv;       // of the lane's 8 rows, how many exist (0: the lane has nothing here)
+  int nv;       // of the lane's kTileRows rows, how many exist (0: the lane has nothing here)
   int band;     // rows in the whole band (the counting lanes use it)
 };
 
@@ -425,9 +428,9 @@ __device__ __forceinline__ TileSlice locate_tile(const KParams& p, int64_t witem
   TileSlice ts{0, 0, 0};
   if (witem >= witems) return ts;
   const int64_t b = witem / ngroups;
-  const int64_t col = (witem - b * ngroups) * kTileWarpCols + (lane & 7) * kTileCols;
+  const int64_t col = (witem - b * ngroups) * kTileWarpCols + (lane % kTileLanesPerRow) * kTileCols;
   const int64_t r0 = b * kTileBlock;
-  const int64_t r = r0 + (lane >> 3) * kTileRows;
+  const int64_t r = r0 + (lane / kTileLanesPerRow) * kTileRows;
   if (col >= p.cols || r >= p.rows) return ts;
   ts.off = r * p.cols + col;
   ts.nv = p.rows - r >= kTileRows ? kTileRows : static_cast<int>(p.rows - r);
@@ -476,10 +479,9 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
         amax[c] = max_nan(amax[c], fabsf(v[i][c]));
       }
 #pragma unroll
-    for (int c = 0; c < kTileCols; ++c) {
-      amax[c] = max_nan(amax[c], __shfl_xor_sync(kFullMask, amax[c], 8));
-      amax[c] = max_nan(amax[c], __shfl_xor_sync(kFullMask, amax[c], 16));
-    }
+    for (int c = 0; c < kTileCols; ++c)
+#pragma unroll
+      for (int o = kTileLanesPerRow; o < 32; o <<= 1) amax[c] = max_nan(amax[c], __shfl_xor_sync(kFullMask, amax[c], o));
     if (cur.nv > 0) {
       bool special[kTileCols];
       int s[kTileCols];
@@ -519,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
           }
         }
       }
-      if (kCount && lane < 8) {  // the lanes holding each column group's first rows count its 4 blocks
+      if (kCount && lane < kTileLanesPerRow) {  // the lanes holding each column group's first rows count its blocks
         cnt.blocks += kTileCols;
         cnt.n += static_cast<uint32_t>(kTileCols * cur.band);
 #pragma unroll
