@@ -110,6 +110,16 @@ if command -v cc > /dev/null && [ -e /usr/include/zlib.h ]; then
   "$pk/.devbin/mxlab" | grep -q "^zlib " || { echo "FAIL: the packed wrapper does not run its binary"; fail=1; }
   out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
   echo "$out" | grep -q "using .devbin (revision " || { echo "FAIL: device_parts.sh did not use .devbin"; echo "$out"; fail=1; }
+  # --ref: the baseline, compressed, unpacked and run by its wrapper with .devbin's libraries;
+  # device_parts.sh then names it as the baseline.
+  if command -v xz > /dev/null; then
+    (cd "$pk" && bash bench/pack_devbin.sh --ref > packref.log 2>&1) || { echo "FAIL: pack_devbin --ref"; cat "$pk/packref.log"; fail=1; }
+    [ -f "$pk/.devref/bin/mxlab.xz" ] && [ ! -e "$pk/.devref/bin/mxlab" ] || { echo "FAIL: --ref did not pack mxlab.xz alone"; ls -R "$pk/.devref"; fail=1; }
+    "$pk/.devref/mxlab" | grep -q "^zlib " || { echo "FAIL: the .devref wrapper does not run its binary"; fail=1; }
+    "$pk/.devref/mxlab" | grep -q "^zlib " || { echo "FAIL: the .devref wrapper fails once unpacked"; fail=1; }
+    out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
+    echo "$out" | grep -q "baseline: .devref (revision " || { echo "FAIL: device_parts.sh did not take .devref"; echo "$out"; fail=1; }
+  fi
   rm "$pk/build/mxlab_gpu_tests"
   (cd "$pk" && bash bench/pack_devbin.sh > /dev/null 2>&1) && { echo "FAIL: pack_devbin packed without mxlab_gpu_tests"; fail=1; }
 fi
