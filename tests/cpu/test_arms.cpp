@@ -529,6 +529,11 @@ TEST(ArmsCli, BenchLogStepsBreaksALoggedStepIntoPhases) {
                             "shadow row (with its sink write)"})
     EXPECT_NE(out.find(std::string("    ") + phase), std::string::npos) << phase << "\n" << out;
   EXPECT_NE(out.find("\"log_steps\":4,\"logged_step_ms\":"), std::string::npos) << out;
+  // Without bias_every the shadow keeps the unlogged run's cadence (every log_every steps).
+  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --log-steps 4 "
+                                               "--set log.bias_every=0 --set log.log_every=3");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("4 steps, 1 with the shadow pass"), std::string::npos) << out;  // timed 5..8: only 6
   std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --log-steps 0");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--log-steps"), std::string::npos) << out;
