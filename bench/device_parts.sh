@@ -7,7 +7,9 @@
 #   build     cmake + ninja mxlab and mxlab_gpu_tests (Release, sm_90); OUTDIR/mxlab is the binary
 #             (carry it back as .devbin/mxlab to skip the build in a later call)
 #   ref       build .ref's mxlab (another revision: `git worktree add --detach .ref REV`; .gitignore
-#             ignores it, so name it in the call's carry); refbench and paired10k compare against it
+#             ignores it, so name it in the call's carry); refbench and paired10k compare against it.
+#             With .devref carried (bench/pack_devbin.sh --ref: a baseline built on the development
+#             machine) nothing is built: .devref/mxlab is the baseline
 #   gputests  every GPU test (log in logs.tgz)
 #   bench     mxlab bench: paper configuration with 4 arms, the attention proxy, the arms study
 #   refbench  the baseline of a performance change, on the same GPU in the same call: builds .ref
@@ -15,7 +17,9 @@
 #             and with this tree's binary, alternately (ref, this, ref, this)
 #   paired10k issue 16's whole-run target: the 10,000-step paired run of the paper configuration
 #             with the shadow gradient every step (--set log.bias_every=1), wall time, with this
-#             tree's binary and then, when .ref is built, with the baseline's
+#             tree's binary and then, when .ref is built (or .devref carried), with the baseline's
+#   logsteps  where a logged step's time goes: mxlab bench --log-steps 100 on the paper
+#             configuration with the shadow every step, this binary (and the baseline's, when there)
 #   P         run_repro.sh part P (A..M; K and M need MXLAB_SHARD); P+Q+... runs parts concurrently.
 #             Each part's training stops DEADLINE_S - 60 s after this script began, so its
 #             summaries are still written; run files stay in runs/P (git-ignored: a later call on the
@@ -42,7 +46,13 @@ if [ -x .devbin/mxlab ]; then
   echo "using .devbin (revision $(head -c 12 .devbin/REVISION 2>/dev/null || echo unknown))"
 fi
 elapsed() { echo $(( $(date +%s) - T0 )); }
+REF_BIN=.ref/build/mxlab
+if [ -x .devref/mxlab ]; then
+  REF_BIN=.devref/mxlab
+  echo "baseline: .devref (revision $(head -c 12 .devref/REVISION 2>/dev/null || echo unknown))"
+fi
 build_ref() {
+  [ "$REF_BIN" = .devref/mxlab ] && return 0
   if [ ! -f .ref/CMakeLists.txt ]; then
     echo "$step: no source tree in .ref: git worktree add --detach .ref REV (ignored), and carry .ref"
     return 2
@@ -82,7 +92,7 @@ for step in "$@"; do
       for i in 1 2; do
         for tag in ref this; do
           b=$BIN
-          [ "$tag" = ref ] && b=.ref/build/mxlab
+          [ "$tag" = ref ] && b=$REF_BIN
           $b bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 > "$LOGS/bench_fig4_${tag}_$i.log" 2>&1
           echo "$tag $i: $(grep -E '^  MX trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
           echo "$tag $i: $(grep -E '^  FP32 trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
@@ -92,13 +102,23 @@ for step in "$@"; do
     paired10k)
       for tag in this ref; do
         b=$BIN
-        if [ "$tag" = ref ]; then [ -x .ref/build/mxlab ] || continue; b=.ref/build/mxlab; fi
+        if [ "$tag" = ref ]; then [ -x "$REF_BIN" ] || continue; b=$REF_BIN; fi
         rm -rf "$WORK/paired10k_$tag"
         t1=$(date +%s%N)
         $b run experiments/paper/fig4_baseline.yaml --device cuda --set log.bias_every=1 \
           --out "$WORK/paired10k_$tag" --quiet > "$LOGS/paired10k_$tag.log" 2>&1
         rc=$?
         echo "paired10k $tag: exit $rc, $(( ($(date +%s%N) - t1) / 1000000 )) ms wall (10,000 steps, bias_every=1)"
+      done
+      ;;
+    logsteps)
+      for tag in this ref; do
+        b=$BIN
+        if [ "$tag" = ref ]; then [ -x "$REF_BIN" ] || continue; b=$REF_BIN; fi
+        $b bench experiments/paper/fig4_baseline.yaml --device cuda --steps 100 --set log.bias_every=1 \
+          --log-steps 100 > "$LOGS/bench_logsteps_$tag.log" 2>&1
+        echo "logsteps $tag: exit $?"
+        sed -n '/logged trainer step/,/^$/p' "$LOGS/bench_logsteps_$tag.log"
       done
       ;;
     *)

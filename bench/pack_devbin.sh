@@ -11,7 +11,42 @@
 #   bash bench/device_parts.sh $OUT DEADLINE gputests bench ...
 # uses them. The device is x86-64 like this machine; glibc and libstdc++ there are newer, which is
 # the direction that works.
+#   bash bench/pack_devbin.sh --ref [BUILD_DIR]
+# packs the *baseline* of a performance comparison instead: only mxlab, stripped and xz-compressed
+# (~8 MB: .devbin and .devref together fit the 64 MiB a call carries), into .devref/ (git-ignored)
+# with REVISION and the wrapper .devref/mxlab, which unpacks it on first use and runs it with
+# .devbin/lib (build both on this machine: the same libraries). Carry .devref beside .devbin;
+# device_parts.sh's refbench and paired10k then use it instead of building .ref on the device.
 set -euo pipefail
+if [ "${1:-}" = --ref ]; then
+  BUILD=${2:-build}
+  [ -x "$BUILD/mxlab" ] || { echo "pack_devbin: $BUILD/mxlab is missing: build it first" >&2; exit 2; }
+  command -v xz > /dev/null || { echo "pack_devbin: --ref needs xz (apt-get install xz-utils)" >&2; exit 2; }
+  rm -rf .devref
+  mkdir -p .devref/bin
+  strip --strip-unneeded -o .devref/bin/mxlab.tmp "$BUILD/mxlab"
+  xz -T0 -6 -c .devref/bin/mxlab.tmp > .devref/bin/mxlab.xz
+  rm .devref/bin/mxlab.tmp
+  cat > .devref/mxlab <<'WRAP'
+#!/usr/bin/env bash
+# bench/pack_devbin.sh --ref: the baseline mxlab, unpacked on first use, with .devbin's libraries.
+d=$(cd "$(dirname "$0")" && pwd)
+if [ ! -x "$d/bin/mxlab" ]; then
+  if command -v xz > /dev/null; then xz -dc "$d/bin/mxlab.xz" > "$d/bin/mxlab.$$"
+  else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+         "$d/bin/mxlab.xz" "$d/bin/mxlab.$$"; fi &&
+    chmod +x "$d/bin/mxlab.$$" && mv "$d/bin/mxlab.$$" "$d/bin/mxlab" ||
+    { echo "devref: could not unpack $d/bin/mxlab.xz" >&2; exit 2; }
+fi
+LD_LIBRARY_PATH="$d/../.devbin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/mxlab" "$@"
+WRAP
+  chmod +x .devref/mxlab
+  git rev-parse HEAD > .devref/REVISION
+  git status --porcelain --untracked-files=no | grep -q . && echo "dirty" >> .devref/REVISION || true
+  du -sh .devref | awk '{print "pack_devbin: .devref is " $1}'
+  cat .devref/REVISION
+  exit 0
+fi
 BUILD=${1:-build}
 for b in mxlab mxlab_gpu_tests; do
   [ -x "$BUILD/$b" ] || { echo "pack_devbin: $BUILD/$b is missing: build it first (ninja/make mxlab mxlab_gpu_tests)" >&2; exit 2; }

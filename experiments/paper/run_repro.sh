@@ -181,7 +181,10 @@ case "$PART" in
       $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard$tag.csv"
       # The loss curves, as 100-step blocks (min/max/mean/last): the run files stay here.
       files=("$RUNS/$d"/*.h5)
-      [ -e "${files[0]}" ] && python3 results/extract_loss_blocks.py "$OUT/loss_blocks_${d}_shard$tag.csv" 100 "${files[@]}"
+      [ -e "${files[0]}" ] || continue
+      python3 results/extract_loss_blocks.py "$OUT/loss_blocks_${d}_shard$tag.csv" 100 "${files[@]}"
+      # The code-faithful runs' logged series (Figs. 3-5 like for like with the paper's code).
+      [ "$d" = code_faithful_20k ] && python3 results/extract_series.py "$OUT/series_${d}_shard$tag" "${files[@]}"
     done
     ;;
   *) echo "unknown part $PART (A|B|C|D|E|F|G|H|I|J|K|L|M)" >&2; exit 2 ;;

@@ -125,6 +125,8 @@ struct LogProfile {
 LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps) {
   cfg = bare_trainer_config(cfg);
   cfg.steps = warmup + 2 * steps + 1;
+  // The unlogged step's shadow cadence (bias_every 0 means every log_every steps).
+  if (cfg.log.bias_every <= 0) cfg.log.bias_every = cfg.log.log_every;
   cfg.log.log_every = 1;
   const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : 1;
   namespace fs = std::filesystem;

@@ -334,13 +334,17 @@ double json_number(const std::string& out, const std::string& key) {
   if (p == std::string::npos) return std::nan("");
   return std::strtod(out.c_str() + p + key.size() + 3, nullptr);
 }
+
+// `mxlab bench EXP --device cpu ARGS` through the built binary: (exit status, output).
+std::pair<int, std::string> bench_cpu(const std::string& exp, const std::string& args) {
+  return mxlab::test::run_command(std::string(MXLAB_BINARY) + " bench " + exp + " --device cpu " + args);
+}
 }  // namespace
 
 TEST(ArmsCli, BenchTimesTheTrainerWithOneAndKArms) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write("b.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n");
-  const auto [rc, out] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " bench " + exp +
-                                                  " --device cpu --arms 3 --steps 2 --warmup 1");
+  const auto [rc, out] = bench_cpu(exp, "--arms 3 --steps 2 --warmup 1");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(json_number(out, "arms"), 3.0) << out;
   const double t1 = json_number(out, "trainer_1arm_ms"), tk = json_number(out, "trainer_arms_ms");
@@ -354,8 +358,7 @@ TEST(ArmsCli, BenchTimesTheTrainerWithOneAndKArms) {
   // An experiment's own arms are timed without --arms.
   const std::string exp2 = dir.write("b2.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
                                                 "arms:\n  - {name: a}\n  - {name: b, set: {rounding: nearest_away}}\n");
-  const auto [rc2, out2] = mxlab::test::run_command(std::string(MXLAB_BINARY) + " bench " + exp2 +
-                                                    " --device cpu --steps 2 --warmup 1");
+  const auto [rc2, out2] = bench_cpu(exp2, "--steps 2 --warmup 1");
   ASSERT_EQ(rc2, 0) << out2;
   EXPECT_EQ(json_number(out2, "arms"), 2.0) << out2;
 }
@@ -504,11 +507,10 @@ TEST(ArmsCli, BenchOfASweepBenchesOneRun) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write("s.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
                                               "sweep:\n  grid:\n    model.width: [32, 64]\n");
-  const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --run 1");
+  auto [rc, out] = bench_cpu(exp, "--steps 1 --warmup 1 --run 1");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("expands to 2 runs; benchmarking run 1 (model.width=64)"), std::string::npos) << out;
-  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --run 2");
+  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --run 2");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--run 2: " + exp + " has 2 runs (indices 0..1"), std::string::npos) << out;
 }
@@ -519,8 +521,7 @@ TEST(ArmsCli, BenchLogStepsBreaksALoggedStepIntoPhases) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write("b.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n"
                                               "log: {bias_every: 2}\n");
-  const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1 --log-steps 4");
+  auto [rc, out] = bench_cpu(exp, "--steps 1 --warmup 1 --log-steps 4");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("logged trainer step (log_every 1"), std::string::npos) << out;
   EXPECT_NE(out.find("4 steps, 2 with the shadow pass"), std::string::npos) << out;
@@ -529,7 +530,12 @@ TEST(ArmsCli, BenchLogStepsBreaksALoggedStepIntoPhases) {
                             "shadow row (with its sink write)"})
     EXPECT_NE(out.find(std::string("    ") + phase), std::string::npos) << phase << "\n" << out;
   EXPECT_NE(out.find("\"log_steps\":4,\"logged_step_ms\":"), std::string::npos) << out;
-  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --log-steps 0");
+  // Without bias_every the shadow keeps the unlogged run's cadence (every log_every steps).
+  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --warmup 1 --log-steps 4 "
+                                               "--set log.bias_every=0 --set log.log_every=3");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("4 steps, 1 with the shadow pass"), std::string::npos) << out;  // timed 5..8: only 6
+  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --log-steps 0");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--log-steps"), std::string::npos) << out;
 }
@@ -540,12 +546,11 @@ TEST(ArmsCli, BenchLeavesOutCurvatureWhereItIsNotDefined) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write("a.yaml", "model: {depth: 1, width: 32, hidden_mult: 1, block: attention, heads: 2}\n"
                                               "data: {batch: 2, seq_len: 32}\n");
-  const std::string bin = MXLAB_BINARY;
-  auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --warmup 1");
+  auto [rc, out] = bench_cpu(exp, "--steps 1 --warmup 1");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("curvature: not measured"), std::string::npos) << out;
   EXPECT_EQ(out.find("lambda_max"), std::string::npos) << out;
-  std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 1 --only curvature");
+  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --only curvature");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("covers the MLP block with layernorm only"), std::string::npos) << out;
 }

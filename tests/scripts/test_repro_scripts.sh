@@ -44,12 +44,19 @@ out=$(cd "$tmp" && mkdir -p noref && cd noref && bash "$ROOT/bench/device_parts.
 rc=$?
 [ "$rc" -eq 2 ] && echo "$out" | grep -q "refbench: no source tree in .ref: git worktree add --detach .ref REV" ||
   { echo "FAIL: refbench without .ref: rc $rc"; echo "$out"; fail=1; }
-# Part M: both 20k-step experiments with the same spread, a summary of each, and the loss blocks
-# of the run files there are (one fixture run file of fresh_seeds_20k; none of the other).
+# Part M: both 20k-step experiments with the same spread, a summary of each, the loss blocks of
+# the run files there are (one fixture run file in each), and the code-faithful runs' series;
+# nothing of the kind without run files.
 rm -f "$tmp/calls.log"
-mkdir -p "$tmp/runs/fresh_seeds_20k"
-python3 -c "import sys; sys.path.insert(0, 'analysis/tests'); import make_fixtures as F; F.write_run(sys.argv[1], steps=250)" \
-  "$tmp/runs/fresh_seeds_20k/r.h5" || { echo "FAIL: could not write a fixture run file"; fail=1; }
+MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_REPRO_RUNS="$tmp/runs_empty" \
+  bash experiments/paper/run_repro.sh M "$tmp/outM0" > "$tmp/logM0" 2>&1
+ls "$tmp/outM0" | grep -qE '^(loss_blocks|series)_' && { echo "FAIL: part M wrote loss blocks or series without run files"; fail=1; }
+rm -f "$tmp/calls.log"
+for e in fresh_seeds_20k code_faithful_20k; do
+  mkdir -p "$tmp/runs/$e"
+  python3 -c "import sys; sys.path.insert(0, 'analysis/tests'); import make_fixtures as F; F.write_run(sys.argv[1], steps=250)" \
+    "$tmp/runs/$e/r.h5" || { echo "FAIL: could not write a fixture run file"; fail=1; }
+done
 MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_GPUS=0,1 MXLAB_REPRO_RUNS="$tmp/runs" \
   bash experiments/paper/run_repro.sh M "$tmp/outM" > "$tmp/logM" 2>&1
 for e in fresh_seeds_20k code_faithful_20k; do
@@ -57,10 +64,13 @@ for e in fresh_seeds_20k code_faithful_20k; do
     { echo "FAIL: part M did not run $e over the GPUs and the shard"; cat "$tmp/calls.log"; fail=1; }
   [ -f "$tmp/outM/summary_${e}_shard3of10.csv" ] || { echo "FAIL: part M wrote no summary of $e"; fail=1; }
 done
-[ "$(wc -l < "$tmp/outM/loss_blocks_fresh_seeds_20k_shard3of10.csv" 2>/dev/null)" -gt 3 ] ||
-  { echo "FAIL: part M wrote no loss blocks of fresh_seeds_20k"; cat "$tmp/logM"; fail=1; }
-[ ! -e "$tmp/outM/loss_blocks_code_faithful_20k_shard3of10.csv" ] ||
-  { echo "FAIL: part M wrote loss blocks without run files"; fail=1; }
+for e in fresh_seeds_20k code_faithful_20k; do
+  [ "$(wc -l < "$tmp/outM/loss_blocks_${e}_shard3of10.csv" 2>/dev/null)" -gt 3 ] ||
+    { echo "FAIL: part M wrote no loss blocks of $e"; cat "$tmp/logM"; fail=1; }
+done
+ls "$tmp/outM/series_code_faithful_20k_shard3of10/"series_*.csv > /dev/null 2>&1 ||
+  { echo "FAIL: part M extracted no series of the code-faithful runs"; cat "$tmp/logM"; fail=1; }
+[ ! -e "$tmp/outM/series_fresh_seeds_20k_shard3of10" ] || { echo "FAIL: part M extracted fresh_seeds series"; fail=1; }
 # Part L: each jump file's runs, over the GPUs, then mxlab eval at the file's snapshot step for
 # every run file that exists. A second stand-in answers dump-config / plan and writes run files.
 cat > "$tmp/mxlabL" <<'STUB'
@@ -110,6 +120,16 @@ if command -v cc > /dev/null && [ -e /usr/include/zlib.h ]; then
   "$pk/.devbin/mxlab" | grep -q "^zlib " || { echo "FAIL: the packed wrapper does not run its binary"; fail=1; }
   out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
   echo "$out" | grep -q "using .devbin (revision " || { echo "FAIL: device_parts.sh did not use .devbin"; echo "$out"; fail=1; }
+  # --ref: the baseline, compressed, unpacked and run by its wrapper with .devbin's libraries;
+  # device_parts.sh then names it as the baseline.
+  if command -v xz > /dev/null; then
+    (cd "$pk" && bash bench/pack_devbin.sh --ref > packref.log 2>&1) || { echo "FAIL: pack_devbin --ref"; cat "$pk/packref.log"; fail=1; }
+    [ -f "$pk/.devref/bin/mxlab.xz" ] && [ ! -e "$pk/.devref/bin/mxlab" ] || { echo "FAIL: --ref did not pack mxlab.xz alone"; ls -R "$pk/.devref"; fail=1; }
+    "$pk/.devref/mxlab" | grep -q "^zlib " || { echo "FAIL: the .devref wrapper does not run its binary"; fail=1; }
+    "$pk/.devref/mxlab" | grep -q "^zlib " || { echo "FAIL: the .devref wrapper fails once unpacked"; fail=1; }
+    out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
+    echo "$out" | grep -q "baseline: .devref (revision " || { echo "FAIL: device_parts.sh did not take .devref"; echo "$out"; fail=1; }
+  fi
   rm "$pk/build/mxlab_gpu_tests"
   (cd "$pk" && bash bench/pack_devbin.sh > /dev/null 2>&1) && { echo "FAIL: pack_devbin packed without mxlab_gpu_tests"; fail=1; }
 fi
