@@ -3,7 +3,8 @@
 // quantize_element, round_bf16, round_fp16) and lab/model/instrument_elementwise.h
 // (quant_gap_rel), then the sums in the fixed order the CPU reference uses (chunks of
 // kQuantGapChunk flat indices in index order, then chunk sums in order), so the result equals
-// the CPU's bit for bit. Not tuned: it runs once per log step on a parameter tensor.
+// the CPU's bit for bit. It runs once per log step on each parameter tensor (16 per trajectory
+// at L = 4): the sums run a warp per chunk (quant_gap.cu).
 #pragma once
 #include <cuda_runtime.h>
 

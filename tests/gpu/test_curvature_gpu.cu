@@ -219,6 +219,26 @@ TEST(QuantGapGpu, MatchesCpuBitForBit) {
             if (is_mx(f) && rule == ScaleRule::floor) EXPECT_GT(a.above, 0u) << label << ": no clamps tested";
             ++cases;
           }
+  // A weight of the paper configuration's size: 1024 chunks, so the final pass folds 32 pieces
+  // of 32 chunk partials.
+  const int64_t wr = 2048, wc = 512;
+  std::vector<float> w = normal(wr * wc, 2);
+  for (size_t i = 0; i < w.size(); i += 89) w[i] *= 3e3f;
+  Buf W = t.make(w);
+  for (Axis axis : {Axis::contiguous, Axis::strided}) {
+    QuantSpec q;
+    q.fmt = NumFmt::mxfp8_e4m3;
+    q.rounding = Rounding::nearest_away;
+    const Backend::QuantGap a = t.cpu->quant_gap(W.c, wr, wc, axis, q, false, Rounding::nearest_away);
+    const Backend::QuantGap b = t.gpu->quant_gap(W.g, wr, wc, axis, q, false, Rounding::nearest_away);
+    EXPECT_EQ(a.sum_rel, b.sum_rel);
+    EXPECT_EQ(a.max_rel, b.max_rel);
+    EXPECT_EQ(a.above, b.above);
+    EXPECT_EQ(a.n, b.n);
+    EXPECT_EQ(a.n, static_cast<uint64_t>(wr * wc));
+    EXPECT_GT(a.above, 0u);
+    ++cases;
+  }
   std::printf("[quant_gap] %d cases bit-exact\n", cases);
 }
 
