@@ -27,12 +27,16 @@
 # Each part's outputs (CSV, text, PNG) come back as OUTDIR/part_<P>.tgz; every log as logs.tgz.
 # Without `build`, the binaries are .devbin/ when present (bench/pack_devbin.sh packs them on the
 # development machine, with the shared libraries the device lacks), else build/.
+# Two instances can share one call (e.g. benchmarks on GPU 0 while a part trains on GPU 1):
+# MXLAB_PARTS_WORK=DIR gives each its own work directory (default /tmp/mxlab_parts), and
+# MXLAB_PART_BIN=PATH runs the parts with another binary than the benchmarks (e.g. .devref/mxlab,
+# the baseline, while .devbin is a branch under test).
 set -uo pipefail
 OUT=${1:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
 DEADLINE=${2:?usage: device_parts.sh OUTDIR DEADLINE_S STEP...}
 shift 2
 T0=$(date +%s)
-WORK=/tmp/mxlab_parts
+WORK=${MXLAB_PARTS_WORK:-/tmp/mxlab_parts}
 LOGS=$WORK/logs
 mkdir -p "$OUT" "$LOGS" runs
 nvidia-smi -L > "$LOGS/device.txt" 2>&1
@@ -125,7 +129,7 @@ for step in "$@"; do
       limit=$(( DEADLINE - 60 - $(elapsed) ))
       pids=()
       for p in ${step//+/ }; do
-        MXLAB_BIN=$BIN MXLAB_REPRO_RUNS=runs/$p MXLAB_REPRO_LIMIT=$limit PYTHONUNBUFFERED=1 \
+        MXLAB_BIN=${MXLAB_PART_BIN:-$BIN} MXLAB_REPRO_RUNS=runs/$p MXLAB_REPRO_LIMIT=$limit PYTHONUNBUFFERED=1 \
           bash experiments/paper/run_repro.sh "$p" "$WORK/part_$p" > "$LOGS/part_$p.log" 2>&1 &
         pids+=($!)
       done

@@ -19,6 +19,9 @@
 //     lanes joining through the fork events) and end_capture instantiates it; replay(key)
 //     launches it (the caller replays right after recording, see backend.h).
 //   - No float atomics anywhere; the statistics counters are integer atomics.
+//   - Threads: runs in threads of one process may share a GPU (mxlab run --jobs). A capture
+//     holds capture_guard.cuh's guard shared and every allocation / release / creation holds it
+//     exclusively, since those calls would invalidate another thread's capture on the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "kernels/attention.cuh"
+#include "kernels/capture_guard.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_backend_internal.cuh"
 #include "kernels/cuda_check.cuh"
@@ -59,11 +63,15 @@ class DeviceArray {
   DeviceArray() = default;
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(p_); }
+  ~DeviceArray() {
+    ResourceSection rs;  // cudaFree synchronises the device (capture_guard.cuh)
+    cudaFree(p_);
+  }
   T* get() const { return p_; }
   int64_t size() const { return n_; }
   // Reallocate to hold n elements (contents are not kept). The caller synchronises first.
   void reset(int64_t n) {
+    ResourceSection rs;
     cudaFree(p_);
     p_ = nullptr;
     n_ = 0;
@@ -89,6 +97,7 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
     info_ = device_info(device);  // throws for a bad index
+    ResourceSection rs;           // no other thread's capture runs through these calls
     name_ = msg("cuda:", device, " (", info_.name, ")");
     MXLAB_CUDA_CHECK(cudaSetDevice(device));
     for (Lane& l : lanes_) {
@@ -115,6 +124,8 @@ class CudaBackend final : public Backend {
       cudaStreamEndCapture(lanes_[0].stream, &g);
       if (g) cudaGraphDestroy(g);
     }
+    capture_hold_.release();
+    ResourceSection rs;
     for (Lane& l : lanes_) cudaStreamSynchronize(l.stream);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     for (void* p : buffers_) cudaFree(p);
@@ -147,6 +158,7 @@ class CudaBackend final : public Backend {
   float* alloc(size_t n) override {
     ctx();
     refuse_in_capture("alloc");
+    ResourceSection rs;
     void* p = nullptr;
     MXLAB_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
     buffers_.push_back(p);
@@ -238,7 +250,10 @@ class CudaBackend final : public Backend {
     if (seen_.insert(key).second) return false;  // first time: run eagerly, sizing every buffer
     drop_graph(key);
     join();
-    MXLAB_CUDA_CHECK(cudaStreamBeginCapture(lanes_[0].stream, cudaStreamCaptureModeThreadLocal));
+    capture_hold_.acquire();  // until end_capture: no cudaFree of another thread meanwhile
+    const cudaError_t began = cudaStreamBeginCapture(lanes_[0].stream, cudaStreamCaptureModeThreadLocal);
+    if (began != cudaSuccess) capture_hold_.release();
+    MXLAB_CUDA_CHECK(began);
     capturing_ = true;
     capture_key_ = key;
     return true;
@@ -255,7 +270,9 @@ class CudaBackend final : public Backend {
     join();  // every forked lane must rejoin lane 0 before the capture ends
     cudaGraph_t graph = nullptr;
     capturing_ = false;
-    MXLAB_CUDA_CHECK(cudaStreamEndCapture(lanes_[0].stream, &graph));
+    const cudaError_t ended = cudaStreamEndCapture(lanes_[0].stream, &graph);
+    capture_hold_.release();
+    MXLAB_CUDA_CHECK(ended);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -615,6 +632,7 @@ class CudaBackend final : public Backend {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) return;
     synchronize_all();
+    ResourceSection rs;
     cudaGraphExecDestroy(it->second);
     graphs_.erase(it);
   }
@@ -623,6 +641,7 @@ class CudaBackend final : public Backend {
   // of them has run eagerly at least once, and buffers only grow, so recording it again
   // needs no allocation.
   void invalidate_graphs() {
+    ResourceSection rs;
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     graphs_.clear();
   }
@@ -650,6 +669,7 @@ class CudaBackend final : public Backend {
   std::map<int, cudaGraphExec_t> graphs_;
   std::set<int> seen_;
   bool capturing_ = false;
+  CaptureHold capture_hold_;  // held while capturing_ (capture_guard.cuh)
   int capture_key_ = -1;
 };
 

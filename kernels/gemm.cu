@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/capture_guard.cuh"
 #include "kernels/cuda_check.cuh"
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
@@ -70,6 +71,7 @@ GemmRunner::GemmRunner(cudaStream_t s) : stream_(s) {
   if (const char* v = std::getenv("NVIDIA_TF32_OVERRIDE"); v && std::strcmp(v, "1") == 0)
     throw Error(
         "NVIDIA_TF32_OVERRIDE=1 is set: it would silently enable TF32 in the FP32 GEMMs; unset it (or set 0)");
+  ResourceSection rs;  // no other thread's capture runs through these calls (capture_guard.cuh)
   MXLAB_CUBLAS_CHECK(cublasCreate(&handle_));
   // cublasSetStream resets the workspace to the default pool: set the stream first.
   MXLAB_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
@@ -83,6 +85,7 @@ GemmRunner::GemmRunner(cudaStream_t s) : stream_(s) {
 
 GemmRunner::~GemmRunner() {
   // No throwing from a destructor: release what exists, ignore errors (e.g. at driver shutdown).
+  ResourceSection rs;
   if (handle_) cublasDestroy(handle_);
   if (workspace_) cudaFree(workspace_);
   if (scratch_) cudaFree(scratch_);
@@ -106,6 +109,7 @@ void GemmRunner::ensure_scratch(int64_t elems) {
     throw Error(msg("GemmRunner: an operand of ", elems, " elements exceeds the reserved scratch (", scratch_elems_,
                     " elements) while a CUDA graph is being captured; call reserve() before capture"));
   MXLAB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier GEMMs may still read the old scratch
+  ResourceSection rs;
   if (scratch_) MXLAB_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
   scratch_elems_ = 0;

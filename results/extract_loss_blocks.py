@@ -32,6 +32,11 @@ def _lr(config_yaml):
     return ""
 
 
+def _cell(x):
+    """A CSV cell: repr of a float, empty for NaN."""
+    return "" if math.isnan(x) else repr(x)
+
+
 def blocks(loss, block):
     """[(offset, steps, min, max, mean, nonfinite, last)] over consecutive blocks of `loss`."""
     out = []
@@ -66,8 +71,8 @@ def main(argv):
                             continue
                         at = int(g.attrs.get("at", 0))
                         for off, n, lo, hi, mean, bad, last in blocks(g["loss_all"][:], block):
-                            fmt = lambda x: "" if math.isnan(x) else repr(x)
-                            w.writerow([rid, seed, lr, name, at + off, n, fmt(lo), fmt(hi), fmt(mean), bad, fmt(last)])
+                            w.writerow([rid, seed, lr, name, at + off, n, _cell(lo), _cell(hi), _cell(mean), bad,
+                                        _cell(last)])
                             rows += 1
     print(f"extract_loss_blocks: {rows} blocks of {block} steps from {len(paths)} run files -> {out}")
     return 0

@@ -30,7 +30,7 @@ interrupted run's too: an event at its divergence step, else censored where it s
 A sustained divergence (--sustained W): the divergence step of `mxlab summarize` is the first step
 from which the loss never again falls below 10 x its earlier minimum *up to the run's last step*,
 so a loss that is just above that line at the last few steps counts as a divergence at the
-horizon (the 10k study has 10 events in its last 100 steps). With W > 0 a trajectory counts as
+horizon (the 10k study has 9 of its 43 events in its last 100 steps). With W > 0 a trajectory counts as
 diverged only when that excursion lasted at least W steps (divergence step <= steps_run - W), and
 every trajectory is censored at steps_run - W otherwise: the same window for all, so the tests
 stay fair. W = 0 (default) is the plain criterion. --sensitivity 0,250,500,1000 prints, per W,
@@ -307,7 +307,7 @@ def sensitivity(runs, windows, reference=REFERENCE):
         cells = []
         for w in windows:
             subj, q = cols[w]
-            t, e = subj[a]
+            e = subj[a][1]
             cells.append(f"{sum(e)}/{len(e)}; {fmt(q.get('fp32', {}).get(a))}, {fmt(q.get(reference, {}).get(a))}")
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -11,7 +11,7 @@
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
 #   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: the arms
 #                                                  #   study (shard i/n, or every seed), over those GPUs
-#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] [MXLAB_JOBS=4] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] [MXLAB_JOBS=4] [MXLAB_M_STUDIES=fresh_seeds_20k] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
 #   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at a switch,
 #                                                  #   explanations separated, 5 diverging seeds
@@ -174,10 +174,16 @@ case "$PART" in
     # Commit the summaries and loss blocks under results/fresh_seeds_20k/ and
     # results/code_faithful_20k/; then
     # results/study_arms.py --prefix summary_<name>_shard --split optimizer.lr (its docstring).
+    # MXLAB_M_STUDIES="fresh_seeds_20k" (or code_faithful_20k) runs one of the two studies only.
     spread_args
-    train experiments/paper/fresh_seeds_20k.yaml --out "$RUNS/fresh_seeds_20k" --quiet "${kargs[@]}"
-    train experiments/paper/code_faithful_20k.yaml --out "$RUNS/code_faithful_20k" --quiet "${kargs[@]}"
-    for d in fresh_seeds_20k code_faithful_20k; do
+    studies=${MXLAB_M_STUDIES:-fresh_seeds_20k code_faithful_20k}
+    for d in $studies; do
+      case "$d" in fresh_seeds_20k|code_faithful_20k) ;; *) echo "MXLAB_M_STUDIES: unknown study $d" >&2; exit 2 ;; esac
+    done
+    for d in $studies; do
+      train "experiments/paper/$d.yaml" --out "$RUNS/$d" --quiet "${kargs[@]}"
+    done
+    for d in $studies; do
       $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard$tag.csv"
       # The loss curves, as 100-step blocks (min/max/mean/last): the run files stay here.
       files=("$RUNS/$d"/*.h5)

@@ -116,6 +116,7 @@ double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
 struct LogProfile {
   double logged_ms = 0.0;   // per logged step, no phase clock
   double clocked_ms = 0.0;  // per logged step with the phase clock (its synchronisations)
+  int bias_every = 1;       // the shadow cadence of the logged and the unlogged steps
   int shadow_steps = 0;     // logged steps of the timed ones with the shadow pass
   std::vector<std::pair<std::string, double>> phases;  // ms per logged step, in order of first use
 };
@@ -128,11 +129,11 @@ LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps
   // The unlogged step's shadow cadence (bias_every 0 means every log_every steps).
   if (cfg.log.bias_every <= 0) cfg.log.bias_every = cfg.log.log_every;
   cfg.log.log_every = 1;
-  const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : 1;
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid());
   fs::create_directories(dir);
   LogProfile p;
+  p.bias_every = std::max(1, cfg.log.bias_every);
   try {
     std::unique_ptr<RunFile> file = RunFile::create((dir / "bench.h5").string(), Attrs{});
     Trainer tr(cfg, be, *file);
@@ -157,7 +158,7 @@ LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps
       last = now;
     });
     p.clocked_ms = timed(warmup + 2 * steps);
-    for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % bias_every == 0;
+    for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % p.bias_every == 0;
   } catch (...) {
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -507,13 +508,12 @@ void run_bench(const Args& a) {
   LogProfile lp;
   double unlogged_ms = 0.0;
   if (a.log_steps > 0) {
-    const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : cfg.log.log_every;
     unlogged_ms = trainer_ms_per_step(*be, cfg, warmup, steps);
     lp = trainer_log_profile(*be, cfg, std::min(warmup, 3), a.log_steps);
     std::printf("\n  logged trainer step (log_every 1: eager, statistics counted, every metric written to an HDF5 "
                 "run file), %d steps, %d with the shadow pass:\n", a.log_steps, lp.shadow_steps);
     std::printf("  %-36s %10.3f   unlogged step %.3f ms (shadow every %d steps%s): +%.3f ms per logged step\n",
-                "logged step", lp.logged_ms, unlogged_ms, bias_every, is_cuda ? ", CUDA graphs" : "",
+                "logged step", lp.logged_ms, unlogged_ms, lp.bias_every, is_cuda ? ", CUDA graphs" : "",
                 lp.logged_ms - unlogged_ms);
     double sum = 0.0;
     for (const auto& ph : lp.phases) sum += ph.second;

@@ -294,7 +294,9 @@ void RunFile::truncate_from(int64_t step) {
     // them; rows after it may be on disk in some datasets and not others (a kill inside a
     // flush), which is why all are cut to their axis dataset's count (`step`, or the `axis`
     // attribute's series such as `curvature_step`). An axis dataset that does not exist has no
-    // row from before the checkpoint at all.
+    // row from before the checkpoint at all. A kill can also leave an axis dataset extended
+    // over rows whose values never reached the disk: they read as the fill value 0, below
+    // `step`. Axis values increase strictly, so the rows kept end at the first that does not.
     std::map<std::string, size_t> keep;  // axis dataset -> rows kept
     auto rows_before = [&](const std::string& axis) {
       auto it = keep.find(axis);
@@ -302,7 +304,7 @@ void RunFile::truncate_from(int64_t step) {
       size_t k = 0;
       if (f.is_dataset(g + "/" + axis)) {
         const std::vector<int64_t> steps = f.read_int64s(g + "/" + axis);
-        while (k < steps.size() && steps[k] < step) ++k;
+        while (k < steps.size() && steps[k] < step && (k == 0 || steps[k] > steps[k - 1])) ++k;
       }
       return keep[axis] = k;
     };

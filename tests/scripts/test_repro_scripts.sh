@@ -71,6 +71,32 @@ done
 ls "$tmp/outM/series_code_faithful_20k_shard3of10/"series_*.csv > /dev/null 2>&1 ||
   { echo "FAIL: part M extracted no series of the code-faithful runs"; cat "$tmp/logM"; fail=1; }
 [ ! -e "$tmp/outM/series_fresh_seeds_20k_shard3of10" ] || { echo "FAIL: part M extracted fresh_seeds series"; fail=1; }
+# MXLAB_M_STUDIES=fresh_seeds_20k: that study only (run and summary); an unknown name is refused.
+rm -f "$tmp/calls.log"
+MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_M_STUDIES=fresh_seeds_20k MXLAB_REPRO_RUNS="$tmp/runs" \
+  bash experiments/paper/run_repro.sh M "$tmp/outM1" > "$tmp/logM1" 2>&1
+grep -q "^stub run experiments/paper/fresh_seeds_20k.yaml " "$tmp/calls.log" &&
+  ! grep -q "code_faithful_20k" "$tmp/calls.log" && [ -f "$tmp/outM1/summary_fresh_seeds_20k_shard3of10.csv" ] &&
+  [ ! -e "$tmp/outM1/summary_code_faithful_20k_shard3of10.csv" ] ||
+  { echo "FAIL: MXLAB_M_STUDIES=fresh_seeds_20k ran or summarised another study"; cat "$tmp/calls.log"; fail=1; }
+out=$(MXLAB_BIN="$tmp/mxlab" MXLAB_M_STUDIES=fresh MXLAB_REPRO_RUNS="$tmp/runs" \
+  bash experiments/paper/run_repro.sh M "$tmp/outM2" 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] && echo "$out" | grep -q "MXLAB_M_STUDIES: unknown study fresh" ||
+  { echo "FAIL: an unknown MXLAB_M_STUDIES name: rc $rc"; echo "$out"; fail=1; }
+# device_parts.sh with MXLAB_PARTS_WORK and MXLAB_PART_BIN (two instances in one call): the part
+# runs with MXLAB_PART_BIN, not .devbin or build/, and its work and logs are in MXLAB_PARTS_WORK.
+dp="$tmp/dp"
+mkdir -p "$dp/bench"
+cp "$ROOT/bench/device_parts.sh" "$dp/bench/"
+ln -s "$ROOT/experiments" "$dp/experiments"
+ln -s "$ROOT/results" "$dp/results"
+rm -f "$tmp/calls.log"
+(cd "$dp" && MXLAB_PARTS_WORK="$tmp/dpwork" MXLAB_PART_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 \
+   MXLAB_M_STUDIES=fresh_seeds_20k bash bench/device_parts.sh "$tmp/dpout" 120 M > "$tmp/dplog" 2>&1)
+grep -q "^stub run experiments/paper/fresh_seeds_20k.yaml .*--shard 3/10\$" "$tmp/calls.log" &&
+  [ -f "$tmp/dpout/part_M.tgz" ] && [ -f "$tmp/dpwork/logs/part_M.log" ] ||
+  { echo "FAIL: device_parts.sh did not run part M with MXLAB_PART_BIN in MXLAB_PARTS_WORK"; cat "$tmp/dplog"; fail=1; }
 # Part L: each jump file's runs, over the GPUs, then mxlab eval at the file's snapshot step for
 # every run file that exists. A second stand-in answers dump-config / plan and writes run files.
 cat > "$tmp/mxlabL" <<'STUB'
