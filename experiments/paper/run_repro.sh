@@ -180,13 +180,17 @@ case "$PART" in
     for d in $studies; do
       case "$d" in fresh_seeds_20k|code_faithful_20k) ;; *) echo "MXLAB_M_STUDIES: unknown study $d" >&2; exit 2 ;; esac
     done
+    # A shard's runs in a directory of their own: the summaries and loss blocks of shard i hold
+    # shard i's runs only, also where several shards ran in the same RUNS (one warm machine).
+    sub=""
+    [ -n "${MXLAB_SHARD:-}" ] && sub=_shard$tag
     for d in $studies; do
-      train "experiments/paper/$d.yaml" --out "$RUNS/$d" --quiet "${kargs[@]}"
+      train "experiments/paper/$d.yaml" --out "$RUNS/$d$sub" --quiet "${kargs[@]}"
     done
     for d in $studies; do
-      $MX summarize "$RUNS/$d" --csv > "$OUT/summary_${d}_shard$tag.csv"
+      $MX summarize "$RUNS/$d$sub" --csv > "$OUT/summary_${d}_shard$tag.csv"
       # The loss curves, as 100-step blocks (min/max/mean/last): the run files stay here.
-      files=("$RUNS/$d"/*.h5)
+      files=("$RUNS/$d$sub"/*.h5)
       [ -e "${files[0]}" ] || continue
       python3 results/extract_loss_blocks.py "$OUT/loss_blocks_${d}_shard$tag.csv" 100 "${files[@]}"
       # The code-faithful runs' logged series (Figs. 3-5 like for like with the paper's code).

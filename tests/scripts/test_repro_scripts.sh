@@ -52,21 +52,28 @@ MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_REPRO_RUNS="$tmp/runs_empty" \
   bash experiments/paper/run_repro.sh M "$tmp/outM0" > "$tmp/logM0" 2>&1
 ls "$tmp/outM0" | grep -qE '^(loss_blocks|series)_' && { echo "FAIL: part M wrote loss blocks or series without run files"; fail=1; }
 rm -f "$tmp/calls.log"
+# Shard 3's runs live in RUNS/<study>_shard3of10; a run file of another shard in the same RUNS
+# (one warm machine, several shards) must not reach shard 3's summary or loss blocks.
 for e in fresh_seeds_20k code_faithful_20k; do
-  mkdir -p "$tmp/runs/$e"
+  mkdir -p "$tmp/runs/${e}_shard3of10" "$tmp/runs/${e}_shard2of10"
   python3 -c "import sys; sys.path.insert(0, 'analysis/tests'); import make_fixtures as F; F.write_run(sys.argv[1], steps=250)" \
-    "$tmp/runs/$e/r.h5" || { echo "FAIL: could not write a fixture run file"; fail=1; }
+    "$tmp/runs/${e}_shard3of10/r.h5" || { echo "FAIL: could not write a fixture run file"; fail=1; }
+  python3 -c "import sys; sys.path.insert(0, 'analysis/tests'); import make_fixtures as F; F.write_run(sys.argv[1], steps=500)" \
+    "$tmp/runs/${e}_shard2of10/other.h5" || { echo "FAIL: could not write a fixture run file"; fail=1; }
 done
 MXLAB_BIN="$tmp/mxlab" MXLAB_SHARD=3/10 MXLAB_GPUS=0,1 MXLAB_REPRO_RUNS="$tmp/runs" \
   bash experiments/paper/run_repro.sh M "$tmp/outM" > "$tmp/logM" 2>&1
 for e in fresh_seeds_20k code_faithful_20k; do
-  grep -q "^stub run experiments/paper/$e.yaml .*--quiet --gpus 0,1 --shard 3/10\$" "$tmp/calls.log" ||
+  grep -q "^stub run experiments/paper/$e.yaml --out $tmp/runs/${e}_shard3of10 --quiet --gpus 0,1 --shard 3/10\$" "$tmp/calls.log" &&
+    grep -q "^stub summarize $tmp/runs/${e}_shard3of10 --csv\$" "$tmp/calls.log" ||
     { echo "FAIL: part M did not run $e over the GPUs and the shard"; cat "$tmp/calls.log"; fail=1; }
   [ -f "$tmp/outM/summary_${e}_shard3of10.csv" ] || { echo "FAIL: part M wrote no summary of $e"; fail=1; }
 done
 for e in fresh_seeds_20k code_faithful_20k; do
   [ "$(wc -l < "$tmp/outM/loss_blocks_${e}_shard3of10.csv" 2>/dev/null)" -gt 3 ] ||
     { echo "FAIL: part M wrote no loss blocks of $e"; cat "$tmp/logM"; fail=1; }
+  ! cut -d, -f5 "$tmp/outM/loss_blocks_${e}_shard3of10.csv" | grep -qx 300 ||
+    { echo "FAIL: shard 3's loss blocks of $e hold another shard's run"; fail=1; }
 done
 ls "$tmp/outM/series_code_faithful_20k_shard3of10/"series_*.csv > /dev/null 2>&1 ||
   { echo "FAIL: part M extracted no series of the code-faithful runs"; cat "$tmp/logM"; fail=1; }
