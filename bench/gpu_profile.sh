@@ -2,15 +2,28 @@
 # Per-kernel device times of one eager step (Nsight Compute, clocks as found, caches flushed
 # between kernels: an upper bound for memory-bound kernels), for the breakdown in
 # kernels/PERF.md. Usage: bash bench/gpu_profile.sh OUTDIR [FIGURE...] (after
-# bench/gpu_check.sh built ./build). Writes OUTDIR/ncu_<figure>.txt (summary, then each launch).
+# bench/gpu_check.sh built ./build, or with .devbin carried). Writes OUTDIR/ncu_<figure>.txt
+# (summary, then each launch).
+#   FIGURE: fp32, mx, shadow, data, paired (mxlab bench --only), or
+#   gaps: the quantization-gap kernels (gap_*) of 3 logged paired steps with the shadow every step
+#         (mxlab bench --log-steps 3; only those kernels are profiled), to split the logged step's
+#         "clamp debt" phase into kernel time and the rest (launches, synchronisations, reads).
 set -uo pipefail
 OUT=${1:?usage: gpu_profile.sh OUTDIR [FIGURE...]}
 shift
 CFG=experiments/paper/fig4_baseline.yaml
+BIN=./build/mxlab
+[ -x .devbin/mxlab ] && BIN=.devbin/mxlab
 TMP=$(mktemp -d)
 for f in "${@:-mx}"; do
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
-    ./build/mxlab bench "$CFG" --device cuda --only "$f" --steps 1 --warmup 0 --no-graphs > "$TMP/ncu_$f.out" 2>&1
+  if [ "$f" = gaps ]; then
+    ncu --clock-control none --kernel-name regex:gap_ --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
+      "$BIN" bench "$CFG" --device cuda --only data --steps 1 --warmup 1 --set log.bias_every=1 --log-steps 3 \
+      > "$TMP/ncu_$f.out" 2>&1
+  else
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
+      "$BIN" bench "$CFG" --device cuda --only "$f" --steps 1 --warmup 0 --no-graphs > "$TMP/ncu_$f.out" 2>&1
+  fi
   echo "ncu $f: rc $?"
   python3 bench/ncu_summary.py "$TMP/ncu_$f.csv" seq > "$OUT/ncu_$f.txt"
   head -30 "$OUT/ncu_$f.txt"
