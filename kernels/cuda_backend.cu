@@ -352,10 +352,10 @@ class CudaBackend final : public Backend {
     ctx();
     launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur());
   }
-  void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
-                    const ElementwiseRound& r) override {
+  void residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                    const ElementwiseRound& r, const ElementwiseRound& y_in) override {
     ctx();
-    launch_residual_add(x, y, bias, rows, d, r, cur());
+    launch_residual_add(out, x, y, bias, rows, d, r, y_in, cur());
   }
   void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
     ctx();

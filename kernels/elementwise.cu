@@ -207,25 +207,30 @@ struct SwigluBwdOp {
 // ---- residual add / add ----
 
 struct ResidualOp {
-  float* x;
-  const float* y;
+  float* out;  // may be x
+  const float* x;
+  const float* y;     // read through R_y (yb, ym): a GEMM output left unrounded
   const float* bias;  // (d) or null
   int64_t d;
   bool rb;
   Rounding rm;
+  bool yb;
+  Rounding ym;
   __device__ float b_at(int64_t c) const { return bias ? bias[c] : 0.0f; }
+  __device__ float f(float xv, float yv, int64_t c) const {
+    return residual_elem(xv, ew_round(yv, yb, ym), b_at(c), bias != nullptr, rb, rm);
+  }
   __device__ void vec(int64_t v) const {
     const int64_t c = (4 * v) % d;  // d % 4 == 0 on this path: c..c+3 lie in one row
     float4 a = ld4(x, v);
     const float4 b = ld4(y, v);
-    const bool hb = bias != nullptr;
-    a.x = residual_elem(a.x, b.x, b_at(c), hb, rb, rm);
-    a.y = residual_elem(a.y, b.y, b_at(c + 1), hb, rb, rm);
-    a.z = residual_elem(a.z, b.z, b_at(c + 2), hb, rb, rm);
-    a.w = residual_elem(a.w, b.w, b_at(c + 3), hb, rb, rm);
-    st4(x, v, a);
+    a.x = f(a.x, b.x, c);
+    a.y = f(a.y, b.y, c + 1);
+    a.z = f(a.z, b.z, c + 2);
+    a.w = f(a.w, b.w, c + 3);
+    st4(out, v, a);
   }
-  __device__ void one(int64_t i) const { x[i] = residual_elem(x[i], y[i], b_at(i % d), bias != nullptr, rb, rm); }
+  __device__ void one(int64_t i) const { out[i] = f(x[i], y[i], i % d); }
 };
 
 struct AddOp {
@@ -297,10 +302,10 @@ void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
                          h_in.bf16, h_in.mode, da_in.bf16, da_in.mode);
 }
 
-void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
-                         const ElementwiseRound& r, cudaStream_t s) {
-  const bool vec_ok = d % 4 == 0 && aligned16(x) && aligned16(y);  // bias read per element
-  launch_ew(ResidualOp{x, y, bias, d, r.bf16, r.mode}, rows * d, vec_ok, s);
+void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                         const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s) {
+  const bool vec_ok = d % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(y);  // bias read per element
+  launch_ew(ResidualOp{out, x, y, bias, d, r.bf16, r.mode, y_in.bf16, y_in.mode}, rows * d, vec_ok, s);
 }
 
 void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s) {

@@ -32,9 +32,10 @@ void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
                     const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
                     cudaStream_t s);
 
-// x (rows, d) = R(x + R(y + bias)) (bias (d) broadcast over rows; without bias R(x + y)).
-void launch_residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
-                         const ElementwiseRound& r, cudaStream_t s);
+// out (rows, d) = R(x + R(R_y(y) + bias)) (bias (d) broadcast over rows; without bias
+// R(x + R_y(y))); R_y = y_in rounds y as it is read. out may be x.
+void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                         const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s);
 
 // dst = R(a + b).
 void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s);

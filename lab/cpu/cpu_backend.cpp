@@ -155,12 +155,12 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < rows * cols; ++i) dh[i] = act_bwd_elem(act, H(i), D(i), r.bf16, r.mode);
   }
 
-  void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
-                    const ElementwiseRound& r) override {
+  void residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                    const ElementwiseRound& r, const ElementwiseRound& y_in) override {
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < d; ++j)
-        x[i * d + j] = residual_elem(x[i * d + j], y[i * d + j], bias ? bias[j] : 0.0f, bias != nullptr, r.bf16,
-                                     r.mode);
+        out[i * d + j] = residual_elem(x[i * d + j], ew_round(y[i * d + j], y_in.bf16, y_in.mode),
+                                       bias ? bias[j] : 0.0f, bias != nullptr, r.bf16, r.mode);
   }
 
   void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {

@@ -68,15 +68,13 @@ void attention_forward(Backend& be, const NetShape& s, const float* params, int 
   be.heads_merge(ws.ctx_h, ws.ctx[k], a.nb, a.S, a.h, a.dh, a.d, 0);
   // o [T x d] = ctx . Wo^T; z = A + R(o + bo) (the plain teacher: z = o).
   const ParamGroup* bo = s.find(k, ParamGroup::bo);
+  // With the residual, o stays unrounded in ws.y and residual_add rounds it as it reads it.
   float* o = s.residual ? ws.y : ws.z[k];
   be.gemm(a.T, a.d, a.d,
           ops.make(ws.ctx[k], true, p.activation, Role::activation, k, AttnOp::out_x, stats_slot(k, StatTensor::attn_ctx)),
-          ops.make(Wo, true, p.weight, Role::weight, k, AttnOp::out_w), o, 0.0f, R);
+          ops.make(Wo, true, p.weight, Role::weight, k, AttnOp::out_w), o, 0.0f, s.residual ? ElementwiseRound{} : R);
   MXLAB_ASSERT(s.residual || bo == nullptr, "a plain (non-residual) block has no output bias");
-  if (s.residual) {
-    be.copy(ws.z[k], A, static_cast<size_t>(a.T * a.d));
-    be.residual_add(ws.z[k], ws.y, bo ? params + bo->offset : nullptr, a.T, a.d, R);
-  }
+  if (s.residual) be.residual_add(ws.z[k], A, ws.y, bo ? params + bo->offset : nullptr, a.T, a.d, R, R);
 }
 
 void attention_backward(Backend& be, const NetShape& s, const float* params, int k, float* dZ, Workspace& ws,

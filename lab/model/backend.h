@@ -152,9 +152,11 @@ class Backend {
   // dh = R(R_da(da) * act'(R_h(h))) (swiglu: dh is [rows x 2*cols]); h_in and da_in as act_fwd's.
   virtual void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
                        const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) = 0;
-  // x[rows x d] += y (+ bias[d] broadcast over rows, when bias != null): x = R(x + R(y + b)).
-  virtual void residual_add(float* x, const float* y, const float* bias, int64_t rows, int64_t d,
-                            const ElementwiseRound& r) = 0;
+  // out[rows x d] = x + y (+ bias[d] broadcast over rows, when bias != null):
+  // out = R(x + R(R_y(y) + b)), where R_y (y_in) rounds y as it is read (a GEMM output left
+  // unrounded, as act_fwd's h_in). out may be x (in place).
+  virtual void residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                            const ElementwiseRound& r, const ElementwiseRound& y_in) = 0;
   // out[d] = sum over rows of x[rows x d] (bias gradients), fixed order.
   virtual void col_sum(const float* x, float* out, int64_t rows, int64_t d) = 0;
   // dst = R(a + b) element-wise (gradient accumulation through the residual stream).

@@ -161,8 +161,7 @@ void hvp_apply(Backend& be, const NetShape& s, const RunConfig& cfg, const float
     // R{o} = R{a} W2^T + a V2^T
     be.gemm(B, d, H, f32(ws.ra[k], true), f32(W2, true), ws.ro, 0.0f, kFp32);
     be.gemm(B, d, H, f32(w.a[k], true), f32(V2, true), ws.ro, 1.0f, kFp32);
-    be.copy(ws.rA[k + 1], ws.rA[k], bd);
-    be.residual_add(ws.rA[k + 1], ws.ro, at(s, v, k, ParamGroup::b2), B, d, kFp32);
+    be.residual_add(ws.rA[k + 1], ws.rA[k], ws.ro, at(s, v, k, ParamGroup::b2), B, d, kFp32, kFp32);
   }
 
   // ---- the loss Hessian in the output: R{dout} = H_out R{out} ----

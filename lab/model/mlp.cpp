@@ -489,14 +489,15 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
             ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, ElementwiseRound{});
     be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round);
-    // o [B x d] = a [B x H] . W2 [d x H]^T
+    // o [B x d] = a [B x H] . W2 [d x H]^T. With the residual, o is left unrounded in ws.y and
+    // residual_add (its only reader) rounds it per R as it reads it, writing A_{k+1} from A_k
+    // and o in one pass (bit-identical to rounding o here and adding into a copy of A_k).
     float* o = s.residual ? ws.y : next;
     be.gemm(B, d, H, ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out)),
-            ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f, R);
+            ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f, s.residual ? ElementwiseRound{} : R);
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
-      be.copy(next, A, static_cast<size_t>(B * d));
-      be.residual_add(next, ws.y, b2 ? params + b2->offset : nullptr, B, d, R);
+      be.residual_add(next, A, ws.y, b2 ? params + b2->offset : nullptr, B, d, R, R);
     }
   }
 }

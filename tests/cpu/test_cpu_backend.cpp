@@ -174,16 +174,27 @@ TEST(CpuBackend, ResidualAndAddRoundAsSpecified) {
   const float tiny = std::ldexp(1.0f, -9);
   float* x = put(*be, {1.0f, 1.0f});
   float* y = put(*be, {tiny, 0.5f});
-  be->residual_add(x, y, nullptr, 1, 2, kBf16Even);
+  be->residual_add(x, x, y, nullptr, 1, 2, kBf16Even, kNoRound);
   EXPECT_EQ(get(*be, x, 2), (std::vector<float>{1.0f, 1.5f}));
-  be->residual_add(x, y, nullptr, 1, 2, kNoRound);
+  be->residual_add(x, x, y, nullptr, 1, 2, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, x, 2), (std::vector<float>{1.0f + tiny, 2.0f}));
   // With a bias the inner sum is rounded first: R(x + R(y + b)).
   float* x2 = put(*be, {0.0f, 10.0f, 1.0f, 20.0f});
   float* y2 = put(*be, {1.0f, 2.0f, 3.0f, 4.0f});
   float* b2 = put(*be, {0.5f, -1.0f});
-  be->residual_add(x2, y2, b2, 2, 2, kNoRound);
+  be->residual_add(x2, x2, y2, b2, 2, 2, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, x2, 4), (std::vector<float>{1.5f, 11.0f, 4.5f, 23.0f}));
+  // Out of place, y read through its own rounding: out = R(x + R(R_y(y) + b)); x is kept.
+  // y = 1 + 3 * 2^-9 rounds (bf16, even) to 1 + 2^-7; + 0.5 is exact in FP32 and in bf16.
+  float* x3 = put(*be, {1.0f});
+  float* y3 = put(*be, {1.0f + 3 * tiny});
+  float* b3 = put(*be, {0.5f});
+  float* o3 = be->alloc(1);
+  be->residual_add(o3, x3, y3, b3, 1, 1, kNoRound, kBf16Even);
+  EXPECT_EQ(get(*be, o3, 1)[0], 2.5f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(get(*be, x3, 1)[0], 1.0f);
+  be->residual_add(o3, x3, y3, b3, 1, 1, kNoRound, kNoRound);  // unrounded y: 2.5 + 3 * 2^-9
+  EXPECT_EQ(get(*be, o3, 1)[0], 2.5f + 3 * tiny);
   float* d = be->alloc(2);
   be->add(d, x, y, 2, kNoRound);
   EXPECT_EQ(get(*be, d, 2), (std::vector<float>{1.0f + 2 * tiny, 2.5f}));

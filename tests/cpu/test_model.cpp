@@ -380,7 +380,10 @@ class NaiveGemmBackend final : public Backend {
   float* alloc(size_t n) override { return in->alloc(n); }
   void upload(float* d, const float* s, size_t n) override { in->upload(d, s, n); }
   void download(float* d, const float* s, size_t n) override { in->download(d, s, n); }
-  void copy(float* d, const float* s, size_t n) override { in->copy(d, s, n); }
+  void copy(float* d, const float* s, size_t n) override {
+    ++copies;
+    in->copy(d, s, n);
+  }
   void fill(float* d, float v, size_t n) override { in->fill(d, v, n); }
   void set_step(const StepScalars& s) override {
     step = s;
@@ -394,8 +397,11 @@ class NaiveGemmBackend final : public Backend {
     in->quantize(i, o, r, c, ax, q, slot);
   }
   void round_bf16(float* x, size_t n, Rounding m) override { in->round_bf16(x, n, m); }
+  int gemm_outputs_rounded = 0;  // gemm calls whose output the GEMM itself rounds
+  int copies = 0;
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
             const ElementwiseRound& out) override {
+    gemm_outputs_rounded += out.bf16 ? 1 : 0;
     const auto qa = prepare(a, M, K), qb = prepare(b, N, K);
     auto at = [&](const std::vector<float>& q, bool kc, int64_t rows) {
       return Elem2([&q, kc, rows, K](int64_t r, int64_t k) { return kc ? q[r * K + k] : q[k * rows + r]; });
@@ -418,8 +424,9 @@ class NaiveGemmBackend final : public Backend {
                const ElementwiseRound& Rh, const ElementwiseRound& Rda) override {
     in->act_bwd(a, h, da, dh, r, c, R, Rh, Rda);
   }
-  void residual_add(float* x, const float* y, const float* b, int64_t r, int64_t d, const ElementwiseRound& R) override {
-    in->residual_add(x, y, b, r, d, R);
+  void residual_add(float* o, const float* x, const float* y, const float* b, int64_t r, int64_t d,
+                    const ElementwiseRound& R, const ElementwiseRound& Ry) override {
+    in->residual_add(o, x, y, b, r, d, R, Ry);
   }
   void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
   void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R) override {
@@ -753,6 +760,48 @@ TEST(ModelMx, MatchesExplicitCompositionBitForBit) {
           << "flipping the axis of operand " << flip << " went unnoticed";
     }
   }
+}
+
+// GEMM outputs that one element-wise op reads are left unrounded and rounded by that op as it
+// reads them (lab/model/README.md, "Deferred output rounding"): in the forward h (act_fwd) and,
+// with the residual, o (residual_add, which also writes A_{k+1} without a copy of A_k); in the
+// backward da (act_bwd). The GEMMs still round dW2, dW1 and dy. The plain (non-residual) teacher
+// keeps o's rounding in its GEMM. That the bits are unchanged is MatchesExplicitCompositionBitForBit's.
+TEST(ModelMx, GemmOutputsReadByOneOpAreRoundedByThatOp) {
+  const int64_t B = 32, d = 32;
+  const ModelConfig m = small_model(2, d, Act::gelu, true, true, false);
+  RunConfig cfg;
+  cfg.model = m;
+  PassPolicy pol;
+  pol.p.rounding = Rounding::nearest_away;
+  ASSERT_TRUE(pol.p.elementwise_bf16) << "the test needs element-wise bf16 rounding";
+  const NetShape s = NetShape::student(m);
+  const auto params = test_params(s, 21);
+  const auto x = noise(B * d, 22), t = noise(B * d, 23);
+  NaiveGemmBackend be;
+  float* P = put(be, params);
+  float* X = put(be, x);
+  float* T = put(be, t);
+  float* G = be.alloc(params.size());
+  Workspace ws = Workspace::make(be, s, B);
+  be.copies = 0;
+  forward(be, s, P, X, ws, pol);
+  EXPECT_EQ(be.gemm_outputs_rounded, 0);
+  EXPECT_EQ(be.copies, 1);  // A_0 = R(x) only: no copy of A_k per layer
+  loss_and_grad(be, cfg, T, ws, pol, nullptr);
+  backward(be, s, P, X, ws, G, pol);
+  EXPECT_EQ(be.gemm_outputs_rounded, 3 * s.depth);  // dW2, dW1, dy
+  // The plain teacher: o = A_{k+1} is read by the next layer's norm and GEMM, so its GEMM rounds it.
+  TeacherConfig tc;
+  tc.residual = false;
+  const NetShape plain = NetShape::teacher(m, tc);
+  ASSERT_FALSE(plain.residual);
+  const auto tp = test_params(plain, 24);
+  float* TP = put(be, tp);
+  Workspace tws = Workspace::make(be, plain, B);
+  be.gemm_outputs_rounded = 0;
+  forward(be, plain, TP, X, tws, pol);
+  EXPECT_EQ(be.gemm_outputs_rounded, plain.depth);
 }
 
 // The layernorm's affine operands: the forward quantizes gamma and beta of every layer, the

@@ -396,8 +396,14 @@ TEST(CudaBackend, ResidualAddAndAddMatchCpu) {
     for (const ElementwiseRound& r : {kFp32, kBf16Even, kBf16Away}) {
       for (bool bias : {true, false}) {
         Buf X = t.make(x), Y = t.make(y), Bb = t.make(b);
-        t.cpu->residual_add(X.c, Y.c, bias ? Bb.c : nullptr, rows, d, r);
-        t.gpu->residual_add(X.g, Y.g, bias ? Bb.g : nullptr, rows, d, r);
+        // Out of place with y read through R (the model's unrounded GEMM output o), then in place.
+        Buf O = t.poisoned(rows * d);
+        t.cpu->residual_add(O.c, X.c, Y.c, bias ? Bb.c : nullptr, rows, d, r, r);
+        t.gpu->residual_add(O.g, X.g, Y.g, bias ? Bb.g : nullptr, rows, d, r, r);
+        EXPECT_TRUE(same_bits(t.host_cpu(O), t.host_gpu(O))) << "residual out of place d=" << d << " bias " << bias;
+        EXPECT_TRUE(same_bits(t.host_gpu(X), x)) << "residual out of place wrote x, d=" << d;
+        t.cpu->residual_add(X.c, X.c, Y.c, bias ? Bb.c : nullptr, rows, d, r, kFp32);
+        t.gpu->residual_add(X.g, X.g, Y.g, bias ? Bb.g : nullptr, rows, d, r, kFp32);
         EXPECT_TRUE(same_bits(t.host_cpu(X), t.host_gpu(X))) << "residual d=" << d << " bias " << bias;
         // add with dst aliasing a (the model accumulates dA = dA + dx this way).
         t.cpu->add(X.c, X.c, Y.c, rows * d, r);
@@ -620,7 +626,7 @@ struct MiniStep {
     be.gemm(kRows, kH, kD, op(y, true, 0), op(w1, true, -1), h, 0.0f, r);
     be.act_fwd(Act::gelu, h, a, kRows, kH, r, kFp32);
     be.gemm(kRows, kD, kH, op(a, true, 1), op(w2, true, -1), o, 0.0f, r);
-    be.residual_add(o, x, beta, kRows, kD, r);
+    be.residual_add(o, o, x, beta, kRows, kD, r, kFp32);
     if (use_lanes) be.join();
     be.loss_mse(o, t, dout, loss, nullptr, kRows, kD, r);
     be.gemm(kD, kH, kRows, op(dout, false, -1), op(a, false, -1), gw, 0.0f, kFp32);
