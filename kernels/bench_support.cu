@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cuda_backend_internal.cuh"
 #include "kernels/cuda_check.cuh"
@@ -57,11 +58,12 @@ double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int d
   void* ws = nullptr;
   MXLAB_CUDA_CHECK(cudaMalloc(&ws, kCublasWorkspaceBytes));
   MXLAB_CUBLAS_CHECK(cublasSetWorkspace(h, ws, kCublasWorkspaceBytes));
-  MXLAB_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // never TF32 in the floor either
-
-  const bool bf = kind == FloorKind::bf16;
+  const bool bf = kind == FloorKind::bf16, dflt = kind == FloorKind::sgemm_default;
+  // Never TF32 in the floor either: pedantic math, or (sgemm_default) the default math mode,
+  // which uses TF32 only when asked to (CUBLAS_TF32_TENSOR_OP_MATH or NVIDIA_TF32_OVERRIDE=1).
+  MXLAB_CUBLAS_CHECK(cublasSetMathMode(h, dflt ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
   const cudaDataType_t in_t = bf ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t ct = bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+  const cublasComputeType_t ct = bf || dflt ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
   std::vector<void*> bufs;
   struct Call {
     GemmShape g;
@@ -165,6 +167,44 @@ std::vector<double> LaneTimer::elapsed_ms() {
     ms[i] = t;
   }
   return ms;
+}
+
+double sgemm_default_rel_diff(const GemmShape& g, int device) {
+  MXLAB_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cublasHandle_t h = nullptr;
+  MXLAB_CUBLAS_CHECK(cublasCreate(&h));
+  MXLAB_CUBLAS_CHECK(cublasSetStream(h, s));
+  const int64_t na = g.batch * g.M * g.K, nb = g.batch * g.N * g.K, nc = g.batch * g.M * g.N;
+  float* a = noise_buffer<float>(na, 101, s);
+  float* b = noise_buffer<float>(nb, 102, s);
+  float* c[2] = {noise_buffer<float>(nc, 103, s), noise_buffer<float>(nc, 104, s)};
+  const float one = 1.0f, zero = 0.0f;
+  const cublasOperation_t ta = g.b_kc ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.a_kc ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const int lda = static_cast<int>(g.b_kc ? g.K : g.N), ldb = static_cast<int>(g.a_kc ? g.K : g.M);
+  for (int k = 0; k < 2; ++k) {  // 0: pedantic, 1: COMPUTE_32F with the default math mode
+    MXLAB_CUBLAS_CHECK(cublasSetMathMode(h, k == 0 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    MXLAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, ta, tb, static_cast<int>(g.N), static_cast<int>(g.M), static_cast<int>(g.K), &one, b, CUDA_R_32F, lda,
+        g.N * g.K, a, CUDA_R_32F, ldb, g.M * g.K, &zero, c[k], CUDA_R_32F, static_cast<int>(g.N), g.M * g.N,
+        static_cast<int>(g.batch), k == 0 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  std::vector<float> hc[2] = {std::vector<float>(static_cast<size_t>(nc)), std::vector<float>(static_cast<size_t>(nc))};
+  for (int k = 0; k < 2; ++k)
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(hc[k].data(), c[k], static_cast<size_t>(nc) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s));
+  MXLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < hc[0].size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(hc[1][i]) - hc[0][i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(hc[0][i])));
+  }
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c[0]), static_cast<void*>(c[1])})
+    cudaFree(p);
+  cublasDestroy(h);
+  cudaStreamDestroy(s);
+  return scale > 0.0 ? diff / scale : 0.0;
 }
 
 }  // namespace mxlab::cuda

@@ -19,14 +19,21 @@ struct GemmShape {
 };
 
 enum class FloorKind : uint8_t {
-  sgemm,  // FP32 in/out, CUBLAS_COMPUTE_32F_PEDANTIC (TF32 off): the FP32 trajectory's GEMMs
-  bf16,   // bf16 operands (pre-quantized, not counted), FP32 accumulation and output: the MX GEMMs
+  sgemm,          // FP32 in/out, CUBLAS_COMPUTE_32F_PEDANTIC (TF32 off): the FP32 trajectory's GEMMs
+  bf16,           // bf16 operands (pre-quantized, not counted), FP32 accumulation and output: the MX GEMMs
+  sgemm_default,  // FP32 in/out, CUBLAS_COMPUTE_32F with CUBLAS_DEFAULT_MATH (TF32 still off unless the
+                  // environment forces it, which GemmRunner refuses): a candidate for the FP32 GEMMs
 };
 
 // Median milliseconds of running `shapes` back to back on `device` with cuBLAS alone (one
 // CUDA graph of all of them, `reps` timed replays after `warmup`), on random non-zero
 // operands, a separate set per GEMM so that no operand is served from L2 by the previous GEMM.
 double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int device, int warmup, int reps);
+
+// max |C_default - C_pedantic| / max |C_pedantic| for one FP32 GEMM of shape g on random operands:
+// FloorKind::sgemm_default against sgemm. IEEE FP32 with another summation order differs by
+// ~1e-6 relative; TF32 (10-bit mantissa inputs) would differ by ~1e-3.
+double sgemm_default_rel_diff(const GemmShape& g, int device);
 
 // CUDA-event timer on lane 0 of a backend made by make_cuda_backend: start(i)/stop(i) record
 // events in stream order around step i; elapsed_ms() synchronises and returns every step's time.

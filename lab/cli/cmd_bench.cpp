@@ -444,6 +444,7 @@ void run_bench(const Args& a) {
                     "): the timings would be of a broken step"));
 
   double floor_sgemm = 0.0, floor_bf16 = 0.0, floor_teacher = 0.0;
+  double floor_sgemm_default = 0.0, sgemm_default_diff = 0.0;  // a candidate for the FP32 GEMMs, not used
 #ifdef MXLAB_HAVE_CUDA
   if (is_cuda && only < 0) {
     int dev = 0;
@@ -456,6 +457,8 @@ void run_bench(const Args& a) {
     floor_sgemm = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::sgemm, dev, 3, kFloorReps);
     floor_bf16 = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::bf16, dev, 3, kFloorReps);
     floor_teacher = cuda::gemm_floor_ms(to_cuda(teacher), cuda::FloorKind::sgemm, dev, 3, kFloorReps);
+    floor_sgemm_default = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::sgemm_default, dev, 3, kFloorReps);
+    sgemm_default_diff = cuda::sgemm_default_rel_diff(to_cuda(student).front(), dev);
     const bool mx_gemms = is_mx(cfg.precision.weight) || is_mx(cfg.precision.activation) ||
                           cfg.precision.weight == NumFmt::bf16 || cfg.precision.elementwise_bf16;
     figs[0].floor_ms = floor_sgemm;
@@ -479,6 +482,13 @@ void run_bench(const Args& a) {
     std::printf("  floors: cuBLAS alone on the same GEMM shapes (%zu per step): SGEMM %.3f ms, bf16 %.3f ms, "
                 "teacher SGEMM %.3f ms\n",
                 student.size(), floor_sgemm, floor_bf16, floor_teacher);
+  if (floor_sgemm_default > 0)
+    std::printf("  not used, for comparison: FP32 SGEMM as CUBLAS_COMPUTE_32F with the default math mode (TF32 off) "
+                "%.3f ms = %.3f x pedantic; max relative difference from pedantic on the %lld x %lld x %lld GEMM "
+                "%.2g (IEEE FP32 in another order ~1e-6, TF32 ~1e-3)\n",
+                floor_sgemm_default, floor_sgemm_default / floor_sgemm, static_cast<long long>(student.front().M),
+                static_cast<long long>(student.front().N), static_cast<long long>(student.front().K),
+                sgemm_default_diff);
   std::printf("  final losses: fp32 %.6g, mx %.6g\n", loss32, lossmx);
 
   // --arms K: the trainer with 1 arm and with K arms.
@@ -578,6 +588,8 @@ void run_bench(const Args& a) {
     json += msg(",\"", f.key, "\":", f.ms);
     if (f.floor_ms > 0) json += msg(",\"", f.key, "_floor\":", f.floor_ms, ",\"", f.key, "_ratio\":", f.ms / f.floor_ms);
   }
+  if (floor_sgemm_default > 0)
+    json += msg(",\"sgemm_default_floor_ms\":", floor_sgemm_default, ",\"sgemm_default_rel_diff\":", sgemm_default_diff);
   if (K > 0)
     json += msg(",\"arms\":", K, ",\"trainer_1arm_ms\":", t1, ",\"trainer_arms_ms\":", tk, ",\"arms_serial_ms\":", serial,
                 ",\"arms_saving\":", saving);
