@@ -76,6 +76,18 @@ def diverged_at(row):
     return min(steps) if steps else -1
 
 
+def outcome(row, sustained=0):
+    """(diverged, step): the divergence step when the trajectory diverged for at least `sustained`
+    steps before its last, else (False, the step it is censored at: steps_run - sustained).
+    A trajectory's divergence step is the first step after which its loss stays above the
+    criterion until the last step, so "lasted W steps" is "diverged by steps_run - W"."""
+    d = diverged_at(row)
+    cut = int(row["steps_run"]) - sustained
+    if 0 <= d <= cut:
+        return True, d
+    return False, max(cut, 0)
+
+
 def holm(pvalues):
     """Holm's step-down adjusted p-values (same order as given): controls the family-wise error
     rate of a set of comparisons."""

@@ -46,7 +46,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import diverged_at, fisher_two_sided, holm, mcnemar_exact, poisson_binomial_cdf, wilson  # noqa: E402
+from stats_util import fisher_two_sided, holm, mcnemar_exact, outcome, poisson_binomial_cdf, wilson  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "analysis"))
 
@@ -89,17 +89,6 @@ def load_all(directory, prefix=PREFIX):
                 if prev is None or row["status"] in FINISHED:
                     runs[rid][group] = row
     return runs
-
-
-def outcome(row, sustained=0):
-    """(diverged, step): the divergence step when the trajectory diverged for at least `sustained`
-    steps before its last (module docstring), else (False, the step it is censored at:
-    steps_run - sustained)."""
-    d = diverged_at(row)
-    cut = int(row["steps_run"]) - sustained
-    if 0 <= d <= cut:
-        return True, d
-    return False, max(cut, 0)
 
 
 def per_arm(runs, sustained=0):

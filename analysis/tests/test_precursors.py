@@ -1,0 +1,112 @@
+"""results/precursors.py: the risk-set percentile test of the paper's precursors, on synthetic
+series directories with answers worked by hand (who is at risk, the percentiles, the sustained
+and burn-in rules), a planted signal it must find and a null it must not."""
+
+import csv
+import os
+
+import pytest
+from conftest import load_results_script
+
+RUN_COLS = ["run_id", "seed", "lr", "trajectory", "kind", "at", "from", "divergence_step", "first_nonfinite_step",
+            "steps_run"]
+SERIES_COLS = ["trajectory", "step", "loss", "grad_norm", "bias_ratio_avg", "cosine", "cross_ratio_sq_avg",
+               "gamma_lastbin_max", "gamma_above_frac_max", "gamma_gap_mean_max"]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return load_results_script("precursors")
+
+
+def write_dir(d, runs, steps=5000, every=50):
+    """runs: [(run_id, lr, divergence_step, zeta(step), gamma(step))]; the fp32 trajectory of each
+    run never diverges and carries other values (it must not be read for --trajectory mx)."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "runs.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(RUN_COLS)
+        for rid, lr, div, zeta, gamma in runs:
+            w.writerow([rid, 1, lr, "fp32", "trajectory", 0, "", -1, -1, steps])
+            w.writerow([rid, 1, lr, "mx", "trajectory", 0, "", div, -1, steps])
+        for rid, lr, div, zeta, gamma in runs:
+            with open(os.path.join(d, f"series_{rid}.csv"), "w", newline="") as sf:
+                sw = csv.writer(sf)
+                sw.writerow(SERIES_COLS)
+                for s in range(0, steps + 1, every):
+                    sw.writerow(["fp32", s, 0.01, 0.1, "nan", "nan", "nan", 99.0, 0, 0])
+                    z = "nan" if s == 0 else zeta(s)
+                    sw.writerow(["mx", s, 0.01, 0.1, 1.0, 0.5, z, gamma(s), 0, 0])
+
+
+def const(v):
+    return lambda s: v
+
+
+def test_hand_worked_risk_set_and_percentiles(mod, tmp_path):
+    # Events (W = 0): a at 3000, b at 3600 (lr 5e-4); c, d never; e at 3000 is lr 6e-4 (not in a's set).
+    # Window of a: [1500, 2500): a 3.0, at risk b 2.0, c 4.0, d 3.0 -> (1 + 0.5) / 3 = 0.5.
+    # Window of b: [2100, 3100): b 2.0, at risk c 4.0, d 3.0 (a diverged at 3000 < 3600) -> 0 / 2 = 0.
+    # e: nobody of lr 6e-4 at risk -> left out.
+    d = str(tmp_path / "s")
+    write_dir(d, [("a", "0.0005", 3000, const(3.0), const(0.5)), ("b", "0.0005", 3600, const(2.0), const(0.9)),
+                  ("c", "0.0005", -1, const(4.0), const(0.1)), ("d", "0.0005", -1, const(3.0), const(0.5)),
+                  ("e", "0.0006", 3000, const(9.0), const(0.5))])
+    subjects = mod.load([d], "mx", 0)
+    rows, left_out, mean, p = mod.analyse(subjects, "cross_ratio_sq_avg", 500, 1000, 1000)
+    assert [(r[0], r[5], r[6]) for r in rows] == [("a", 3, 0.5), ("b", 2, 0.0)]
+    assert mean == pytest.approx(0.25)
+    assert [(x[0], x[3]) for x in left_out] == [("e", "nobody at risk")]
+    # Null of two events with 3 and 2 at risk: mean percentile in {0, 1/3, 2/3, 1} + {0, 1/2, 1} over 2,
+    # 12 equally likely pairs; |mean - 0.5| >= 0.25 in 6 of them: p = 0.5 (up to the draws).
+    assert p == pytest.approx(0.5, abs=0.01)
+    # gamma: a 0.5 vs (0.9, 0.1, 0.5) -> 0.5; b 0.9 vs (0.1, 0.5) -> 1.0.
+    rows, _, mean, _ = mod.analyse(subjects, "gamma_lastbin_max", 500, 1000, 1000)
+    assert [r[6] for r in rows] == [0.5, 1.0]
+
+
+def test_sustained_and_burn_in_rules(mod, tmp_path):
+    d = str(tmp_path / "s")
+    write_dir(d, [("late", "0.0005", 4800, const(3.0), const(0.5)), ("early", "0.0005", 2000, const(3.0), const(0.5)),
+                  ("never", "0.0005", -1, const(2.0), const(0.5))])
+    subjects = {s[0]: s for s in mod.load([d], "mx", 500)}
+    assert subjects["late"][2:4] == (False, 4500)  # 200 steps before the end: censored at 5000 - 500
+    assert subjects["early"][2:4] == (True, 2000)
+    rows, left_out, mean, p = mod.analyse(list(subjects.values()), "cross_ratio_sq_avg", 500, 1000, 1000)
+    assert rows == [] and mean is None and p is None
+    assert [(x[0], x[3]) for x in left_out] == [("early", "window starts at 500 < burn-in 1000")]
+
+
+def test_finds_a_planted_precursor_and_not_a_null(mod, tmp_path):
+    runs = []
+    for i in range(8):  # ζ² 3 before each divergence, 2 elsewhere and in every stable run (windows apart)
+        div = 3000 + 1000 * i
+        runs.append((f"d{i}", "0.0005", div, (lambda s, div=div: 3.0 if div - 1500 <= s < div - 500 else 2.0),
+                     const(0.5)))
+    for i in range(12):
+        runs.append((f"s{i}", "0.0005", -1, const(2.0), const(0.5)))
+    d = str(tmp_path / "s")
+    write_dir(d, runs, steps=12000)
+    subjects = mod.load([d], "mx", 500)
+    rows, _, mean, p = mod.analyse(subjects, "cross_ratio_sq_avg", 500, 1000, 1000)
+    assert len(rows) == 8 and mean == 1.0
+    assert p < 1e-3
+    rows, _, mean, p = mod.analyse(subjects, "gamma_lastbin_max", 500, 1000, 1000)  # all equal: 0.5
+    assert mean == 0.5 and p == 1.0
+
+
+def test_cli_prints_the_table_and_draws_the_figure(mod, tmp_path, capsys):
+    d = str(tmp_path / "s")
+    write_dir(d, [("a", "0.0005", 3000, const(3.0), const(0.5)), ("c", "0.0005", -1, const(2.0), const(0.1))])
+    png = str(tmp_path / "f.png")
+    mod.main([d, "--sustained", "0", "--figure", png])
+    out = capsys.readouterr().out
+    assert "2 mx trajectories, 1 diverged for at least 0 steps" in out
+    assert "| ζ² running average (Fig. 5) | 1 | 1.000 |" in out
+    assert os.path.getsize(png) > 0
+    with pytest.raises(SystemExit):
+        mod.main([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit):
+        mod.main([d, "--length", "0"])
+    with pytest.raises(SystemExit):  # the same run in two directories
+        mod.main([d, d])
