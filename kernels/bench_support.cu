@@ -46,15 +46,20 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+// A non-blocking stream on `device` and a cuBLAS handle bound to it (the caller destroys both).
+void stream_and_handle(int device, cudaStream_t* s, cublasHandle_t* h) {
+  MXLAB_CUDA_CHECK(cudaSetDevice(device));
+  MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+  MXLAB_CUBLAS_CHECK(cublasCreate(h));
+  MXLAB_CUBLAS_CHECK(cublasSetStream(*h, *s));
+}
+
 }  // namespace
 
 double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int device, int warmup, int reps) {
-  MXLAB_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t s = nullptr;
-  MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cublasHandle_t h = nullptr;
-  MXLAB_CUBLAS_CHECK(cublasCreate(&h));
-  MXLAB_CUBLAS_CHECK(cublasSetStream(h, s));
+  stream_and_handle(device, &s, &h);
   void* ws = nullptr;
   MXLAB_CUDA_CHECK(cudaMalloc(&ws, kCublasWorkspaceBytes));
   MXLAB_CUBLAS_CHECK(cublasSetWorkspace(h, ws, kCublasWorkspaceBytes));
@@ -170,12 +175,9 @@ std::vector<double> LaneTimer::elapsed_ms() {
 }
 
 double sgemm_default_rel_diff(const GemmShape& g, int device) {
-  MXLAB_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t s = nullptr;
-  MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cublasHandle_t h = nullptr;
-  MXLAB_CUBLAS_CHECK(cublasCreate(&h));
-  MXLAB_CUBLAS_CHECK(cublasSetStream(h, s));
+  stream_and_handle(device, &s, &h);
   const int64_t na = g.batch * g.M * g.K, nb = g.batch * g.N * g.K, nc = g.batch * g.M * g.N;
   float* a = noise_buffer<float>(na, 101, s);
   float* b = noise_buffer<float>(nb, 102, s);
