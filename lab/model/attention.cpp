@@ -118,7 +118,7 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
   // dWqkv [3d x d] = dQKV^T y1 (over tokens); dy1 [T x d] = dQKV Wqkv (over 3d).
   be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, false, p.grad, Role::grad, k, AttnOp::dwqkv_dq),
           ops.make(ws.attn_y[k], false, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset, 0.0f, R);
-  const float* gq = backward_gain(be, s, params, k, attn_norm_site(k), ws, pol);
+  const float* gq = backward_gain(s, k, attn_norm_site(k), ws);
   if (s.layernorm) norm_scale_wgrad(be, s, gq, grads + gqkv.offset, 3 * a.d, R);
   be.gemm(a.T, a.d, 3 * a.d,
           ops.make(ws.d_qkv, true, p.grad, Role::grad, k, AttnOp::dy1_dq, stats_slot(k, StatTensor::grad_qkv)),

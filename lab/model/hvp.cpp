@@ -79,9 +79,9 @@ HvpWorkspace HvpWorkspace::make(Backend& be, const NetShape& s, int64_t batch) {
 int64_t HvpWorkspace::floats(const NetShape& s, int64_t batch) {
   const int64_t L = s.depth, bd = batch * s.d, bh = batch * s.hidden, bh1 = batch * s.hidden_in;
   // mlp.h's Workspace (Workspace::make): per layer a_in, ln_y, xhat (LN), h, a, rstd (LN);
-  // then out, dout, d_ln, d_a, d_h, d_x, y, gamma/beta scratch, loss.
+  // then out, dout, d_ln, d_a, d_h, d_x, y, Q(gamma) per layer, Q(beta), loss (MLP blocks).
   const int64_t ln = s.layernorm ? 1 : 0;
-  int64_t n = L * (bd * (1 + 2 * ln) + bh1 + bh + ln * batch) + 5 * bd + bh + bh1 + 2 * s.d + 1;
+  int64_t n = L * (bd * (1 + 2 * ln) + bh1 + bh + ln * batch) + 5 * bd + bh + bh1 + (L + 1) * s.d + 1;
   n += (L - 1) * bd + L * (bd + bh + bh1);                        // gA (last aliases dout), gy, ga, gh
   n += (L + 1) * bd;                                               // rA
   n += L * (ln * bd + (s.layernorm && s.ln_affine ? bd : 0) + bh1 + bh);  // rxhat, ry, rh, ra

@@ -23,11 +23,18 @@ namespace {
 // fractional part of 2*mult*width/3 is 0, 1/3 or 2/3).
 int swiglu_hidden(int mult, int width) { return (2 * mult * width + 1) / 3; }
 
-// Q(gamma), Q(beta) of `site` into ws.gq_gamma / ws.gq_beta (DESIGN.md section 3). The
+// Layer k's Q(gamma) of `site` in the workspace: the forward writes it, the backward reads it.
+float* gain_slot(const NetShape& s, const Workspace& ws, int k, const NormSite& site) {
+  const int sites = s.attention() ? 2 : 1;
+  const int i = site.gamma == ParamGroup::attn_gamma ? 1 : 0;
+  return ws.gq_gamma + (static_cast<int64_t>(k) * sites + i) * s.d;
+}
+
+// Q(gamma), Q(beta) of `site` into its gain slot / ws.gq_beta (DESIGN.md section 3). The
 // statistics are collected even when ln_affine does not quantize (under the diagnostic spec).
 // RMSNorm and MXNorm have no beta.
 void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
-                        Workspace& ws, const PassPolicy& pol, bool collect, bool with_beta) {
+                        Workspace& ws, const PassPolicy& pol, bool collect) {
   const PrecisionConfig& p = pol.p;
   struct Item {
     ParamGroup::Kind kind;
@@ -35,10 +42,10 @@ void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int
     StatTensor tensor;
     uint64_t op;
   };
-  const Item items[] = {{site.gamma, ws.gq_gamma, site.gamma_stat, site.gamma_op},
+  const Item items[] = {{site.gamma, gain_slot(s, ws, k, site), site.gamma_stat, site.gamma_op},
                         {site.beta, ws.gq_beta, site.beta_stat, site.beta_op}};
   for (const Item& it : items) {
-    if (it.kind == site.beta && (s.norm != NormKind::layernorm || !with_beta)) continue;
+    if (it.kind == site.beta && s.norm != NormKind::layernorm) continue;
     const float* src = params + group(s, k, it.kind).offset;
     const uint64_t seed = sr_seed(pol.seed, it.op);
     int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
@@ -129,15 +136,13 @@ NormSite attn_norm_site(int k) {
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
                         Workspace& ws, const PassPolicy& pol, bool collect) {
   if (!s.ln_affine) return nullptr;
-  ln_affine_operands(be, s, params, k, site, ws, pol, collect, true);
-  return ws.gq_gamma;
+  ln_affine_operands(be, s, params, k, site, ws, pol, collect);
+  return gain_slot(s, ws, k, site);
 }
 
-const float* backward_gain(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
-                           Workspace& ws, const PassPolicy& pol) {
+const float* backward_gain(const NetShape& s, int k, const NormSite& site, const Workspace& ws) {
   if (!s.ln_affine) return nullptr;
-  ln_affine_operands(be, s, params, k, site, ws, pol, false, false);
-  return ws.gq_gamma;
+  return gain_slot(s, ws, k, site);
 }
 
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
@@ -419,7 +424,7 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   ws.d_a = be.alloc(bh);
   ws.d_h = be.alloc(bh1);
   ws.d_x = be.alloc(bd);
-  ws.gq_gamma = be.alloc(static_cast<size_t>(s.d));
+  ws.gq_gamma = be.alloc(static_cast<size_t>(s.depth) * (s.attention() ? 2 : 1) * s.d);
   ws.gq_beta = be.alloc(static_cast<size_t>(s.d));
   ws.y = be.alloc(bd);
   ws.loss = be.alloc(1);
@@ -553,7 +558,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
     // The forward's Q(gamma) again (deterministic: same seed, op and step); gradients w.r.t.
     // the quantized values go straight through to the FP32 masters.
-    const float* gq = backward_gain(be, s, params, k, mlp_norm_site(k), ws, pol);
+    const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);
     norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
     be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),

@@ -124,8 +124,10 @@ struct Workspace {
   float* d_a = nullptr;       //                                         [B x H]
   float* d_h = nullptr;       //                                         [B x H1]
   float* d_x = nullptr;       //                                         [B x d]
-  float* gq_gamma = nullptr;  // quantized gamma / beta of one layer      [d]
-  float* gq_beta = nullptr;
+  float* gq_gamma = nullptr;  // Q(gamma) of every layer and norm site    [L x sites x d]
+                              // (sites: the MLP norm, and the attention norm in attention blocks);
+                              // the forward writes layer k's, the backward reads it (gain_slot)
+  float* gq_beta = nullptr;   // Q(beta) of the current layer (the forward's only) [d]
   float* y = nullptr;         // block output scratch                    [B x d]
   float* loss = nullptr;      // [1]
   float* w_fused = nullptr;   // MXNorm: W o Q(gamma), the weight after the norm [max(H1, 3d) x d]

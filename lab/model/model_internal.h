@@ -124,15 +124,15 @@ struct NormSite {
 NormSite mlp_norm_site(int layer);
 NormSite attn_norm_site(int layer);
 
-// Q(gamma) (and Q(beta) for layernorm) of `site` into ws.gq_gamma / ws.gq_beta, counting
-// their statistics when `collect`; returns ws.gq_gamma, or null without affine gains.
+// Q(gamma) (and Q(beta) for layernorm) of `site` into layer `layer`'s slot of ws.gq_gamma /
+// ws.gq_beta, counting their statistics when `collect`; returns the Q(gamma) slot, or null
+// without affine gains.
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
                         Workspace& ws, const PassPolicy& pol, bool collect);
-// The backward's Q(gamma): the forward's again (same seed, op and step: the same values) into
-// ws.gq_gamma, without statistics; Q(beta) is not computed (no backward reads it). Null without
-// affine gains.
-const float* backward_gain(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
-                           Workspace& ws, const PassPolicy& pol);
+// The backward's Q(gamma): the one the forward of this workspace wrote for `layer` and `site`
+// (kept per layer; the trainer runs forward and backward on one workspace, the same params and
+// policy). Null without affine gains.
+const float* backward_gain(const NetShape& s, int layer, const NormSite& site, const Workspace& ws);
 // The norm of `site` on x [rows x d] into y (the next GEMM's activation operand), xhat, rstd.
 // Returns the weight the next GEMM uses: W itself, or for MXNorm with gains ws.w_fused =
 // R(W o Q(gamma)) (W is [w_rows x d]; the gain moves onto the weight, papers/mxnorm.md 3.7).

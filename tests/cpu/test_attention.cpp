@@ -322,6 +322,57 @@ TEST(AttentionModel, MxNormFoldsItsGainIntoTheWeight) {
   }
 }
 
+// Every layer's norms read their own gains in the backward (the forward keeps Q(gamma) per layer
+// and norm site, and the backward reuses it): the gains' gradients of a 2-layer attention student
+// in FP32, with a different gamma in every layer and site, match central differences of the
+// loss. Reading another layer's or site's gains moves them by far more than the tolerance (an
+// earlier build that read layer 0's attention gains in every layer passed every other test).
+TEST(AttentionModel, GainGradientsOfEveryLayerAndSiteMatchFiniteDifferences) {
+  const int64_t S = 8, T = 2 * S, d = 32;
+  RunConfig cfg;
+  cfg.data.seq_len = static_cast<int>(S);
+  cfg.model = attn_model(NormKind::layernorm);
+  const NetShape s = NetShape::student(cfg.model, static_cast<int>(S));
+  auto be = make_cpu_backend();
+  std::vector<float> init = init_params(s, InitKind::pytorch, 1.0f, 3, Stream::init);
+  for (const ParamGroup& g : s.groups)
+    if (g.kind == ParamGroup::gamma || g.kind == ParamGroup::attn_gamma)
+      for (int64_t i = 0; i < g.size(); ++i) init[g.offset + i] = 1.0f + 0.5f * noise(1, 977 + g.offset + i)[0];
+  Host X(noise(T * d, 6, 2.0f)), Tg(noise(T * d, 7, 0.5f)), G(static_cast<int64_t>(init.size()));
+  Workspace ws = Workspace::make(*be, s, T);
+  PassPolicy pol;
+  pol.p.weight = pol.p.activation = pol.p.grad = pol.p.ln_affine = NumFmt::fp32;
+  pol.p.elementwise_bf16 = false;
+  auto loss_at = [&](std::vector<float> params) {
+    forward(*be, s, params.data(), X.p(), ws, pol);
+    loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+    return static_cast<double>(be->read_scalar(ws.loss));
+  };
+  Host P(init);
+  forward(*be, s, P.p(), X.p(), ws, pol);
+  loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+  backward(*be, s, P.p(), X.p(), ws, G.p(), pol);
+  int checked = 0;
+  for (const ParamGroup& g : s.groups) {
+    if (g.kind != ParamGroup::gamma && g.kind != ParamGroup::attn_gamma) continue;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < g.size(); ++i) {
+      const float h = 1e-2f;
+      std::vector<float> up = init, dn = init;
+      up[g.offset + i] += h;
+      dn[g.offset + i] -= h;
+      const double fd = (loss_at(up) - loss_at(dn)) / (static_cast<double>(up[g.offset + i]) - dn[g.offset + i]);
+      const double an = G.v[g.offset + i];
+      num += (an - fd) * (an - fd);
+      den += fd * fd;
+    }
+    ASSERT_GT(den, 0.0) << g.name;
+    EXPECT_LT(std::sqrt(num / den), 2e-2) << g.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 * s.depth);
+}
+
 RunConfig tiny_attention_run() {
   RunConfig c;
   c.seed = 4;
