@@ -337,10 +337,11 @@ class CudaBackend final : public Backend {
     launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur());
   }
   void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
-                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                     const ElementwiseRound& dy_in) override {
     ctx();
     double* scratch = lane_scratch(layernorm_bwd_scratch_doubles(rows, d));
-    launch_layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta, rows, d, r, scratch, cur());
+    launch_layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta, rows, d, r, dy_in, scratch, cur());
   }
   void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
                const ElementwiseRound& h_in) override {

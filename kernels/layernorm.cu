@@ -89,14 +89,15 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 template <bool VEC>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     ln_bwd_kernel(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx, int64_t rows,
-                  int64_t d, bool rb, Rounding rm) {
+                  int64_t d, bool rb, Rounding rm, bool yb, Rounding ym) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
   const float* dyr = dy + row * d;
   const float* hr = xhat + row * d;
   double sg = 0.0, sgx = 0.0;
-  auto accumulate = [&](float dyv, float gm, float h) {
+  auto accumulate = [&](float dy_raw, float gm, float h) {
+    const float dyv = ew_round(dy_raw, yb, ym);  // R_dy: dy rounded as it is read
     const float g = gamma ? ln_bwd_g(dyv, gm, rb, rm) : dyv;
     sg += static_cast<double>(g);
     sgx += dot_term(g, h);
@@ -121,7 +122,11 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   float* dxr = dx + row * d;
   if (VEC) {
     for (int64_t v = lane; v < d / 4; v += kWarp) {
-      const float4 q = reinterpret_cast<const float4*>(dyr)[v];
+      float4 q = reinterpret_cast<const float4*>(dyr)[v];
+      q.x = ew_round(q.x, yb, ym);
+      q.y = ew_round(q.y, yb, ym);
+      q.z = ew_round(q.z, yb, ym);
+      q.w = ew_round(q.w, yb, ym);
       const float4 h = reinterpret_cast<const float4*>(hr)[v];
       float4 g = q, o;
       if (gamma) {
@@ -139,7 +144,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     }
   } else {
     for (int64_t j = lane; j < d; j += kWarp) {
-      const float g = gamma ? ln_bwd_g(dyr[j], gamma[j], rb, rm) : dyr[j];
+      const float dyv = ew_round(dyr[j], yb, ym);
+      const float g = gamma ? ln_bwd_g(dyv, gamma[j], rb, rm) : dyv;
       dxr[j] = ln_bwd_dx(rs, g, mg, hr[j], mgx, rb, rm);
     }
   }
@@ -167,19 +173,19 @@ int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d) { return col_sum_
 
 void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                           float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
-                          double* scratch, cudaStream_t s) {
+                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s) {
   if (d <= 0) return;
   if (rows > 0) {
     const bool vec = d % 4 == 0 && aligned16(dy) && aligned16(xhat) && aligned16(gamma) && aligned16(dx);
     if (vec)
       ln_bwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
-                                                                             r.bf16, r.mode);
+                                                                             r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     else
       ln_bwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
-                                                                              r.bf16, r.mode);
+                                                                              r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
-  launch_col_sum_ln(dy, xhat, dgamma, dbeta, rows, d, scratch, s);
+  launch_col_sum_ln(dy, xhat, dgamma, dbeta, rows, d, scratch, s, dy_in);
 }
 
 }  // namespace mxlab::cuda

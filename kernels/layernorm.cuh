@@ -20,8 +20,9 @@ void launch_layernorm_fwd(const float* x, const float* gamma, const float* beta,
 // dx (rows, d); dgamma, dbeta (d) written (not accumulated), either may be null.
 // Scratch: layernorm_bwd_scratch_doubles(rows, d) doubles.
 int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d);
+// dy is read through dy_in (a GEMM output left unrounded; ElementwiseRound{}: as it is).
 void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                           float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
-                          double* scratch, cudaStream_t s);
+                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s);
 
 }  // namespace mxlab::cuda

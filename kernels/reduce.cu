@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kBlock) reduce_final_kernel(ReduceBatch batch,
 template <bool LN>
 __global__ void __launch_bounds__(kColTile* kColLanes)
     col_partial_kernel(const float* x, const float* xhat, int64_t rows, int64_t d, int64_t chunk_rows,
-                       double* partials) {
+                       double* partials, bool xb, Rounding xm) {
   __shared__ double s0[kColLanes][kColTile];
   __shared__ double s1[kColLanes][kColTile];
   const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kColTile* kColLanes)
   double a0 = 0.0, a1 = 0.0;
   if (c < d) {
     for (int64_t r = r0 + ty; r < r1; r += kColLanes) {
-      const float v = x[r * d + c];
+      const float v = ew_round(x[r * d + c], xb, xm);  // x read through its input rounding
       if (LN) a1 += dot_term(v, xhat[r * d + c]);
       a0 += static_cast<double>(v);
     }
@@ -256,7 +256,7 @@ int64_t col_sum_scratch_doubles(int64_t rows, int64_t d, int outputs) {
 namespace {
 template <bool LN>
 void col_sum_impl(const float* x, const float* xhat, float* out0, float* out1, int64_t rows, int64_t d,
-                  double* scratch, cudaStream_t s) {
+                  double* scratch, cudaStream_t s, const ElementwiseRound& x_in = ElementwiseRound{}) {
   if (d <= 0) return;
   if (rows <= 0) {  // empty sum: zeros
     if (out0) launch_fill(out0, 0.0f, d, s);
@@ -266,7 +266,7 @@ void col_sum_impl(const float* x, const float* xhat, float* out0, float* out1, i
   const int64_t chunk = col_chunk_rows(rows);
   const int64_t chunks = ceil_div(rows, chunk);
   const dim3 grid(static_cast<unsigned>(ceil_div(d, kColTile)), static_cast<unsigned>(chunks));
-  col_partial_kernel<LN><<<grid, kColTile * kColLanes, 0, s>>>(x, xhat, rows, d, chunk, scratch);
+  col_partial_kernel<LN><<<grid, kColTile * kColLanes, 0, s>>>(x, xhat, rows, d, chunk, scratch, x_in.bf16, x_in.mode);
   MXLAB_CUDA_LAUNCH_CHECK();
   col_final_kernel<<<grid_for(d, kColFinalWarps), kBlock, 0, s>>>(scratch, chunks, d, out0, out1);
   MXLAB_CUDA_LAUNCH_CHECK();
@@ -278,10 +278,10 @@ void launch_col_sum(const float* x, float* out, int64_t rows, int64_t d, double*
 }
 
 void launch_col_sum_ln(const float* dy, const float* xhat, float* dgamma, float* dbeta, int64_t rows, int64_t d,
-                       double* scratch, cudaStream_t s) {
+                       double* scratch, cudaStream_t s, const ElementwiseRound& dy_in) {
   if (!dgamma && !dbeta) return;
   // Plane 0 holds sum dy (dbeta), plane 1 sum dy * xhat (dgamma).
-  col_sum_impl<true>(dy, xhat, dbeta, dgamma, rows, d, scratch, s);
+  col_sum_impl<true>(dy, xhat, dbeta, dgamma, rows, d, scratch, s, dy_in);
 }
 
 int64_t moments_scratch_doubles(int64_t n) { return 3 * std::max(1, partition_1d(n).blocks); }

@@ -30,9 +30,9 @@ void launch_reduce(const Reduction* reqs, size_t count, double* scratch, double*
 int64_t col_sum_scratch_doubles(int64_t rows, int64_t d, int outputs);
 void launch_col_sum(const float* x, float* out, int64_t rows, int64_t d, double* scratch, cudaStream_t s);
 // Layernorm parameter gradients: dgamma[j] = (float) sum_i dot_term(dy, xhat), dbeta[j] =
-// (float) sum_i dy (either may be null). Scratch: col_sum_scratch_doubles(rows, d, 2).
+// (float) sum_i dy (either may be null), dy read through dy_in. Scratch: col_sum_scratch_doubles(rows, d, 2).
 void launch_col_sum_ln(const float* dy, const float* xhat, float* dgamma, float* dbeta, int64_t rows, int64_t d,
-                       double* scratch, cudaStream_t s);
+                       double* scratch, cudaStream_t s, const ElementwiseRound& dy_in = ElementwiseRound{});
 
 // ---- moments: d_out[0..4) = min, max, mean, population std of x[0..n) ----
 // Scratch: moments_scratch_doubles(n).

@@ -101,8 +101,16 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
-                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r) override {
+  void layernorm_bwd(const float* dy_raw, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                     float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                     const ElementwiseRound& dy_in) override {
+    std::vector<float> dy_rounded;
+    const float* dy = dy_raw;
+    if (dy_in.bf16) {  // rounded as read, here once up front (rows x d floats of scratch)
+      dy_rounded.resize(static_cast<size_t>(rows * d));
+      for (size_t i = 0; i < dy_rounded.size(); ++i) dy_rounded[i] = ew_round(dy_raw[i], true, dy_in.mode);
+      dy = dy_rounded.data();
+    }
     std::vector<float> g(static_cast<size_t>(d));
     for (int64_t i = 0; i < rows; ++i) {
       const float* dyr = dy + i * d;

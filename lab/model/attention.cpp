@@ -120,11 +120,12 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
           ops.make(ws.attn_y[k], false, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset, 0.0f, R);
   const float* gq = backward_gain(s, k, attn_norm_site(k), ws);
   if (s.layernorm) norm_scale_wgrad(be, s, gq, grads + gqkv.offset, 3 * a.d, R);
+  const bool defer_dy = norm_rounds_dy_as_read(s);  // as in the MLP sub-block's backward
   be.gemm(a.T, a.d, 3 * a.d,
           ops.make(ws.d_qkv, true, p.grad, Role::grad, k, AttnOp::dy1_dq, stats_slot(k, StatTensor::grad_qkv)),
-          ops.make(Wqkv, false, w_bwd, Role::weight, k, AttnOp::dy1_w), ws.d_ln, 0.0f, R);
+          ops.make(Wqkv, false, w_bwd, Role::weight, k, AttnOp::dy1_w), ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
   norm_backward_into_residual(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], dZ, grads,
-                              ws, R);
+                              ws, R, defer_dy ? R : ElementwiseRound{});
 }
 
 }  // namespace mxlab::model_detail

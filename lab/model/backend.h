@@ -139,9 +139,10 @@ class Backend {
                              float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r) = 0;
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma (or dy);
   // dgamma = sum_rows dy * xhat, dbeta = sum_rows dy (written, not accumulated; may be null).
+  // dy is read through R_dy (dy_in), as act_fwd's h_in: a GEMM output left unrounded.
   virtual void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma,
                              float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t d,
-                             const ElementwiseRound& r) = 0;
+                             const ElementwiseRound& r, const ElementwiseRound& dy_in) = 0;
   // a = R(act(H)) with H = R_h(h): the input is rounded as it is read. h is [rows x cols]; for
   // swiglu h is [rows x 2*cols] (first half "a", second half "gate") and a is [rows x cols].
   // R_h (`h_in`) lets the model leave a GEMM output unrounded (gemm's `out` = no rounding) and

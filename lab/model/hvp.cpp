@@ -121,7 +121,7 @@ void hvp_prepare(Backend& be, const NetShape& s, const RunConfig& cfg, const flo
     const float* dx = ws.gy[k];
     if (s.layernorm) {
       be.layernorm_bwd(ws.gy[k], w.xhat[k], w.rstd[k], at(s, params, k, ParamGroup::gamma), w.d_x, nullptr, nullptr,
-                       B, d, kFp32);
+                       B, d, kFp32, kFp32);
       dx = w.d_x;
     }
     be.add(ws.gA[k - 1], ws.gA[k], dx, static_cast<size_t>(B * d), kFp32);  // residual: dA_k = dA_{k+1} + dx
@@ -145,7 +145,7 @@ void hvp_apply(Backend& be, const NetShape& s, const RunConfig& cfg, const float
     const float* V2 = at(s, v, k, ParamGroup::w2);
     if (s.layernorm) {
       // R{xhat} = J R{A}: the layernorm Jacobian is symmetric, so layernorm_bwd applies it.
-      if (k > 0) be.layernorm_bwd(ws.rA[k], w.xhat[k], w.rstd[k], nullptr, ws.rxhat[k], nullptr, nullptr, B, d, kFp32);
+      if (k > 0) be.layernorm_bwd(ws.rA[k], w.xhat[k], w.rstd[k], nullptr, ws.rxhat[k], nullptr, nullptr, B, d, kFp32, kFp32);
       if (affine)
         be.ln_affine_tangent(k > 0 ? ws.rxhat[k] : nullptr, w.xhat[k], at(s, params, k, ParamGroup::gamma),
                              at(s, v, k, ParamGroup::gamma), at(s, v, k, ParamGroup::beta), ws.ry[k], B, d);

@@ -178,12 +178,13 @@ void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW
 
 void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq, const float* dy,
                    const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
-                   const ElementwiseRound& R) {
+                   const ElementwiseRound& R, const ElementwiseRound& dy_in) {
   const int64_t B = ws.batch, d = s.d;
   float* dgamma = gq ? grads + group(s, k, site.gamma).offset : nullptr;
+  MXLAB_ASSERT(!dy_in.bf16 || norm_rounds_dy_as_read(s), "only the layernorm backward rounds dy as it reads it");
   if (s.norm == NormKind::layernorm) {
     float* dbeta = gq ? grads + group(s, k, site.beta).offset : nullptr;
-    be.layernorm_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta, B, d, R);
+    be.layernorm_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta, B, d, R, dy_in);
   } else {
     // RMSNorm's gradient; for MXNorm the straight-through estimator of papers/mxnorm.md App. E.
     be.rmsnorm_bwd(dy, xhat, rstd, gq, dx, dgamma, B, d, R);
@@ -192,11 +193,11 @@ void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, 
 
 void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
-                                 Workspace& ws, const ElementwiseRound& R) {
+                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in) {
   const size_t n = static_cast<size_t>(ws.batch * s.d);
   const float* dx = dy;
   if (s.layernorm) {
-    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R);
+    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R, dy_in);
     dx = ws.d_x;
   }
   if (s.residual)
@@ -556,14 +557,17 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
-    // The forward's Q(gamma) again (deterministic: same seed, op and step); gradients w.r.t.
-    // the quantized values go straight through to the FP32 masters.
+    // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
+    // through to the FP32 masters.
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);
     norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
-    // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]).
+    // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]). Under layernorm its backward is
+    // dy's only reader and rounds it as it reads it, so the GEMM leaves it unrounded.
+    const bool defer_dy = norm_rounds_dy_as_read(s);
     be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
-            ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f, R);
-    norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R);
+            ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
+    norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
+                                defer_dy ? R : ElementwiseRound{});
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }

@@ -143,17 +143,21 @@ const float* norm_forward(Backend& be, const NetShape& s, const float* params, i
 // gradient [w_rows x d] by Q(gamma) (gq, from norm_gains), since the GEMM saw W o Q(gamma).
 void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW, int64_t w_rows,
                       const ElementwiseRound& R);
-// The norm's backward: dy (gradient of y) -> dx; gain/bias gradients into `grads`.
+// The norm's backward: dy (gradient of y, read through dy_in) -> dx; gain/bias gradients into
+// `grads`. dy_in may round only where norm_rounds_dy_as_read(s).
 void norm_backward(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
                    const float* dy, const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
-                   const ElementwiseRound& R);
+                   const ElementwiseRound& R, const ElementwiseRound& dy_in);
+// Whether the norm's backward is dy's only reader and rounds it as it reads it (layernorm): the
+// GEMM that computes dy then leaves it unrounded (lab/model/README.md, "Deferred output rounding").
+inline bool norm_rounds_dy_as_read(const NetShape& s) { return s.layernorm && s.norm == NormKind::layernorm; }
 
 // The end of a sub-block's backward: the norm's backward on dy (the gradient of the norm's
 // output; without a norm dy is already the input's gradient), then the residual stream:
 // dA = R(dA + dx) (plain teacher: dA = dx).
 void norm_backward_into_residual(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
-                                 Workspace& ws, const ElementwiseRound& R);
+                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in);
 
 // The self-attention sub-block of Eq. 11 for layer k (attention.cpp): forward A -> ws.z[k];
 // backward consumes dZ (gradient of z_k, in place) and leaves the gradient of A_{k-1} in it.

@@ -112,7 +112,7 @@ TEST(CpuBackend, LayernormBackwardByHand) {
   float* dx = be->alloc(8);
   float* dg = be->alloc(4);
   float* db = be->alloc(4);
-  be->layernorm_bwd(dy, xhat, rstd, nullptr, dx, dg, db, 2, 4, kNoRound);
+  be->layernorm_bwd(dy, xhat, rstd, nullptr, dx, dg, db, 2, 4, kNoRound, kNoRound);
   const auto r = get(*be, dx, 4);
   EXPECT_EQ(r, (std::vector<float>{0.3046875f, -0.1484375f, -0.1015625f, -0.0546875f}));
   // dgamma = sum_rows dy * xhat, dbeta = sum_rows dy.
@@ -120,9 +120,24 @@ TEST(CpuBackend, LayernormBackwardByHand) {
   EXPECT_EQ(get(*be, db, 4), (std::vector<float>{1.0f, 2.0f, 0.0f, 0.0f}));
   // gamma = 2 doubles g, hence dx; parameter gradients do not depend on gamma.
   float* g2 = put(*be, {2, 2, 2, 2});
-  be->layernorm_bwd(dy, xhat, rstd, g2, dx, dg, db, 2, 4, kNoRound);
+  be->layernorm_bwd(dy, xhat, rstd, g2, dx, dg, db, 2, 4, kNoRound, kNoRound);
   EXPECT_EQ(get(*be, dx, 4), (std::vector<float>{0.609375f, -0.296875f, -0.203125f, -0.109375f}));
   EXPECT_EQ(get(*be, dg, 4), (std::vector<float>{-0.75f, -0.5f, 0.0f, 0.0f}));
+  // dy read through its own rounding (a GEMM output left unrounded): 1 + 3 * 2^-9 reads as
+  // bf16 1 + 2^-7 everywhere, in dx and in both column sums; unrounded, it does not.
+  const float e = std::ldexp(1.0f, -9);
+  float* dy3 = put(*be, {1 + 3 * e, 0, 0, 0, 0, 2, 0, 0});
+  float* dy4 = put(*be, {1 + 4 * e, 0, 0, 0, 0, 2, 0, 0});  // = 1 + 2^-7, bf16-exact
+  float* dx4 = be->alloc(8);
+  float* dg4 = be->alloc(4);
+  float* db4 = be->alloc(4);
+  be->layernorm_bwd(dy4, xhat, rstd, nullptr, dx4, dg4, db4, 2, 4, kNoRound, kNoRound);
+  be->layernorm_bwd(dy3, xhat, rstd, nullptr, dx, dg, db, 2, 4, kNoRound, kBf16Even);
+  EXPECT_EQ(get(*be, dx, 8), get(*be, dx4, 8));
+  EXPECT_EQ(get(*be, dg, 4), get(*be, dg4, 4));
+  EXPECT_EQ(get(*be, db, 4), get(*be, db4, 4));
+  be->layernorm_bwd(dy3, xhat, rstd, nullptr, dx, dg, db, 2, 4, kNoRound, kNoRound);
+  EXPECT_NE(get(*be, db, 4), get(*be, db4, 4));
 }
 
 TEST(CpuBackend, ActivationsAtKnownPoints) {

@@ -138,7 +138,8 @@ TEST(InstrumentOps, LayernormBackwardTangentIsTheDirectionalDerivative) {
   float *Y = h.be->alloc(rows * d), *XH = h.be->alloc(rows * d), *RS = h.be->alloc(rows);
   float *RXH = h.be->alloc(rows * d), *RDX = h.be->alloc(rows * d);
   h.be->layernorm_fwd(X, nullptr, nullptr, Y, XH, RS, rows, d, eps, ElementwiseRound{});
-  h.be->layernorm_bwd(RX, XH, RS, nullptr, RXH, nullptr, nullptr, rows, d, ElementwiseRound{});  // R{xhat} = J rx
+  h.be->layernorm_bwd(RX, XH, RS, nullptr, RXH, nullptr, nullptr, rows, d, ElementwiseRound{},
+                      ElementwiseRound{});  // R{xhat} = J rx
   for (bool affine : {false, true}) {
     SCOPED_TRACE(affine ? "affine" : "no affine");
     h.be->layernorm_bwd_tangent(DY, RDY, XH, RXH, RX, RS, affine ? G : nullptr, affine ? VG : nullptr, RDX, rows, d);

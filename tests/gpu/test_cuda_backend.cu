@@ -307,7 +307,10 @@ TEST(CudaBackend, LayernormBwdMatchesCpu) {
     Buf Y = t.poisoned(rows * d), H = t.poisoned(rows * d), R = t.poisoned(rows);
     Buf DX = t.poisoned(rows * d), DG = t.poisoned(d), DB = t.poisoned(d);
     for (const ElementwiseRound& r : {kFp32, kBf16Even}) {
-      for (bool affine : {true, false}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        // 0, 1: with / without affine; 2: affine, dy read through R (a GEMM output left unrounded).
+        const bool affine = variant != 1;
+        const ElementwiseRound dy_in = variant == 2 ? r : kFp32;
         // Use the CPU's forward outputs on both sides, so that only the backward is compared.
         t.cpu->layernorm_fwd(X.c, G.c, Bt.c, Y.c, H.c, R.c, rows, d, 1e-5f, r);
         const auto xh = t.host_cpu(H), rs = t.host_cpu(R);
@@ -316,9 +319,10 @@ TEST(CudaBackend, LayernormBwdMatchesCpu) {
         t.poison(DX);
         t.poison(DG);
         t.poison(DB);
-        t.cpu->layernorm_bwd(DY.c, H.c, R.c, affine ? G.c : nullptr, DX.c, DG.c, DB.c, rows, d, r);
-        t.gpu->layernorm_bwd(DY.g, H.g, R.g, affine ? G.g : nullptr, DX.g, DG.g, DB.g, rows, d, r);
-        const std::string what = msg("d=", d, r.bf16 ? " bf16" : " fp32", affine ? " affine" : "");
+        t.cpu->layernorm_bwd(DY.c, H.c, R.c, affine ? G.c : nullptr, DX.c, DG.c, DB.c, rows, d, r, dy_in);
+        t.gpu->layernorm_bwd(DY.g, H.g, R.g, affine ? G.g : nullptr, DX.g, DG.g, DB.g, rows, d, r, dy_in);
+        const std::string what =
+            msg("d=", d, r.bf16 ? " bf16" : " fp32", affine ? " affine" : "", dy_in.bf16 ? " dy rounded as read" : "");
         expect_rows_nearly_exact(t.host_cpu(DX), t.host_gpu(DX), rows, d, r.bf16, (what + " dx").c_str());
         const auto dgc = t.host_cpu(DG), dbc = t.host_cpu(DB);
         std::vector<double> tg(d), tb(d);
@@ -336,7 +340,7 @@ TEST(CudaBackend, LayernormBwdMatchesCpu) {
       }
     }
     // dgamma/dbeta may be null.
-    t.gpu->layernorm_bwd(DY.g, H.g, R.g, G.g, DX.g, nullptr, nullptr, rows, d, kFp32);
+    t.gpu->layernorm_bwd(DY.g, H.g, R.g, G.g, DX.g, nullptr, nullptr, rows, d, kFp32, kFp32);
     t.gpu->synchronize();
   }
 }
