@@ -171,9 +171,9 @@ def figure(subjects, args, path):
             pts = series[q]
             if not pts:
                 continue
-            xs = [s for s, _ in pts if not event or s <= time]
-            ys = [v for s, v in pts if not event or s <= time]
-            ax.plot(xs, ys, lw=0.7, alpha=0.8, color="tab:red" if event else "0.6")
+            shown = [(s, v) for s, v in pts if not event or s <= time]  # up to the divergence
+            ax.plot([s for s, _ in shown], [v for _, v in shown], lw=0.7, alpha=0.8,
+                    color="tab:red" if event else "0.6")
         if q == "cross_ratio_sq_avg":
             ax.axhline(2.0, color="k", ls="--", lw=0.8)
             ax.set_yscale("log")
