@@ -55,6 +55,8 @@ if [ -x .devref/mxlab ]; then
   REF_BIN=.devref/mxlab
   echo "baseline: .devref (revision $(head -c 12 .devref/REVISION 2>/dev/null || echo unknown))"
 fi
+# The binary of a comparison's side: `this` (this tree's) or `ref` (the baseline's).
+bin_of() { if [ "$1" = ref ]; then echo "$REF_BIN"; else echo "$BIN"; fi; }
 build_ref() {
   [ "$REF_BIN" = .devref/mxlab ] && return 0
   if [ ! -f .ref/CMakeLists.txt ]; then
@@ -95,8 +97,7 @@ for step in "$@"; do
       [ "$step" = ref ] && continue
       for i in 1 2; do
         for tag in ref this; do
-          b=$BIN
-          [ "$tag" = ref ] && b=$REF_BIN
+          b=$(bin_of "$tag")
           $b bench experiments/paper/fig4_baseline.yaml --device cuda --steps 200 > "$LOGS/bench_fig4_${tag}_$i.log" 2>&1
           echo "$tag $i: $(grep -E '^  MX trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
           echo "$tag $i: $(grep -E '^  FP32 trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
@@ -105,8 +106,8 @@ for step in "$@"; do
       ;;
     paired10k)
       for tag in this ref; do
-        b=$BIN
-        if [ "$tag" = ref ]; then [ -x "$REF_BIN" ] || continue; b=$REF_BIN; fi
+        b=$(bin_of "$tag")
+        [ "$tag" = ref ] && [ ! -x "$b" ] && continue  # no baseline in this call
         rm -rf "$WORK/paired10k_$tag"
         t1=$(date +%s%N)
         $b run experiments/paper/fig4_baseline.yaml --device cuda --set log.bias_every=1 \
@@ -117,8 +118,8 @@ for step in "$@"; do
       ;;
     logsteps)
       for tag in this ref; do
-        b=$BIN
-        if [ "$tag" = ref ]; then [ -x "$REF_BIN" ] || continue; b=$REF_BIN; fi
+        b=$(bin_of "$tag")
+        [ "$tag" = ref ] && [ ! -x "$b" ] && continue  # no baseline in this call
         $b bench experiments/paper/fig4_baseline.yaml --device cuda --steps 100 --set log.bias_every=1 \
           --log-steps 100 > "$LOGS/bench_logsteps_$tag.log" 2>&1
         echo "logsteps $tag: exit $?"

@@ -24,7 +24,10 @@ for f in "${@:-mx}"; do
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
       "$BIN" bench "$CFG" --device cuda --only "$f" --steps 1 --warmup 0 --no-graphs > "$TMP/ncu_$f.out" 2>&1
   fi
-  echo "ncu $f: rc $?"
+  rc=$?
+  echo "ncu $f: rc $rc"
+  # A failed profile says why (ncu's or mxlab's own error), and keeps the whole output.
+  if [ "$rc" -ne 0 ]; then tail -20 "$TMP/ncu_$f.out"; cp "$TMP/ncu_$f.out" "$OUT/ncu_$f.out"; fi
   python3 bench/ncu_summary.py "$TMP/ncu_$f.csv" seq > "$OUT/ncu_$f.txt"
   head -30 "$OUT/ncu_$f.txt"
 done

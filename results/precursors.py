@@ -26,9 +26,16 @@ Design (a nested case-control on the risk set, stratified by learning rate):
   A mean percentile near 1 says the quantity is higher before a divergence than in the runs
   that have not diverged at that point; near 0, lower.
 
+--event spike (added after the code-faithful series were seen, so exploratory, not the
+pre-registered test): the event is instead a trajectory's first loss spike, the first logged step
+whose loss exceeds --spike-factor (10, the divergence criterion's factor) times the smallest loss
+logged before it; a trajectory without one is censored at steps_run. In the code-faithful 20k
+runs most divergences follow earlier spikes, so the divergence's window often lies after the
+instability began; the first spike asks what came before it began. Same windows, risk sets, test.
+
 Usage (repository root):
   python3 results/precursors.py DIR [DIR ...] [--trajectory mx] [--sustained 500] [--gap 500]
-      [--length 1000] [--burn-in 1000] [--figure PNG]
+      [--length 1000] [--burn-in 1000] [--event divergence|spike] [--spike-factor 10] [--figure PNG]
 """
 import argparse
 import csv
@@ -47,8 +54,21 @@ QUANTITIES = (("cross_ratio_sq_avg", "ζ² running average (Fig. 5)"),
 DRAWS = 200_000
 
 
-def load(dirs, trajectory, sustained):
-    """[(run_id, lr, event, time, {quantity: [(step, value)]})] of the named trajectory of every run."""
+def first_spike(losses, factor):
+    """The first step whose loss exceeds factor x the smallest loss logged before it, or None.
+    losses: [(step, loss)] in step order."""
+    low = None
+    for step, loss in losses:
+        if low is not None and loss > factor * low:
+            return step
+        low = loss if low is None else min(low, loss)
+    return None
+
+
+def load(dirs, trajectory, sustained, event_kind="divergence", spike_factor=10.0):
+    """[(run_id, lr, event, time, {quantity: [(step, value)]})] of the named trajectory of every run.
+    event_kind "divergence": a divergence lasting >= sustained steps (else censored at steps_run -
+    sustained); "spike": the first loss spike (first_spike; else censored at steps_run)."""
     subjects = []
     seen = set()
     for d in dirs:
@@ -61,17 +81,23 @@ def load(dirs, trajectory, sustained):
             if r["run_id"] in seen:
                 raise SystemExit(f"precursors: run {r['run_id']} appears in two series directories")
             seen.add(r["run_id"])
-            event, time = outcome(r, sustained)
             series = {q: [] for q, _ in QUANTITIES}
+            losses = []
             path = os.path.join(d, f"series_{r['run_id']}.csv")
             with open(path, newline="") as f:
                 for s in csv.DictReader(f):
                     if s["trajectory"] != trajectory:
                         continue
+                    losses.append((int(s["step"]), float(s["loss"])))
                     for q, _ in QUANTITIES:
                         v = float(s[q])
                         if v == v:  # not NaN (no shadow pass yet)
                             series[q].append((int(s["step"]), v))
+            if event_kind == "spike":
+                spike = first_spike(sorted(losses), spike_factor)
+                event, time = (True, spike) if spike is not None else (False, int(r["steps_run"]))
+            else:
+                event, time = outcome(r, sustained)
             subjects.append((r["run_id"], r["lr"], event, time, series))
     if not subjects:
         raise SystemExit(f"precursors: no trajectory named {trajectory!r} in {', '.join(dirs)}")
@@ -134,7 +160,9 @@ def analyse(subjects, quantity, gap, length, burn_in):
 def report(subjects, args):
     out = []
     events = sum(1 for s in subjects if s[2])
-    out.append(f"{len(subjects)} {args.trajectory} trajectories, {events} diverged for at least {args.sustained} steps; "
+    what = (f"had a first loss spike (> {args.spike_factor:g} x the smallest loss before it; exploratory)"
+            if args.event == "spike" else f"diverged for at least {args.sustained} steps")
+    out.append(f"{len(subjects)} {args.trajectory} trajectories, {events} {what}; "
                f"window [D - {args.gap + args.length}, D - {args.gap}), burn-in {args.burn_in}, risk sets by lr")
     results = []
     for q, label in QUANTITIES:
@@ -152,7 +180,8 @@ def report(subjects, args):
     for q, label, rows, left_out, mean, p in results:
         out.append("")
         out.append(f"{label} (`{q}`), per event:")
-        out.append("| run | lr | diverged at | its window median | risk-set median | at risk | percentile |")
+        out.append(f"| run | lr | {'spiked' if args.event == 'spike' else 'diverged'} at | its window median | "
+                   "risk-set median | at risk | percentile |")
         out.append("|---|---|---|---|---|---|---|")
         for rid, lr, time, mine, med, n, pc in rows:
             out.append(f"| {rid} | {lr} | {time} | {mine:.4g} | {med:.4g} | {n} | {pc:.3f} |")
@@ -171,16 +200,17 @@ def figure(subjects, args, path):
             pts = series[q]
             if not pts:
                 continue
-            xs = [s for s, _ in pts if not event or s <= time]
-            ys = [v for s, v in pts if not event or s <= time]
-            ax.plot(xs, ys, lw=0.7, alpha=0.8, color="tab:red" if event else "0.6")
+            shown = [(s, v) for s, v in pts if not event or s <= time]  # up to the divergence
+            ax.plot([s for s, _ in shown], [v for _, v in shown], lw=0.7, alpha=0.8,
+                    color="tab:red" if event else "0.6")
         if q == "cross_ratio_sq_avg":
             ax.axhline(2.0, color="k", ls="--", lw=0.8)
             ax.set_yscale("log")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")
     axes[0].set_ylabel(f"{args.trajectory} trajectory")
-    fig.suptitle(f"red: diverged (≥ {args.sustained} steps), drawn up to the divergence; grey: did not", fontsize=9)
+    what = "first loss spike" if args.event == "spike" else f"diverged (≥ {args.sustained} steps)"
+    fig.suptitle(f"red: {what}, drawn up to that step; grey: none", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
@@ -194,6 +224,11 @@ def main(argv=None):
     ap.add_argument("--gap", type=int, default=500)
     ap.add_argument("--length", type=int, default=1000)
     ap.add_argument("--burn-in", type=int, default=1000)
+    ap.add_argument("--event", choices=("divergence", "spike"), default="divergence",
+                    help="the event: a sustained divergence (default, the pre-registered test) or the first "
+                         "loss spike (exploratory)")
+    ap.add_argument("--spike-factor", type=float, default=10.0,
+                    help="--event spike: a loss above this times the smallest loss before it (default 10)")
     ap.add_argument("--figure")
     args = ap.parse_args(argv)
     for name in ("sustained", "gap", "burn_in"):
@@ -201,10 +236,12 @@ def main(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.length <= 0:
         ap.error("--length must be positive")
+    if args.spike_factor <= 1:
+        ap.error("--spike-factor must be > 1")
     dirs = []
     for d in args.dirs:
         dirs.extend(sorted(glob.glob(d)) or [d])
-    subjects = load(dirs, args.trajectory, args.sustained)
+    subjects = load(dirs, args.trajectory, args.sustained, args.event, args.spike_factor)
     text, _ = report(subjects, args)
     print(text)
     if args.figure:

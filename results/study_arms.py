@@ -115,8 +115,14 @@ def per_arm(runs, sustained=0):
     return out
 
 
+def references(reference):
+    """The comparison arms: FP32, then the reference when it is another arm (--reference fp32
+    compares with FP32 once, not twice)."""
+    return list(dict.fromkeys(("fp32", reference)))
+
+
 def arm_order(arms, ref=REFERENCE):
-    first = [a for a in ("fp32", ref) if a in arms]
+    first = [a for a in references(ref) if a in arms]
     return first + sorted(a for a in arms if a not in first)
 
 
@@ -137,7 +143,7 @@ def comparisons(stats, outcome, reference=REFERENCE):
     arms = arm_order(stats, reference)
     lines = [f"| comparison | {('diverged', 'degraded')[outcome]} | Fisher p (Holm) | seeds only a / only ref | "
              "McNemar p (Holm) |", "|---|---|---|---|---|"]
-    for ref in ("fp32", reference):
+    for ref in references(reference):
         if ref not in stats:
             continue
         others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
@@ -237,7 +243,7 @@ def logrank_tests(subj, reference=REFERENCE):
 
     arms = arm_order(subj, reference)
     out = {}
-    for ref in ("fp32", reference):
+    for ref in references(reference):
         if ref not in subj:
             continue
         others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
@@ -289,7 +295,8 @@ def sensitivity(runs, windows, reference=REFERENCE):
         tests = logrank_tests(subj, reference)
         cols[w] = (subj, {ref: {a: q for a, _, _, q in rows} for ref, rows in tests.items()})
     arms = arm_order(cols[windows[0]][0], reference)
-    head = "| arm | " + " | ".join(f"W = {w}: events; p vs fp32, vs {reference}" for w in windows) + " |"
+    refs = references(reference)
+    head = "| arm | " + " | ".join(f"W = {w}: events; p vs " + ", vs ".join(refs) for w in windows) + " |"
     lines = [head, "|---|" + "---|" * len(windows)]
     fmt = lambda q: "–" if q is None or q != q else f"{q:.2g}{'*' if q < 0.05 else ''}"
     for a in arms:
@@ -297,7 +304,7 @@ def sensitivity(runs, windows, reference=REFERENCE):
         for w in windows:
             subj, q = cols[w]
             e = subj[a][1]
-            cells.append(f"{sum(e)}/{len(e)}; {fmt(q.get('fp32', {}).get(a))}, {fmt(q.get(reference, {}).get(a))}")
+            cells.append(f"{sum(e)}/{len(e)}; " + ", ".join(fmt(q.get(r, {}).get(a)) for r in refs))
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -20,23 +20,25 @@ def mod():
 
 
 def write_dir(d, runs, steps=5000, every=50):
-    """runs: [(run_id, lr, divergence_step, zeta(step), gamma(step))]; the fp32 trajectory of each
-    run never diverges and carries other values (it must not be read for --trajectory mx)."""
+    """runs: [(run_id, lr, divergence_step, zeta(step), gamma(step)[, loss(step)])] (loss 0.01
+    unless given); the fp32 trajectory of each run never diverges and carries other values (it
+    must not be read for --trajectory mx)."""
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "runs.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(RUN_COLS)
-        for rid, lr, div, zeta, gamma in runs:
+        for rid, lr, div, *_ in runs:
             w.writerow([rid, 1, lr, "fp32", "trajectory", 0, "", -1, -1, steps])
             w.writerow([rid, 1, lr, "mx", "trajectory", 0, "", div, -1, steps])
-        for rid, lr, div, zeta, gamma in runs:
+        for rid, lr, div, zeta, gamma, *rest in runs:
+            loss = rest[0] if rest else const(0.01)
             with open(os.path.join(d, f"series_{rid}.csv"), "w", newline="") as sf:
                 sw = csv.writer(sf)
                 sw.writerow(SERIES_COLS)
                 for s in range(0, steps + 1, every):
-                    sw.writerow(["fp32", s, 0.01, 0.1, "nan", "nan", "nan", 99.0, 0, 0])
+                    sw.writerow(["fp32", s, 5.0 if s == 2000 else 0.01, 0.1, "nan", "nan", "nan", 99.0, 0, 0])
                     z = "nan" if s == 0 else zeta(s)
-                    sw.writerow(["mx", s, 0.01, 0.1, 1.0, 0.5, z, gamma(s), 0, 0])
+                    sw.writerow(["mx", s, loss(s), 0.1, 1.0, 0.5, z, gamma(s), 0, 0])
 
 
 def const(v):
@@ -110,3 +112,34 @@ def test_cli_prints_the_table_and_draws_the_figure(mod, tmp_path, capsys):
         mod.main([d, "--length", "0"])
     with pytest.raises(SystemExit):  # the same run in two directories
         mod.main([d, d])
+
+
+def test_first_spike_by_hand(mod):
+    losses = [(0, 1.0), (50, 0.5), (100, 0.2), (150, 1.9), (200, 2.1), (250, 9.0)]
+    assert mod.first_spike(losses, 10) == 200  # 2.1 > 10 x 0.2; 1.9 is not
+    assert mod.first_spike(losses, 5) == 150
+    assert mod.first_spike(losses[:4], 10) is None
+    assert mod.first_spike([], 10) is None
+
+
+def test_spike_events_replace_divergences(mod, tmp_path, capsys):
+    # a: loss 0.01, 0.2 from step 3000 on (a spike at 3000), never diverges; b: diverges at 3500
+    # but never spikes (its divergence is not an event here); c: neither. The fp32 trajectory
+    # spikes at 2000 and must not be read. Window of a: [1500, 2500): a 3.0 vs b 2.0, c 4.0 -> 0.5.
+    d = str(tmp_path / "s")
+    write_dir(d, [("a", "0.0005", -1, const(3.0), const(0.9), lambda s: 0.2 if s >= 3000 else 0.01),
+                  ("b", "0.0005", 3500, const(2.0), const(0.1)), ("c", "0.0005", -1, const(4.0), const(0.1))])
+    subjects = {x[0]: x for x in mod.load([d], "mx", 500, "spike", 10.0)}
+    assert {k: v[2:4] for k, v in subjects.items()} == {"a": (True, 3000), "b": (False, 5000), "c": (False, 5000)}
+    rows, _, mean, _ = mod.analyse(list(subjects.values()), "cross_ratio_sq_avg", 500, 1000, 1000)
+    assert [(r[0], r[5], r[6]) for r in rows] == [("a", 2, 0.5)]
+    rows, _, mean, _ = mod.analyse(list(subjects.values()), "gamma_lastbin_max", 500, 1000, 1000)
+    assert mean == 1.0
+    mod.main([d, "--event", "spike"])
+    out = capsys.readouterr().out
+    assert "3 mx trajectories, 1 had a first loss spike (> 10 x the smallest loss before it; exploratory)" in out
+    assert "| run | lr | spiked at |" in out
+    mod.main([d, "--event", "spike", "--spike-factor", "30"])  # 0.2 < 30 x 0.01: no event
+    assert "3 mx trajectories, 0 had a first loss spike (> 30 x" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.main([d, "--event", "spike", "--spike-factor", "1"])

@@ -163,6 +163,13 @@ def test_split_prefix_reference_and_horizon(mod, tmp_path, capsys):
     assert mod.REFERENCE == "floor_away"  # main() leaves the module's default as it was
     assert (tmp_path / "m_optimizer.lr=0.0005.png").stat().st_size > 5000
     assert (tmp_path / "m_optimizer.lr=0.0006.png").stat().st_size > 5000
+    # --reference fp32: every arm compared with FP32 once, each arm listed once.
+    assert mod.main(["--dir", str(tmp_path), "--prefix", "summary_fresh_shard", "--split", "optimizer.lr",
+                     "--reference", "fp32", "--sensitivity", "0,100"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| floor_even vs fp32 | 2/2 vs 0/2 |") == 2  # at 6e-4: the diverged and degraded tables
+    assert out.count("\n| fp32 | 2 |") == 4  # per lr: the per-arm and Kaplan-Meier tables, once each
+    assert "W = 0: events; p vs fp32 |" in out and "vs fp32, vs fp32" not in out
 
 
 def test_seed_effect_by_hand(mod):

@@ -130,12 +130,18 @@ LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps
   if (cfg.log.bias_every <= 0) cfg.log.bias_every = cfg.log.log_every;
   cfg.log.log_every = 1;
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid());
-  fs::create_directories(dir);
+  struct TempDir {  // removed however the profile ends (after the run file below is closed)
+    fs::path path;
+    ~TempDir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } dir{fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid())};
+  fs::create_directories(dir.path);
   LogProfile p;
   p.bias_every = std::max(1, cfg.log.bias_every);
-  try {
-    std::unique_ptr<RunFile> file = RunFile::create((dir / "bench.h5").string(), Attrs{});
+  {
+    std::unique_ptr<RunFile> file = RunFile::create((dir.path / "bench.h5").string(), Attrs{});
     Trainer tr(cfg, be, *file);
     tr.open_output();
     tr.run(RunControl{}, warmup);
@@ -159,13 +165,7 @@ LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps
     });
     p.clocked_ms = timed(warmup + 2 * steps);
     for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % p.bias_every == 0;
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    throw;
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return p;
 }
 

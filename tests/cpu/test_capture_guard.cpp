@@ -14,14 +14,19 @@ namespace {
 using mxlab::cuda::CaptureHold;
 using mxlab::cuda::ResourceSection;
 
+// Another thread that takes a ResourceSection and then sets `entered`.
+std::thread enter_section_in_another_thread(std::atomic<bool>& entered) {
+  return std::thread([&entered] {
+    ResourceSection rs;
+    entered = true;
+  });
+}
+
 TEST(CaptureGuard, AnotherThreadsResourceCallWaitsForTheCaptureToEnd) {
   CaptureHold capture;
   capture.acquire();
   std::atomic<bool> entered{false};
-  std::thread other([&] {
-    ResourceSection rs;
-    entered = true;
-  });
+  std::thread other = enter_section_in_another_thread(entered);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(entered.load()) << "a resource section ran while another thread was capturing";
   capture.release();
@@ -77,10 +82,7 @@ TEST(CaptureGuard, SectionsNestAndReleaseTheGuard) {
     EXPECT_TRUE(capture.held());
   }  // the hold's destructor releases it
   std::atomic<bool> entered{false};
-  std::thread other([&] {
-    ResourceSection rs;
-    entered = true;
-  });
+  std::thread other = enter_section_in_another_thread(entered);
   other.join();  // would hang if any of the above had left the guard taken
   EXPECT_TRUE(entered.load());
 }
