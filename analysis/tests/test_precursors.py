@@ -143,3 +143,32 @@ def test_spike_events_replace_divergences(mod, tmp_path, capsys):
     assert "3 mx trajectories, 0 had a first loss spike (> 30 x" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         mod.main([d, "--event", "spike", "--spike-factor", "1"])
+
+
+def test_readme_section_11_is_what_the_committed_series_give(mod, capsys):
+    """results/README.md section 11's precursor table (pre-registered test) and the numbers it
+    quotes from the exploratory first-spike test are precursors.py's output over the committed
+    code-faithful series."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    series = os.path.join(root, "results", "code_faithful_20k", "series_code_faithful_20k_shard*")
+    readme = open(os.path.join(root, "results", "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("## 11. "):readme.index("## Not done")].replace("**", "")
+    mod.main([series])
+    out = capsys.readouterr().out
+    assert "24 mx trajectories, 13 diverged for at least 500 steps" in out
+    for label, short in (("ζ² running average (Fig. 5)", "ζ² running average (Fig. 5)"),
+                         ("γ last-bin fraction, worst layer (Fig. 3)", "γ last-bin fraction, worst layer (Fig. 3)")):
+        n, mean, p, holm = re.search(rf"^\| {re.escape(label)} \| (\d+) \| ([0-9.]+) \| ([0-9.e-]+) \| ([0-9.e-]+) \|",
+                                     out, re.M).groups()
+        row = f"| {short} | {n} | {mean} | {float(p):.2g} | {float(holm):.2g} |"
+        assert row in section, row
+    mod.main([series, "--event", "spike"])
+    out = capsys.readouterr().out
+    assert "24 mx trajectories, 22 had a first loss spike" in out
+    assert "| ζ² running average (Fig. 5) | 21 | 0.527 | 0.729 |" in out
+    assert "| γ last-bin fraction, worst layer (Fig. 3) | 21 | 0.411 | 0.247 | 0.494 |" in out
+    assert "ζ²: mean percentile 0.53, p 0.73. γ: 0.41, p 0.25 (Holm 0.49)" in section
+    assert "22 of the 24 MX trajectories spike and 14 of the 24 FP32 ones do" in section
+    mod.main([series, "--event", "spike", "--trajectory", "fp32"])
+    assert "24 fp32 trajectories, 14 had a first loss spike" in capsys.readouterr().out

@@ -264,3 +264,41 @@ def test_sustained_divergence_window(mod, tmp_path, capsys):
         mod.main(["--dir", str(tmp_path), "--sensitivity", "0,x"])
     with pytest.raises(SystemExit, match=">= 0"):
         mod.main(["--dir", str(tmp_path), "--sustained", "-5"])
+
+
+def _half_up(x, places="0.01"):
+    from decimal import ROUND_HALF_UP, Decimal
+    return str(Decimal(x).quantize(Decimal(places), rounding=ROUND_HALF_UP))
+
+
+@pytest.mark.parametrize("study,reference", [("fresh_seeds_20k", "floor_away"), ("code_faithful_20k", "mx")])
+def test_readme_section_11_is_what_the_committed_csvs_give(mod, capsys, study, reference):
+    """results/README.md section 11's condensed tables (one row per lr and arm: diverged and
+    degraded with Wilson intervals, S(20000) and its band to 2 places, the Holm-adjusted log-rank
+    p against FP32 at W = 0 / 100 / 500 / 1000 and the events at W = 1000) are study_arms.py's
+    output over the committed part-M summaries."""
+    import re
+    args = ["--dir", os.path.join(ROOT, "results", study), "--prefix", f"summary_{study}_shard",
+            "--split", "optimizer.lr", "--sensitivity", "0,100,500,1000", "--reference", reference]
+    assert mod.main(args) == 0
+    out = capsys.readouterr().out
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("## 11. "):readme.index("## Not done")].replace("**", "")
+    rows = 0
+    for part in out.split("## optimizer.lr = ")[1:]:
+        lr = {"0.0005": "5e-4", "0.0006": "6e-4"}[part.split("\n", 1)[0].strip()]
+        arms = re.findall(r"^\| (\w+) \| 20 \| (\d+/20 \([0-9.–]+\)) \| (\d+/20 \([0-9.–]+\)) \|", part, re.M)
+        km = dict(re.findall(r"^\| (\w+) \| 20 \| \d+ \| 0 \| ([0-9.]+ \([0-9.–]+\)) \|", part, re.M))
+        sens = part.split("Sensitivity to the sustained-divergence window W")[1]
+        assert arms and len(km) == len(arms)
+        for arm, div, deg in arms:
+            s, lo, hi = re.match(r"([0-9.]+) \(([0-9.]+)–([0-9.]+)\)", km[arm]).groups()
+            cells = re.search(rf"^\| {arm} \| (.*) \|$", sens, re.M).group(1).split(" | ")
+            ps = [c.split("; ")[1].split(",")[0].rstrip("*") for c in cells]
+            events = cells[-1].split("/")[0]
+            p_text = "–" if arm == "fp32" else " / ".join(ps)
+            row = (f"| {lr} | {arm} | {div} | {deg} | {_half_up(s)} ({_half_up(lo)}–{_half_up(hi)}) | "
+                   f"{p_text} ({events}) |")
+            assert row in section, row
+            rows += 1
+    assert rows == (8 if study == "fresh_seeds_20k" else 4)
