@@ -157,11 +157,10 @@ def test_readme_section_11_is_what_the_committed_series_give(mod, capsys):
     mod.main([series])
     out = capsys.readouterr().out
     assert "24 mx trajectories, 13 diverged for at least 500 steps" in out
-    for label, short in (("ζ² running average (Fig. 5)", "ζ² running average (Fig. 5)"),
-                         ("γ last-bin fraction, worst layer (Fig. 3)", "γ last-bin fraction, worst layer (Fig. 3)")):
+    for _, label in mod.QUANTITIES:
         n, mean, p, holm = re.search(rf"^\| {re.escape(label)} \| (\d+) \| ([0-9.]+) \| ([0-9.e-]+) \| ([0-9.e-]+) \|",
                                      out, re.M).groups()
-        row = f"| {short} | {n} | {mean} | {float(p):.2g} | {float(holm):.2g} |"
+        row = f"| {label} | {n} | {mean} | {float(p):.2g} | {float(holm):.2g} |"
         assert row in section, row
     mod.main([series, "--event", "spike"])
     out = capsys.readouterr().out
