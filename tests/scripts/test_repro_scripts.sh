@@ -104,6 +104,36 @@ rm -f "$tmp/calls.log"
 grep -q "^stub run experiments/paper/fresh_seeds_20k.yaml .*--shard 3/10\$" "$tmp/calls.log" &&
   [ -f "$tmp/dpout/part_M.tgz" ] && [ -f "$tmp/dpwork/logs/part_M.log" ] ||
   { echo "FAIL: device_parts.sh did not run part M with MXLAB_PART_BIN in MXLAB_PARTS_WORK"; cat "$tmp/dplog"; fail=1; }
+# device_queue.sh: part-M shards queued per GPU, each on its GPU (CUDA_VISIBLE_DEVICES) with its
+# own shard and study, one after another within a queue; one tarball back; a shard without
+# enough time left is skipped and said so; a malformed queue or unknown study is refused.
+cp "$ROOT/bench/device_queue.sh" "$dp/bench/"
+cat > "$tmp/mxlabQ" <<'STUB'
+#!/usr/bin/env bash
+echo "gpu${CUDA_VISIBLE_DEVICES:-none} $*" >> "$(dirname "$0")/callsQ.log"
+exit 0
+STUB
+chmod +x "$tmp/mxlabQ"
+(cd "$dp" && MXLAB_QUEUE_WORK="$tmp/qwork" MXLAB_PART_BIN="$tmp/mxlabQ" \
+   bash bench/device_queue.sh "$tmp/qout" 400 0=fresh_seeds_20k:3,code_faithful_20k:4 1=fresh_seeds_20k:5 > "$tmp/qlog" 2>&1)
+for want in "gpu0 run experiments/paper/fresh_seeds_20k.yaml --out runs/M/fresh_seeds_20k_shard3of10 .*--shard 3/10$" \
+            "gpu0 run experiments/paper/code_faithful_20k.yaml --out runs/M/code_faithful_20k_shard4of10 .*--shard 4/10$" \
+            "gpu1 run experiments/paper/fresh_seeds_20k.yaml --out runs/M/fresh_seeds_20k_shard5of10 .*--jobs 4 --shard 5/10$"; do
+  grep -q "^$want" "$tmp/callsQ.log" || { echo "FAIL: device_queue.sh made no call '$want'"; cat "$tmp/callsQ.log" "$tmp/qlog"; fail=1; }
+done
+tar tzf "$tmp/qout/queue.tgz" > "$tmp/qlist" 2>&1
+for f in out/fresh_seeds_20k_3/part_M.tgz out/code_faithful_20k_4/logs.tgz out/fresh_seeds_20k_5/part_M.tgz out/queue_gpu0.log; do
+  grep -qx "$f" "$tmp/qlist" || { echo "FAIL: queue.tgz lacks $f"; cat "$tmp/qlist"; fail=1; }
+done
+rm -f "$tmp/callsQ.log"
+out=$(cd "$dp" && MXLAB_QUEUE_WORK="$tmp/qwork2" MXLAB_PART_BIN="$tmp/mxlabQ" \
+      bash bench/device_queue.sh "$tmp/qout2" 100 2=fresh_seeds_20k:6 2>&1)
+echo "$out" | grep -q "== GPU 2: fresh_seeds_20k shard 6 skipped: [0-9]* s left (< 200)" &&
+  [ ! -e "$tmp/callsQ.log" ] || { echo "FAIL: device_queue.sh did not skip a shard with 100 s left"; echo "$out"; fail=1; }
+for bad in "0=fresh:1" "0fresh_seeds_20k:1"; do
+  (cd "$dp" && bash bench/device_queue.sh "$tmp/qout3" 100 "$bad" > /dev/null 2>&1)
+  [ $? -eq 2 ] || { echo "FAIL: device_queue.sh accepted '$bad'"; fail=1; }
+done
 # Part L: each jump file's runs, over the GPUs, then mxlab eval at the file's snapshot step for
 # every run file that exists. A second stand-in answers dump-config / plan and writes run files.
 cat > "$tmp/mxlabL" <<'STUB'
