@@ -88,11 +88,12 @@ def load(dirs, trajectory, sustained, event_kind="divergence", spike_factor=10.0
                 for s in csv.DictReader(f):
                     if s["trajectory"] != trajectory:
                         continue
-                    losses.append((int(s["step"]), float(s["loss"])))
+                    step = int(s["step"])
+                    losses.append((step, float(s["loss"])))
                     for q, _ in QUANTITIES:
                         v = float(s[q])
                         if v == v:  # not NaN (no shadow pass yet)
-                            series[q].append((int(s["step"]), v))
+                            series[q].append((step, v))
             if event_kind == "spike":
                 spike = first_spike(sorted(losses), spike_factor)
                 event, time = (True, spike) if spike is not None else (False, int(r["steps_run"]))

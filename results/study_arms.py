@@ -121,6 +121,12 @@ def references(reference):
     return list(dict.fromkeys(("fp32", reference)))
 
 
+def compared_with(arms, ref, reference):
+    """The arms tested against `ref`: every other one, except FP32 against the reference (that
+    pair is already FP32's family)."""
+    return [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
+
+
 def arm_order(arms, ref=REFERENCE):
     first = [a for a in references(ref) if a in arms]
     return first + sorted(a for a in arms if a not in first)
@@ -146,7 +152,7 @@ def comparisons(stats, outcome, reference=REFERENCE):
     for ref in references(reference):
         if ref not in stats:
             continue
-        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
+        others = compared_with(arms, ref, reference)
         fp = [fisher_two_sided(stats[a][key], stats[a]["n"], stats[ref][key], stats[ref]["n"]) for a in others]
         pairs = [paired(stats, a, ref, outcome) for a in others]
         mp = [mcnemar_exact(b, c) for b, c in pairs]
@@ -246,7 +252,7 @@ def logrank_tests(subj, reference=REFERENCE):
     for ref in references(reference):
         if ref not in subj:
             continue
-        others = [a for a in arms if a != ref and not (ref == reference and a == "fp32")]
+        others = compared_with(arms, ref, reference)
         res = [logrank((subj[a][0], subj[a][1], [0] * len(subj[a][0])),
                        (subj[ref][0], subj[ref][1], [0] * len(subj[ref][0]))) for a in others]
         adj = iter(holm([p for _, p in res if p == p]))
