@@ -410,6 +410,36 @@ class CudaBackend final : public Backend {
     download(&v, p, 1);
     return v;
   }
+  // Deferred results: the reductions write into a device queue on lane 0 (after the lanes join,
+  // as reduce() does) and nothing waits until take_deferred(). A full queue is moved to the host
+  // first (one synchronisation), so it never grows while results are pending.
+  void reduce_deferred(const Reduction* reqs, size_t count) override {
+    ctx();
+    refuse_in_capture("reduce_deferred");
+    join();
+    for (size_t first = 0; first < count; first += kHostResults) {
+      const size_t m = std::min<size_t>(kHostResults, count - first);
+      double* scratch = lane_scratch(reduce_scratch_doubles(reqs + first, m));
+      launch_reduce(reqs + first, m, scratch, deferred_slots(m), cur());
+      deferred_n_ += m;
+    }
+  }
+  void defer_scalar(const float* p) override {
+    ctx();
+    refuse_in_capture("defer_scalar");
+    join();
+    launch_widen_scalar(p, deferred_slots(1), cur());
+    deferred_n_ += 1;
+  }
+  std::vector<double> take_deferred() override {
+    ctx();
+    refuse_in_capture("take_deferred");
+    join();
+    spill_deferred();
+    std::vector<double> out;
+    out.swap(deferred_spilled_);
+    return out;
+  }
   void moments(const float* x, size_t n, double out[4]) override {
     ctx();
     refuse_in_capture("moments");
@@ -568,6 +598,7 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kHostResults = 1024;  // doubles per reduce batch read back
+  static constexpr size_t kDeferred = 1 << 16;   // doubles of the device queue of deferred results
 
   // Make this backend's device current for the calling thread (runs on several GPUs of one
   // host may live in one process).
@@ -622,6 +653,22 @@ class CudaBackend final : public Backend {
     return stats_.get() + static_cast<int64_t>(slot) * kStatWords;
   }
 
+  // Room for m more deferred results on the device (moving the queue to the host when full).
+  double* deferred_slots(size_t m) {
+    if (deferred_.size() == 0) deferred_.reset(kDeferred);
+    if (deferred_n_ + m > kDeferred) spill_deferred();
+    return deferred_.get() + deferred_n_;
+  }
+  void spill_deferred() {
+    if (deferred_n_ == 0) return;
+    const size_t at = deferred_spilled_.size();
+    deferred_spilled_.resize(at + deferred_n_);
+    MXLAB_CUDA_CHECK(cudaMemcpyAsync(deferred_spilled_.data() + at, deferred_.get(), deferred_n_ * sizeof(double),
+                                     cudaMemcpyDeviceToHost, lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(lanes_[0].stream));
+    deferred_n_ = 0;
+  }
+
   void read_results(size_t m, double* out) {
     MXLAB_CUDA_CHECK(cudaMemcpyAsync(h_results_, results_.get(), m * sizeof(double), cudaMemcpyDeviceToHost,
                                      lanes_[0].stream));
@@ -662,6 +709,9 @@ class CudaBackend final : public Backend {
 
   std::vector<void*> buffers_;
   DeviceArray<double> results_;
+  DeviceArray<double> deferred_;          // reduce_deferred / defer_scalar, not yet taken
+  size_t deferred_n_ = 0;                 // doubles queued in deferred_
+  std::vector<double> deferred_spilled_;  // queued results already moved to the host
   double* h_results_ = nullptr;
   DeviceArray<unsigned long long> stats_;
   int stat_capacity_ = 0;

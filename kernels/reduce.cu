@@ -284,6 +284,15 @@ void launch_col_sum_ln(const float* dy, const float* xhat, float* dgamma, float*
   col_sum_impl<true>(dy, xhat, dbeta, dgamma, rows, d, scratch, s, dy_in);
 }
 
+namespace {
+__global__ void widen_scalar_kernel(const float* x, double* out) { *out = static_cast<double>(*x); }
+}  // namespace
+
+void launch_widen_scalar(const float* x, double* d_out, cudaStream_t s) {
+  widen_scalar_kernel<<<1, 1, 0, s>>>(x, d_out);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
 int64_t moments_scratch_doubles(int64_t n) { return 3 * std::max(1, partition_1d(n).blocks); }
 
 void launch_moments(const float* x, int64_t n, double* scratch, double* d_out, cudaStream_t s) {

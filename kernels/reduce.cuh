@@ -34,6 +34,9 @@ void launch_col_sum(const float* x, float* out, int64_t rows, int64_t d, double*
 void launch_col_sum_ln(const float* dy, const float* xhat, float* dgamma, float* dbeta, int64_t rows, int64_t d,
                        double* scratch, cudaStream_t s, const ElementwiseRound& dy_in = ElementwiseRound{});
 
+// ---- *d_out = (double) *x: a float's value queued with deferred results (Backend::defer_scalar) ----
+void launch_widen_scalar(const float* x, double* d_out, cudaStream_t s);
+
 // ---- moments: d_out[0..4) = min, max, mean, population std of x[0..n) ----
 // Scratch: moments_scratch_doubles(n).
 int64_t moments_scratch_doubles(int64_t n);

@@ -191,6 +191,15 @@ class Backend {
   virtual void reduce(const Reduction* reqs, size_t count, double* results) = 0;
   // Read a float from backend memory.
   virtual float read_scalar(const float* p) = 0;
+  // Deferred results (no synchronisation until take_deferred): reduce_deferred queues the
+  // reductions' results and defer_scalar a float's value (as a double), both in call order;
+  // take_deferred returns everything queued since the last take, in that order, with one
+  // synchronisation, and empties the queue. The values equal reduce()'s and read_scalar()'s at
+  // the time of the call (later writes to the inputs do not change them). Not in a capture.
+  // The default (host backends) computes them at once.
+  virtual void reduce_deferred(const Reduction* reqs, size_t count);
+  virtual void defer_scalar(const float* p);
+  virtual std::vector<double> take_deferred();
   // min, max, mean, std (population) of x[0..n): gamma statistics.
   virtual void moments(const float* x, size_t n, double out[4]) = 0;
   // Quantization statistics slots: counts accumulated by quantize()/gemm() since reset.
@@ -307,6 +316,9 @@ class Backend {
                            int64_t col0);
   virtual void heads_merge(const float* heads, float* x, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
                            int64_t col0);
+
+ private:
+  std::vector<double> deferred_host_;  // the default deferred results (reduce_deferred)
 };
 
 // Backends are created by device string with make_backend (lab/backends/backends.h), which

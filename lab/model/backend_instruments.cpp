@@ -1,6 +1,7 @@
 // Default implementations of the stability-instrument ops of the Backend interface (backend.h,
 // "stability instruments"): a backend that does not override them cannot measure curvature or
-// quantization gaps, and says so in one line instead of failing to compile.
+// quantization gaps, and says so in one line instead of failing to compile. Also the deferred
+// results' default (reductions and scalars computed at once).
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 
@@ -34,6 +35,19 @@ void Backend::loss_kl_tangent(const float*, const float*, float*, int64_t, int64
 }
 Backend::QuantGap Backend::quant_gap(const float*, int64_t, int64_t, Axis, const QuantSpec&, bool, Rounding) {
   unsupported(*this, "quant_gap");
+}
+
+// Deferred results, computed at once: a host backend has nothing to overlap.
+void Backend::reduce_deferred(const Reduction* reqs, size_t count) {
+  const size_t at = deferred_host_.size();
+  deferred_host_.resize(at + count);
+  if (count) reduce(reqs, count, deferred_host_.data() + at);
+}
+void Backend::defer_scalar(const float* p) { deferred_host_.push_back(static_cast<double>(read_scalar(p))); }
+std::vector<double> Backend::take_deferred() {
+  std::vector<double> out;
+  out.swap(deferred_host_);
+  return out;
 }
 
 }  // namespace mxlab

@@ -183,6 +183,7 @@ void Trainer::start_branches() {
     Trajectory& br = *traj_[i];
     if (br.started || br.start_step != step_) continue;
     const Trajectory& base = *traj_[static_cast<size_t>(br.source)];
+    flush_shadow();  // the branch starts from the arm's running averages, complete to this step
     if (base.stopped) {  // the arm died before the branch point: nothing to branch from
       br.stopped = true;
       continue;
@@ -363,16 +364,34 @@ void Trainer::shadow_only_metrics() {
     who.push_back(t.get());
   }
   if (req.empty()) return;
-  std::vector<double> r(req.size());
-  be_.reduce(req.data(), req.size(), r.data());
-  for (size_t k = 0; k < who.size(); ++k) {
-    const double* v = &r[7 * k];
-    const double nan3[3] = {kNaN, kNaN, kNaN};
-    append_shadow_row(*who[k], shadow_scalars(*who[k], v, live(ref) ? v + 4 : nan3));
-  }
+  // Queued, not read: reading back here would stall the pipeline once per step (kernels/PERF.md).
+  be_.reduce_deferred(req.data(), req.size());
+  for (Trajectory* t : who) be_.defer_scalar(t->shadow_loss);
+  pending_shadow_.push_back({step_, std::move(who), live(ref)});
+  if (static_cast<int64_t>(pending_shadow_.size()) >= shadow_flush_every_) flush_shadow();
 }
 
-Trainer::ShadowScalars Trainer::shadow_scalars(Trajectory& tr, const double* sums, const double* cross) {
+void Trainer::flush_shadow() {
+  if (pending_shadow_.empty()) return;
+  const std::vector<double> v = be_.take_deferred();
+  size_t at = 0;
+  for (const PendingShadow& p : pending_shadow_) {
+    const size_t k = p.who.size();
+    MXLAB_ASSERT(at + 8 * k <= v.size(), "deferred shadow results shorter than the queued steps");
+    const double* sums = v.data() + at;  // 7 sums per trajectory, then one FP32 loss each
+    for (size_t j = 0; j < k; ++j) {
+      const double* s7 = sums + 7 * j;
+      const double nan3[3] = {kNaN, kNaN, kNaN};
+      append_shadow_row(*p.who[j], shadow_scalars(*p.who[j], s7, p.ref_live ? s7 + 4 : nan3, sums[7 * k + j]), p.step);
+    }
+    at += 8 * k;
+  }
+  MXLAB_ASSERT(at == v.size(), "deferred shadow results longer than the queued steps");
+  pending_shadow_.clear();
+}
+
+Trainer::ShadowScalars Trainer::shadow_scalars(Trajectory& tr, const double* sums, const double* cross,
+                                               double fp32_loss) {
   const double gs = sums[0], ss = sums[1], dd = sums[2], gg = sums[3];
   ShadowScalars o;
   o.bias_ratio = std::sqrt(safe_ratio(dd, ss));
@@ -385,7 +404,7 @@ Trainer::ShadowScalars Trainer::shadow_scalars(Trajectory& tr, const double* sum
   o.eps_perp = std::isfinite(o.eps_par) ? std::sqrt(std::max(0.0, dd - o.eps_par * o.eps_par)) : kNaN;
   o.cross_ratio_sq = safe_ratio(cross[1], cross[2]);
   o.cross_ratio = std::sqrt(o.cross_ratio_sq);
-  o.fp32_loss = be_.read_scalar(tr.shadow_loss);
+  o.fp32_loss = fp32_loss;
   const double beta = cfg_.log.bias_avg_beta;
   if (std::isfinite(o.bias_ratio)) {
     tr.bias_avg = beta * tr.bias_avg + (1.0 - beta) * o.bias_ratio;
@@ -398,10 +417,10 @@ Trainer::ShadowScalars Trainer::shadow_scalars(Trajectory& tr, const double* sum
   return o;
 }
 
-void Trainer::append_shadow_row(Trajectory& tr, const ShadowScalars& s) {
+void Trainer::append_shadow_row(Trajectory& tr, const ShadowScalars& s, int64_t step) {
   if (tr.muted) return;
   MetricRow row;
-  row.step = step_;
+  row.step = step;
   row.axis = "shadow_step";
   row.add("shadow_bias_ratio", s.bias_ratio);
   row.add("shadow_cosine", s.cosine);
@@ -488,8 +507,8 @@ void Trainer::log_metrics(bool shadow_step) {
           gtg[k] = std::sqrt(v[3]);
           for (int q = 0; q < 4; ++q) sums[q] += v[q];
         }
-        sh = shadow_scalars(tr, sums, cross);
-        append_shadow_row(tr, sh);
+        sh = shadow_scalars(tr, sums, cross, be_.read_scalar(tr.shadow_loss));
+        append_shadow_row(tr, sh, step_);
         phase("shadow row (with its sink write)");
       }
       const double br = sh.bias_ratio;
@@ -664,6 +683,8 @@ void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
 }
 
 void Trainer::step_once(bool log) {
+  // The log step's rows follow the queued ones, and its averages (and the curvature's) include them.
+  if (log || (curvature_ && step_ > 0 && step_ % cfg_.log.curvature_every == 0)) flush_shadow();
   start_branches();
   write_snapshots();
   if (curvature_ && step_ > 0 && step_ % cfg_.log.curvature_every == 0) measure_curvature();
@@ -698,8 +719,14 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
   // (a branch that had not logged yet) would lack their attributes.
   if (!output_open_) open_output();
   while (step_ < end) {
-    if (ctl.stop_requested && ctl.stop_requested()) return "interrupted";
-    if (ctl.checkpoint && checkpoint_due(step_)) ctl.checkpoint(step_);
+    if (ctl.stop_requested && ctl.stop_requested()) {
+      flush_shadow();
+      return "interrupted";
+    }
+    if (ctl.checkpoint && checkpoint_due(step_)) {
+      flush_shadow();  // the checkpoint holds the running averages, the run file every row before it
+      ctl.checkpoint(step_);
+    }
     const bool log = (step_ % cfg_.log.log_every) == 0 || step_ == cfg_.steps - 1;
     step_once(log);
     if (log && ctl.progress) {
@@ -719,6 +746,7 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
       if (!t->stopped && !t->dormant && (t->started || t->start_step >= step_)) any_alive = true;
     if (!any_alive) break;
   }
+  flush_shadow();
   be_.synchronize();
   // The state after the last step, when a snapshot asks for it (snapshot_steps may hold `steps`).
   if (step_ == cfg_.steps) write_snapshots();

@@ -69,6 +69,10 @@ class Trainer {
   // one step). The callee synchronises the backend and charges the time since its previous
   // call to `phase`. Unlogged steps never call it. Empty (the default): no calls, no cost.
   void set_phase_clock(std::function<void(const char* phase)> clock) { phase_clock_ = std::move(clock); }
+  // Unlogged shadow steps queued per flush of their `shadow_*` rows (default 64; 1 turns each
+  // into rows at once, as before the queue existed). The rows and running averages do not
+  // depend on it.
+  void set_shadow_flush_every(int64_t steps) { shadow_flush_every_ = steps < 1 ? 1 : steps; }
 
   // ---- state for checkpoints (lab/train/checkpoint.h) ----
   // Restore the step counter (after restoring trajectory buffers and bookkeeping).
@@ -95,11 +99,17 @@ class Trainer {
   StepScalars scalars(int64_t t) const;
   PassPolicy pass_policy(const Trajectory& tr, bool collect, int index) const;
   void log_metrics(bool shadow_step);
+  // An unlogged shadow step's sums are queued on the backend (Backend::reduce_deferred) and
+  // turned into rows by flush_shadow(), in step order: every shadow_flush_every_ queued steps,
+  // and before anything reads the running averages or the run file (a log step, a branch start,
+  // a curvature measurement, a checkpoint, the run's end).
   void shadow_only_metrics();
-  // From the global sums g.s, s.s, (g-s)^2, g.g (g: applied gradient, s: shadow) and the cross
-  // sums g.f, (g-f)^2, f.f (f: the FP32 trajectory's gradient; NaN when it is not live).
-  ShadowScalars shadow_scalars(Trajectory& tr, const double* sums, const double* cross);
-  void append_shadow_row(Trajectory& tr, const ShadowScalars& s);
+  void flush_shadow();
+  // From the global sums g.s, s.s, (g-s)^2, g.g (g: applied gradient, s: shadow), the cross
+  // sums g.f, (g-f)^2, f.f (f: the FP32 trajectory's gradient; NaN when it is not live) and the
+  // FP32 loss at the MX weights.
+  ShadowScalars shadow_scalars(Trajectory& tr, const double* sums, const double* cross, double fp32_loss);
+  void append_shadow_row(Trajectory& tr, const ShadowScalars& s, int64_t step);
   int stats_base(int index) const;
   int train_lane(int j) const;   // lanes of the j-th live MX trajectory of a step
   int shadow_lane(int j) const;
@@ -135,6 +145,13 @@ class Trainer {
   int bias_every_ = 1;
   bool output_open_ = false;  // open_output() has declared the groups in the sink
   std::function<void(const char*)> phase_clock_;  // set_phase_clock
+  struct PendingShadow {  // an unlogged shadow step whose sums are queued on the backend
+    int64_t step;
+    std::vector<Trajectory*> who;  // its live MX trajectories, in queue order
+    bool ref_live;                 // the FP32 trajectory was live (else the cross sums are NaN)
+  };
+  std::vector<PendingShadow> pending_shadow_;
+  int64_t shadow_flush_every_ = 64;
   void phase(const char* name) {
     if (phase_clock_) phase_clock_(name);
   }

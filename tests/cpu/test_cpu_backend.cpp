@@ -242,6 +242,24 @@ TEST(CpuBackend, ColSumReduceMoments) {
   EXPECT_EQ(be->read_scalar(x + 5), 6.0f);
 }
 
+// Deferred results (Backend::reduce_deferred / defer_scalar / take_deferred): in call order, the
+// values at the time of the call, and an empty queue after each take.
+TEST(CpuBackend, DeferredResultsComeBackInOrderWithTheirValuesAtCallTime) {
+  auto be = make_cpu_backend();
+  float* x = put(*be, {1, 2, 3, 4, 5, 6});
+  float* y = put(*be, {1, 1, 1, 1, 1, 1});
+  const Reduction reqs[2] = {Reduction{Reduction::dot, x, x, 6}, Reduction{Reduction::diff_sq, x, y, 6}};
+  be->reduce_deferred(reqs, 2);
+  be->defer_scalar(x + 5);
+  be->fill(x, 0.0f, 6);  // later writes do not change what was queued
+  be->reduce_deferred(reqs, 1);
+  be->defer_scalar(x + 5);
+  EXPECT_EQ(be->take_deferred(), (std::vector<double>{91.0, 55.0, 6.0, 0.0, 0.0}));
+  EXPECT_TRUE(be->take_deferred().empty());
+  be->reduce_deferred(reqs, 0);
+  EXPECT_TRUE(be->take_deferred().empty());
+}
+
 // Adam, step 1 with bc1 = 1 - beta1 and bc2 = 1 - beta2 (as float): m = (1 - b1) g,
 // v = (1 - b2) g^2, so mhat = g = 0.5 and vhat = g^2 = 0.25 exactly; sqrt(vhat) + 1e-8 = 0.5
 // in float, and p = 1 - 0.1 * 0.5 / 0.5 = 1 - 0.1 (all of it exact in float but the last step).

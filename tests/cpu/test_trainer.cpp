@@ -287,6 +287,63 @@ TEST(Trainer, CheckpointResumeEqualsUninterrupted) {
   }
 }
 
+// The shadow rows of unlogged steps are queued on the backend and written at flushes (every
+// shadow_flush_every queued steps, and before log steps, branch starts, curvature, checkpoints
+// and the run's end): every row, its values and its place among the other rows are those of
+// writing each step at once (flush every 1), for a branch that starts between flushes too.
+TEST(Trainer, QueuedShadowRowsEqualRowsWrittenAtOnce) {
+  RunConfig cfg = tiny_config();
+  cfg.steps = 26;
+  cfg.log.log_every = 6;
+  cfg.log.bias_every = 1;
+  cfg.log.curvature_every = 10;
+  cfg.log.curvature_iters = 4;
+  InterventionConfig iv;
+  iv.name = "late";
+  iv.at = 15;
+  iv.apply = "to_fp32_keep_gamma_q";
+  cfg.interventions.push_back(iv);
+  auto run_with = [&](int64_t every) {
+    auto be = make_cpu_backend();
+    MemorySink sink;
+    Trainer tr(cfg, *be, sink);
+    tr.set_shadow_flush_every(every);
+    tr.open_output();
+    tr.finish(tr.run(RunControl{}));
+    return sink;
+  };
+  const MemorySink once = run_with(1);
+  size_t shadow_rows = 0;
+  int64_t last = -1;
+  for (const MetricRow& r : once.groups.at("trajectories/mx").rows) {
+    if (r.axis != "shadow_step") continue;
+    ++shadow_rows;
+    EXPECT_GT(r.step, last);
+    last = r.step;
+  }
+  EXPECT_EQ(shadow_rows, static_cast<size_t>(cfg.steps));  // bias_every 1: every step
+  for (int64_t every : {4, 64}) {
+    const MemorySink queued = run_with(every);
+    for (const char* g : {"trajectories/fp32", "trajectories/mx", "branches/late"}) {
+      SCOPED_TRACE(std::string(g) + ", flush every " + std::to_string(every));
+      expect_groups_identical(once, queued, g);
+      ASSERT_EQ(once.groups.at(g).rows.size(), queued.groups.at(g).rows.size());
+      for (size_t i = 0; i < once.groups.at(g).rows.size(); ++i)
+        ASSERT_EQ(once.groups.at(g).rows[i].axis, queued.groups.at(g).rows[i].axis) << i;
+    }
+  }
+  // A run stopped between flushes still writes its queued rows.
+  auto be = make_cpu_backend();
+  MemorySink stopped;
+  Trainer tr(cfg, *be, stopped);
+  tr.set_shadow_flush_every(64);
+  tr.open_output();
+  tr.run(RunControl{}, 9);
+  size_t rows_to_9 = 0;
+  for (const MetricRow& r : stopped.groups.at("trajectories/mx").rows) rows_to_9 += r.axis == "shadow_step";
+  EXPECT_EQ(rows_to_9, 9u);
+}
+
 TEST(Trainer, CorruptedOrForeignCheckpointsAreRefused) {
   const RunConfig cfg = tiny_config();
   char tmpl[] = "/tmp/mxlab-ckpt-XXXXXX";

@@ -518,6 +518,55 @@ TEST(CudaBackend, OptimizersMatchCpu) {
   }
 }
 
+// Deferred results: the same doubles as reduce() / read_scalar() at the time of each call, in
+// call order, across a spill of the device queue (more than its 65,536 doubles before a take),
+// while the inputs are overwritten in between; and what the CPU backend queues (to rounding).
+TEST(CudaBackend, DeferredResultsEqualImmediateOnesAcrossASpill) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  const int64_t n = 3 * 1031;  // small: the CPU twin repeats every reduction too
+  const std::vector<float> ah = normal(n, 501, 1.0f, 0.1f), bh = normal(n, 502, 2.0f);
+  Buf a = t.make(ah), b = t.make(bh);
+  std::vector<Reduction> rg, rc;
+  for (Reduction::Kind k : {Reduction::dot, Reduction::diff_sq}) {
+    rg.push_back(Reduction{k, a.g, b.g, n});
+    rc.push_back(Reduction{k, a.c, b.c, n});
+  }
+  std::vector<double> want;  // immediate results, interleaved as queued
+  std::vector<double> want_cpu;
+  const int rounds = 33000;  // 3 doubles per round: 99,000 queued, one spill
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 11000 == 0) {  // overwrite the inputs now and then: queued values must not change
+      const std::vector<float> nh = normal(n, 600 + r, 1.0f);
+      t.gpu->upload(a.g, nh.data(), nh.size());
+      t.cpu->upload(a.c, nh.data(), nh.size());
+      double now[2];
+      t.gpu->reduce(rg.data(), 2, now);
+      want.insert(want.end(), now, now + 2);
+      want.push_back(t.gpu->read_scalar(a.g + 7));
+      t.cpu->reduce(rc.data(), 2, now);
+      want_cpu.insert(want_cpu.end(), now, now + 2);
+      want_cpu.push_back(t.cpu->read_scalar(a.c + 7));
+    } else {
+      want.insert(want.end(), want.end() - 3, want.end());
+      want_cpu.insert(want_cpu.end(), want_cpu.end() - 3, want_cpu.end());
+    }
+    t.gpu->reduce_deferred(rg.data(), 2);
+    t.gpu->defer_scalar(a.g + 7);
+    t.cpu->reduce_deferred(rc.data(), 2);
+    t.cpu->defer_scalar(a.c + 7);
+  }
+  const std::vector<double> got = t.gpu->take_deferred(), got_cpu = t.cpu->take_deferred();
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(got_cpu, want_cpu);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "deferred result " << i;
+    if (i % 3 == 2) ASSERT_EQ(got[i], got_cpu[i]) << "scalar " << i;
+    else ASSERT_NEAR(got[i], got_cpu[i], 1e-9 * std::fabs(got_cpu[i]) + 1e-300) << "reduction " << i;
+  }
+  EXPECT_TRUE(t.gpu->take_deferred().empty());
+}
+
 TEST(CudaBackend, ReduceAndMomentsMatchCpu) {
   MXLAB_REQUIRE_GPU();
   Twin t;
