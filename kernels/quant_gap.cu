@@ -91,6 +91,86 @@ __global__ void __launch_bounds__(kBlock) gap_scalar_kernel(GapParams p) {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Folds 32 consecutive elements' (rel, flag), lane j holding element j, into a chunk's running
+// partials in index order (every lane ends with the same values).
+__device__ __forceinline__ void fold_window(double r, double f, int m, double& sum, double& mx, double& above,
+                                            double& cnt, double& bad) {
+  for (int j = 0; j < m; ++j) {
+    const double rj = __shfl_sync(kFullMask, r, j);
+    const double fj = __shfl_sync(kFullMask, f, j);
+    if (fj == kFlagNonfinite) {
+      bad += 1.0;
+      continue;
+    }
+    sum += rj;
+    mx = fmax(mx, rj);
+    above += fj;
+    cnt += 1.0;
+  }
+}
+
+__device__ __forceinline__ void write_partials(double* partials, int64_t c, double sum, double mx, double above,
+                                               double cnt, double bad) {
+  double* o = partials + kPartialWords * c;
+  o[0] = sum;
+  o[1] = mx;
+  o[2] = above;
+  o[3] = cnt;
+  o[4] = bad;
+}
+
+// The one-pass path (v14): one warp per chunk computes each element's rel and flag itself and
+// folds them at once, so nothing is written per element. Scalar formats (mx == false) need
+// nothing but the element; MX blocks need `32 consecutive flat indices == one block`, i.e.
+// blocks of 32 along the contiguous axis of rows that are whole blocks (quant_gap_one_pass):
+// the warp's 32 lanes hold exactly one block, whose amax is a warp maximum (order-free: the
+// maximum of finite floats is exact). Same scalar code and fold order as passes 1 and 2.
+__global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemSpec es, bool mx_fmt, int64_t n,
+                                                              int64_t chunks, double* partials) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint32_t salt = p.d_step->step;
+  for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
+    double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+    const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
+    for (int64_t base = c * kQuantGapChunk; base < end; base += 32) {
+      const int64_t i = base + lane;
+      const bool in = i < end;
+      const float x = in ? p.x[i] : 0.0f;
+      const float v = p.round_first ? round_bf16(x, p.bf16_mode) : x;
+      double r = 0.0, f = 0.0;
+      if (mx_fmt) {
+        const bool special = __any_sync(kFullMask, in && !is_finite_bits(f32_bits(v)));
+        float amax = 0.0f;
+        if (!special) {
+          amax = fabsf(v);
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+        }
+        if (special) {
+          f = kFlagNonfinite;
+        } else if (in) {
+          const int s = shared_exponent(amax, es, p.q.rule, p.q.bump);
+          const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                                   ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
+                                   : 0u;
+          const ElemResult e = quantize_element(v, s, es, p.q.rounding, rnd);
+          r = quant_gap_rel(x, e.value);
+          f = e.clamped ? kFlagClamped : 0.0;
+        }
+      } else if (in) {
+        const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v, p.q.rounding)
+                                                 : (p.q.fmt == NumFmt::fp16 ? round_fp16(v, p.q.rounding) : v);
+        const bool badv = !is_finite_bits(f32_bits(x)) || !is_finite_bits(f32_bits(qv));
+        r = badv ? 0.0 : quant_gap_rel(x, qv);
+        f = badv ? kFlagNonfinite : 0.0;
+      }
+      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, sum, mx, above, cnt, bad);
+    }
+    if (lane == 0) write_partials(partials, c, sum, mx, above, cnt, bad);
+  }
+}
+
 // One warp per chunk (the loop bounds are the same in every lane of a warp).
 __global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, const double* flag, int64_t n,
                                                           int64_t chunks, double* partials) {
@@ -103,28 +183,9 @@ __global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, co
       const int64_t i = base + lane;
       const double r = i < end ? rel[i] : 0.0;
       const double f = i < end ? flag[i] : 0.0;
-      const int m = end - base < 32 ? static_cast<int>(end - base) : 32;
-      for (int j = 0; j < m; ++j) {  // index order: base, base + 1, ...
-        const double rj = __shfl_sync(kFullMask, r, j);
-        const double fj = __shfl_sync(kFullMask, f, j);
-        if (fj == kFlagNonfinite) {
-          bad += 1.0;
-          continue;
-        }
-        sum += rj;
-        mx = fmax(mx, rj);
-        above += fj;
-        cnt += 1.0;
-      }
+      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, sum, mx, above, cnt, bad);
     }
-    if (lane == 0) {
-      double* o = partials + kPartialWords * c;
-      o[0] = sum;
-      o[1] = mx;
-      o[2] = above;
-      o[3] = cnt;
-      o[4] = bad;
-    }
+    if (lane == 0) write_partials(partials, c, sum, mx, above, cnt, bad);
   }
 }
 
@@ -155,21 +216,34 @@ int64_t chunks_of(int64_t n) { return (n + kQuantGapChunk - 1) / kQuantGapChunk;
 
 }  // namespace
 
-int64_t quant_gap_scratch_doubles(int64_t n) { return 2 * n + kPartialWords * chunks_of(n) + 1; }
+bool quant_gap_one_pass(int64_t cols, Axis axis, const QuantSpec& q) {
+  if (!is_mx(q.fmt)) return true;
+  return q.block == 32 && axis == Axis::contiguous && cols % 32 == 0;
+}
+
+int64_t quant_gap_scratch_doubles(int64_t rows, int64_t cols, Axis axis, const QuantSpec& q) {
+  const int64_t n = rows * cols;
+  return (quant_gap_one_pass(cols, axis, q) ? 0 : 2 * n) + kPartialWords * chunks_of(n) + 1;
+}
 
 void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
                       bool round_bf16_first, Rounding bf16_mode, const StepScalars* d_step, double* scratch,
                       double* d_results, cudaStream_t s) {
   const int64_t n = rows * cols;
+  const bool one_pass = quant_gap_one_pass(cols, axis, q);
   GapParams p{x, rows, cols, q, round_bf16_first, bf16_mode, d_step, scratch, scratch + n};
-  double* partials = scratch + 2 * n;
-  if (n > 0) {
+  double* partials = one_pass ? scratch : scratch + 2 * n;
+  // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
+  const ElemSpec es = is_mx(q.fmt) ? kElemSpecs[static_cast<int>(mx_elem(q.fmt))] : ElemSpec{};
+  if (n > 0 && one_pass) {
+    gap_one_pass_kernel<<<grid_for(32 * chunks_of(n)), kBlock, 0, s>>>(p, es, is_mx(q.fmt), n, chunks_of(n),
+                                                                       partials);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  } else if (n > 0) {
     if (is_mx(q.fmt)) {
       const int64_t lines = axis == Axis::contiguous ? rows : cols;
       const int64_t length = axis == Axis::contiguous ? cols : rows;
-      // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
-      gap_mx_kernel<<<grid_for(lines * ((length + q.block - 1) / q.block)), kBlock, 0, s>>>(
-          p, kElemSpecs[static_cast<int>(mx_elem(q.fmt))], axis);
+      gap_mx_kernel<<<grid_for(lines * ((length + q.block - 1) / q.block)), kBlock, 0, s>>>(p, es, axis);
     } else {
       gap_scalar_kernel<<<grid_for(n), kBlock, 0, s>>>(p);
     }

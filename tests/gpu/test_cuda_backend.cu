@@ -620,6 +620,20 @@ TEST(CudaBackend, ReduceAndMomentsMatchCpu) {
     EXPECT_NEAR(mg[3], mc[3], tol_std) << "std n=" << sizes[i];
     for (int k = 0; k < 4; ++k) EXPECT_EQ(mg[k], mg2[k]) << "moments not deterministic";
   }
+  // moments_batch (a log step's gains, one read-back): each tensor's moments() bit for bit.
+  std::vector<const float*> xs;
+  std::vector<size_t> ns;
+  for (size_t i = 0; i < as.size(); ++i) {
+    xs.push_back(as[i].g);
+    ns.push_back(static_cast<size_t>(sizes[i]));
+  }
+  std::vector<double> mb(4 * xs.size());
+  t.gpu->moments_batch(xs.data(), ns.data(), xs.size(), mb.data());
+  for (size_t i = 0; i < as.size(); ++i) {
+    double m1[4];
+    t.gpu->moments(as[i].g, sizes[i], m1);
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(mb[4 * i + w], m1[w]) << "moments_batch n=" << sizes[i] << " word " << w;
+  }
 }
 
 // ---- determinism, lanes and graphs -----------------------------------------------------------
