@@ -1,14 +1,19 @@
-// Quantization-gap kernels (see quant_gap.cuh): pass 1 writes each element's rel and flag
-// (one thread per MX block, as mx_generic_kernel walks blocks; one per element for scalar
-// formats); pass 2 sums each chunk of kQuantGapChunk flat indices sequentially (one warp per
-// chunk); pass 3 (one warp) adds the chunk partials in order. The sequential sums are the
-// CPU reference's order, so the double results agree bit for bit.
-//
-// In passes 2 and 3 a warp reads 32 consecutive values at a time (coalesced) and every lane
-// folds them in index order, taking each from its lane by a shuffle: the order of the additions
-// is the sequential one, and loads no longer wait one by one. (Before, one thread per chunk read
-// 1024 values 8 KB apart from its neighbours', and one thread read every chunk partial: on a
-// 1 M-element weight that was most of a logged step's quantization gaps.)
+// Quantization-gap kernels (see quant_gap.cuh). The CPU reference sums each chunk of
+// kQuantGapChunk flat indices in index order, then the chunk sums in chunk order; only those sums
+// depend on order (the counts are integers held exactly in doubles, the maximum ignores order),
+// so the kernels run them as chains in the same order and take the rest across a warp at once.
+// The double results agree with the CPU's bit for bit.
+//   - one pass (gap_one_pass_kernel, v14): one warp per chunk computes its elements itself and
+//     folds them (scalar formats; MX blocks of 32 along whole-block rows: a warp's 32 elements
+//     are one block);
+//   - else pass 1 writes each element's rel and flag (one thread per MX block, as
+//     mx_generic_kernel walks blocks; one per element for scalar formats) and pass 2 folds
+//     them a warp per chunk;
+//   - then one warp adds the chunk partials (gap_final_kernel).
+// A warp reads 32 consecutive values at a time (coalesced); every lane runs the sum's chain,
+// taking each value from its lane by a shuffle, unrolled so that the shuffles issue ahead of the
+// chain. (Before v14 every lane also folded the maximum and the counts one element at a time,
+// and before that one thread per chunk read 1024 values 8 KB apart from its neighbours'.)
 #include "kernels/quant_gap.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -91,32 +96,48 @@ __global__ void __launch_bounds__(kBlock) gap_scalar_kernel(GapParams p) {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Folds 32 consecutive elements' (rel, flag), lane j holding element j, into a chunk's running
-// partials in index order (every lane ends with the same values).
-__device__ __forceinline__ void fold_window(double r, double f, int m, double& sum, double& mx, double& above,
-                                            double& cnt, double& bad) {
-  for (int j = 0; j < m; ++j) {
-    const double rj = __shfl_sync(kFullMask, r, j);
-    const double fj = __shfl_sync(kFullMask, f, j);
-    if (fj == kFlagNonfinite) {
-      bad += 1.0;
-      continue;
-    }
-    sum += rj;
-    mx = fmax(mx, rj);
-    above += fj;
-    cnt += 1.0;
+// A chunk's running partials. Only `sum` depends on the order of the additions (the CPU's: index
+// order); the counts are integers held exactly in doubles and the maximum of the non-NaN values is
+// the same in any order (fmax drops NaN, as the CPU's std::max(acc, NaN) keeps acc), so those are
+// taken across the warp at once, and only the sum runs as a chain.
+struct GapAcc {
+  double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+};
+
+// Folds 32 consecutive elements' (rel, flag), lane j holding element j and lanes >= m none, into
+// `a` (every lane ends with the same values). Elements of NaN/Inf blocks add 0.0 to the sum, which
+// leaves it as it is (it is +0, positive or NaN), as the CPU's skipping them does.
+__device__ __forceinline__ void fold_window(double r, double f, int m, GapAcc& a) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bool in = lane < m;
+  const bool bad = in && f == kFlagNonfinite;
+  const bool good = in && !bad;
+  a.bad += static_cast<double>(__popc(__ballot_sync(kFullMask, bad)));
+  a.cnt += static_cast<double>(__popc(__ballot_sync(kFullMask, good)));
+  a.above += static_cast<double>(__popc(__ballot_sync(kFullMask, good && f == kFlagClamped)));
+  double wm = good ? r : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wm = fmax(wm, __shfl_xor_sync(kFullMask, wm, o));
+  a.mx = fmax(a.mx, wm);
+  const double v = good ? r : 0.0;
+  double sum = a.sum;
+  if (m == 32) {
+    // Unrolled: the 32 shuffles are independent of the chain and issue ahead of it.
+#pragma unroll
+    for (int j = 0; j < 32; ++j) sum += __shfl_sync(kFullMask, v, j);
+  } else {
+    for (int j = 0; j < m; ++j) sum += __shfl_sync(kFullMask, v, j);
   }
+  a.sum = sum;
 }
 
-__device__ __forceinline__ void write_partials(double* partials, int64_t c, double sum, double mx, double above,
-                                               double cnt, double bad) {
+__device__ __forceinline__ void write_partials(double* partials, int64_t c, const GapAcc& a) {
   double* o = partials + kPartialWords * c;
-  o[0] = sum;
-  o[1] = mx;
-  o[2] = above;
-  o[3] = cnt;
-  o[4] = bad;
+  o[0] = a.sum;
+  o[1] = a.mx;
+  o[2] = a.above;
+  o[3] = a.cnt;
+  o[4] = a.bad;
 }
 
 // The one-pass path (v14): one warp per chunk computes each element's rel and flag itself and
@@ -131,7 +152,7 @@ __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemS
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const uint32_t salt = p.d_step->step;
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
-    double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+    GapAcc acc;
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
     for (int64_t base = c * kQuantGapChunk; base < end; base += 32) {
       const int64_t i = base + lane;
@@ -165,9 +186,9 @@ __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemS
         r = badv ? 0.0 : quant_gap_rel(x, qv);
         f = badv ? kFlagNonfinite : 0.0;
       }
-      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, sum, mx, above, cnt, bad);
+      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, acc);
     }
-    if (lane == 0) write_partials(partials, c, sum, mx, above, cnt, bad);
+    if (lane == 0) write_partials(partials, c, acc);
   }
 }
 
@@ -177,39 +198,57 @@ __global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, co
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
-    double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+    GapAcc acc;
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
     for (int64_t base = c * kQuantGapChunk; base < end; base += 32) {
       const int64_t i = base + lane;
       const double r = i < end ? rel[i] : 0.0;
       const double f = i < end ? flag[i] : 0.0;
-      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, sum, mx, above, cnt, bad);
+      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, acc);
     }
-    if (lane == 0) write_partials(partials, c, sum, mx, above, cnt, bad);
+    if (lane == 0) write_partials(partials, c, acc);
   }
 }
 
-// One warp (launched with 32 threads): the chunk partials in chunk order.
+// One warp (launched with 32 threads): the chunk partials, the sums in chunk order (a chain, its
+// shuffles unrolled ahead of it), the maximum and the counts across the warp (order-free, as in
+// fold_window).
 __global__ void gap_final_kernel(const double* partials, int64_t chunks, double* out) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  double r[kPartialWords] = {0.0, 0.0, 0.0, 0.0, 0.0};
+  double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
   for (int64_t base = 0; base < chunks; base += 32) {
     const int64_t c = base + lane;
-    double v[kPartialWords];
-    for (int w = 0; w < kPartialWords; ++w) v[w] = c < chunks ? partials[kPartialWords * c + w] : 0.0;
-    const int m = chunks - base < 32 ? static_cast<int>(chunks - base) : 32;
-    for (int j = 0; j < m; ++j) {
-      double o[kPartialWords];
-      for (int w = 0; w < kPartialWords; ++w) o[w] = __shfl_sync(kFullMask, v[w], j);
-      r[0] += o[0];
-      r[1] = fmax(r[1], o[1]);
-      r[2] += o[2];
-      r[3] += o[3];
-      r[4] += o[4];
+    const bool in = c < chunks;
+    const double* pc = partials + kPartialWords * c;
+    const double ps = in ? pc[0] : 0.0;
+    double pm = in ? pc[1] : 0.0;
+    double pa = in ? pc[2] : 0.0, pn = in ? pc[3] : 0.0, pb = in ? pc[4] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      pm = fmax(pm, __shfl_xor_sync(kFullMask, pm, o));
+      pa += __shfl_xor_sync(kFullMask, pa, o);  // integers below 2^53: exact in any order
+      pn += __shfl_xor_sync(kFullMask, pn, o);
+      pb += __shfl_xor_sync(kFullMask, pb, o);
+    }
+    mx = fmax(mx, pm);
+    above += pa;
+    cnt += pn;
+    bad += pb;
+    if (chunks - base >= 32) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) sum += __shfl_sync(kFullMask, ps, j);
+    } else {
+      const int m = static_cast<int>(chunks - base);
+      for (int j = 0; j < m; ++j) sum += __shfl_sync(kFullMask, ps, j);
     }
   }
-  if (lane == 0)
-    for (int w = 0; w < kPartialWords; ++w) out[w] = r[w];
+  if (lane == 0) {
+    out[0] = sum;
+    out[1] = mx;
+    out[2] = above;
+    out[3] = cnt;
+    out[4] = bad;
+  }
 }
 
 int64_t chunks_of(int64_t n) { return (n + kQuantGapChunk - 1) / kQuantGapChunk; }

@@ -287,13 +287,18 @@ TEST(QuantGapGpu, BatchesMatchCpuBitForBitOnePassAndTwo) {
   while (reqs.size() < 230) reqs.push_back(reqs[reqs.size() % distinct]);  // two read-backs
   std::vector<Backend::QuantGap> got(reqs.size());
   t.gpu->quant_gaps(reqs.data(), reqs.size(), got.data());
-  size_t nonfinite_seen = 0, clamps_seen = 0;
+  size_t nonfinite_seen = 0, clamps_seen = 0, nan_sums = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Backend::QuantGapRequest& r = reqs[i];
     const Backend::QuantGap a = t.cpu->quant_gap(X.c, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode);
     const std::string label = msg("request ", i, ": ", name(r.q.fmt), " ", name(r.q.rounding), " cols ", r.cols,
                                   r.axis == Axis::strided ? " strided" : "", r.round_bf16_first ? " bf16-first" : "");
-    EXPECT_EQ(a.sum_rel, got[i].sum_rel) << label;
+    // A block whose scale overflows E8M0 (mxint8 under rceil with the 3.4e38 in a finite block,
+    // strided) quantizes to NaN: its finite elements' rel is NaN on both backends, and so is the
+    // sum (the NaN's sign is not specified).
+    const bool both_nan = std::isnan(a.sum_rel) && std::isnan(got[i].sum_rel);
+    if (!both_nan) EXPECT_EQ(a.sum_rel, got[i].sum_rel) << label;
+    nan_sums += both_nan;
     EXPECT_EQ(a.max_rel, got[i].max_rel) << label;
     EXPECT_EQ(a.above, got[i].above) << label;
     EXPECT_EQ(a.n, got[i].n) << label;
@@ -304,6 +309,7 @@ TEST(QuantGapGpu, BatchesMatchCpuBitForBitOnePassAndTwo) {
   }
   EXPECT_EQ(nonfinite_seen, reqs.size());  // every request met the Inf and the NaN
   EXPECT_GT(clamps_seen, 0u);
+  EXPECT_LT(nan_sums, reqs.size() / 8);  // the overflow case above only (5 of 230 when found)
   // One request alone (quant_gap) is the batch's first.
   const Backend::QuantGap one = t.gpu->quant_gap(X.g, rows, cols, Axis::contiguous, reqs[0].q, false,
                                                  Rounding::nearest_even);
