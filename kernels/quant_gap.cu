@@ -9,11 +9,13 @@
 //   - else pass 1 writes each element's rel and flag (one thread per MX block, as
 //     mx_generic_kernel walks blocks; one per element for scalar formats) and pass 2 folds
 //     them a warp per chunk;
-//   - then one warp adds the chunk partials (gap_final_kernel).
-// A warp reads 32 consecutive values at a time (coalesced); every lane runs the sum's chain,
-// taking each value from its lane by a shuffle, unrolled so that the shuffles issue ahead of the
-// chain. (Before v14 every lane also folded the maximum and the counts one element at a time,
-// and before that one thread per chunk read 1024 values 8 KB apart from its neighbours'.)
+//   - then one block adds the chunk partials (gap_final_kernel: the sums' chain in one thread,
+//     from shared memory).
+// A warp reads 32 consecutive values at a time (coalesced; the one-pass kernel kGapIlp windows
+// at once); every lane runs the sum's chain, taking each value from its lane by a shuffle,
+// unrolled so that the shuffles issue ahead of the chain. (Before v14b every lane also folded the
+// maximum and the counts one element at a time and one warp folded the chunk partials so; before
+// that one thread per chunk read 1024 values 8 KB apart from its neighbours'.)
 #include "kernels/quant_gap.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -146,6 +148,10 @@ __device__ __forceinline__ void write_partials(double* partials, int64_t c, cons
 // blocks of 32 along the contiguous axis of rows that are whole blocks (quant_gap_one_pass):
 // the warp's 32 lanes hold exactly one block, whose amax is a warp maximum (order-free: the
 // maximum of finite floats is exact). Same scalar code and fold order as passes 1 and 2.
+// Windows a warp works on at once in the one-pass kernel: their loads, block maxima and element
+// quantizations are independent, so they overlap; only the fold runs window after window.
+constexpr int kGapIlp = 4;
+
 __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemSpec es, bool mx_fmt, int64_t n,
                                                               int64_t chunks, double* partials) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -154,39 +160,59 @@ __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemS
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
     GapAcc acc;
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
-    for (int64_t base = c * kQuantGapChunk; base < end; base += 32) {
-      const int64_t i = base + lane;
-      const bool in = i < end;
-      const float x = in ? p.x[i] : 0.0f;
-      const float v = p.round_first ? round_bf16(x, p.bf16_mode) : x;
-      double r = 0.0, f = 0.0;
-      if (mx_fmt) {
-        const bool special = __any_sync(kFullMask, in && !is_finite_bits(f32_bits(v)));
-        float amax = 0.0f;
-        if (!special) {
-          amax = fabsf(v);
+    for (int64_t base = c * kQuantGapChunk; base < end; base += 32 * kGapIlp) {
+      float x[kGapIlp], v[kGapIlp], amax[kGapIlp];
+      bool in[kGapIlp], special[kGapIlp];
 #pragma unroll
-          for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-        }
-        if (special) {
-          f = kFlagNonfinite;
-        } else if (in) {
-          const int s = shared_exponent(amax, es, p.q.rule, p.q.bump);
-          const uint32_t rnd = p.q.rounding == Rounding::stochastic
-                                   ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
-                                   : 0u;
-          const ElemResult e = quantize_element(v, s, es, p.q.rounding, rnd);
-          r = quant_gap_rel(x, e.value);
-          f = e.clamped ? kFlagClamped : 0.0;
-        }
-      } else if (in) {
-        const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v, p.q.rounding)
-                                                 : (p.q.fmt == NumFmt::fp16 ? round_fp16(v, p.q.rounding) : v);
-        const bool badv = !is_finite_bits(f32_bits(x)) || !is_finite_bits(f32_bits(qv));
-        r = badv ? 0.0 : quant_gap_rel(x, qv);
-        f = badv ? kFlagNonfinite : 0.0;
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t i = base + 32 * g + lane;
+        in[g] = i < end;
+        x[g] = in[g] ? p.x[i] : 0.0f;
+        v[g] = p.round_first ? round_bf16(x[g], p.bf16_mode) : x[g];
       }
-      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, acc);
+      if (mx_fmt) {
+#pragma unroll
+        for (int g = 0; g < kGapIlp; ++g) {
+          special[g] = __any_sync(kFullMask, in[g] && !is_finite_bits(f32_bits(v[g])));
+          amax[g] = special[g] ? 0.0f : fabsf(v[g]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+          for (int g = 0; g < kGapIlp; ++g) amax[g] = fmaxf(amax[g], __shfl_xor_sync(kFullMask, amax[g], o));
+      }
+      double r[kGapIlp], f[kGapIlp];
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t i = base + 32 * g + lane;
+        r[g] = 0.0;
+        f[g] = 0.0;
+        if (mx_fmt) {
+          if (special[g]) {
+            f[g] = kFlagNonfinite;
+          } else if (in[g]) {
+            const int s = shared_exponent(amax[g], es, p.q.rule, p.q.bump);
+            const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                                     ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
+                                     : 0u;
+            const ElemResult e = quantize_element(v[g], s, es, p.q.rounding, rnd);
+            r[g] = quant_gap_rel(x[g], e.value);
+            f[g] = e.clamped ? kFlagClamped : 0.0;
+          }
+        } else if (in[g]) {
+          const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v[g], p.q.rounding)
+                                                   : (p.q.fmt == NumFmt::fp16 ? round_fp16(v[g], p.q.rounding) : v[g]);
+          const bool badv = !is_finite_bits(f32_bits(x[g])) || !is_finite_bits(f32_bits(qv));
+          r[g] = badv ? 0.0 : quant_gap_rel(x[g], qv);
+          f[g] = badv ? kFlagNonfinite : 0.0;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t left = end - (base + 32 * g);  // the same in every lane
+        if (left <= 0) break;
+        fold_window(r[g], f[g], left < 32 ? static_cast<int>(left) : 32, acc);
+      }
     }
     if (lane == 0) write_partials(partials, c, acc);
   }
@@ -210,40 +236,55 @@ __global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, co
   }
 }
 
-// One warp (launched with 32 threads): the chunk partials, the sums in chunk order (a chain, its
-// shuffles unrolled ahead of it), the maximum and the counts across the warp (order-free, as in
-// fold_window).
-__global__ void gap_final_kernel(const double* partials, int64_t chunks, double* out) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
-  for (int64_t base = 0; base < chunks; base += 32) {
-    const int64_t c = base + lane;
-    const bool in = c < chunks;
+// One block of kBlock threads: the chunk partials, kBlock at a time. Each thread takes one
+// partial's maximum and counts (order-free: across the block at the end) and puts its sum in
+// shared memory; thread 0 then adds those sums in chunk order (a chain read from shared memory,
+// unrolled so that the reads issue ahead of it).
+__global__ void __launch_bounds__(kBlock) gap_final_kernel(const double* partials, int64_t chunks, double* out) {
+  __shared__ double sums[kBlock];
+  __shared__ double red[4][kBlock / 32];
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
+  double total = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+  for (int64_t tile = 0; tile < chunks; tile += kBlock) {
+    const int64_t c = tile + t;
     const double* pc = partials + kPartialWords * c;
-    const double ps = in ? pc[0] : 0.0;
-    double pm = in ? pc[1] : 0.0;
-    double pa = in ? pc[2] : 0.0, pn = in ? pc[3] : 0.0, pb = in ? pc[4] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      pm = fmax(pm, __shfl_xor_sync(kFullMask, pm, o));
-      pa += __shfl_xor_sync(kFullMask, pa, o);  // integers below 2^53: exact in any order
-      pn += __shfl_xor_sync(kFullMask, pn, o);
-      pb += __shfl_xor_sync(kFullMask, pb, o);
+    if (c < chunks) {
+      sums[t] = pc[0];
+      mx = fmax(mx, pc[1]);
+      above += pc[2];  // integers below 2^53: exact in any order
+      cnt += pc[3];
+      bad += pc[4];
     }
-    mx = fmax(mx, pm);
-    above += pa;
-    cnt += pn;
-    bad += pb;
-    if (chunks - base >= 32) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) sum += __shfl_sync(kFullMask, ps, j);
-    } else {
-      const int m = static_cast<int>(chunks - base);
-      for (int j = 0; j < m; ++j) sum += __shfl_sync(kFullMask, ps, j);
+    __syncthreads();
+    if (t == 0) {
+      const int m = chunks - tile < kBlock ? static_cast<int>(chunks - tile) : kBlock;
+#pragma unroll 8
+      for (int j = 0; j < m; ++j) total += sums[j];
     }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    mx = fmax(mx, __shfl_xor_sync(kFullMask, mx, o));
+    above += __shfl_xor_sync(kFullMask, above, o);
+    cnt += __shfl_xor_sync(kFullMask, cnt, o);
+    bad += __shfl_xor_sync(kFullMask, bad, o);
   }
   if (lane == 0) {
-    out[0] = sum;
+    red[0][warp] = mx;
+    red[1][warp] = above;
+    red[2][warp] = cnt;
+    red[3][warp] = bad;
+  }
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 1; w < kBlock / 32; ++w) {
+      mx = fmax(mx, red[0][w]);
+      above += red[1][w];
+      cnt += red[2][w];
+      bad += red[3][w];
+    }
+    out[0] = total;
     out[1] = mx;
     out[2] = above;
     out[3] = cnt;
@@ -290,7 +331,7 @@ void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, con
     gap_chunk_kernel<<<grid_for(32 * chunks_of(n)), kBlock, 0, s>>>(p.rel, p.flag, n, chunks_of(n), partials);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
-  gap_final_kernel<<<1, 32, 0, s>>>(partials, chunks_of(n), d_results);
+  gap_final_kernel<<<1, kBlock, 0, s>>>(partials, chunks_of(n), d_results);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,6 +1,5 @@
 // Deterministic two-pass reductions (see reduce.cuh). Element i of a 1-D reduction is added
-// by thread (i mod per_block) mod kBlock of block i / per_block, in increasing i (requests of one
-// length run together, each keeping that order: reduce_group); blocks are
+// by thread (i mod per_block) mod kBlock of block i / per_block, in increasing i; blocks are
 // combined by block_sum's fixed tree, partials by a strided sum then the same tree. Scalar
 // (not float4) loads keep that order independent of a pointer's alignment.
 #include "kernels/reduce.cuh"
@@ -53,59 +52,24 @@ struct ReduceReq {
   int blocks;
   int kind;
 };
-// Requests of equal length share a partition: up to kFuse of them, consecutive in the batch, run
-// in one block together (a group), each thread adding element i of every request of the group
-// before moving on, so that arrays several requests read (the shadow statistics read g in 5 of
-// 7) come from DRAM once and from L1 after. Each request's running sum sees the same elements in
-// the same order as it would alone, and goes through the same block_sum: the same bits.
-constexpr int kFuse = 8;
-struct ReduceGroup {
-  int first = 0;  // index in ReduceBatch::r
-  int count = 0;
-};
 struct ReduceBatch {
   ReduceReq r[kReduceBatch];
-  ReduceGroup g[kReduceBatch];
 };
-
-template <int K>
-__device__ void reduce_group(const ReduceBatch& batch, const ReduceGroup& grp, double* partials, double* smem) {
-  const ReduceReq& q0 = batch.r[grp.first];
-  const int64_t begin = blockIdx.x * q0.per_block;
-  const int64_t end = std::min(q0.n, begin + q0.per_block);
-  double s[K];
-  const float* a[K];
-  const float* b[K];
-  bool dot[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    s[k] = 0.0;
-    const ReduceReq& q = batch.r[grp.first + (k < grp.count ? k : 0)];
-    a[k] = q.a;
-    b[k] = q.b;
-    dot[k] = q.kind == Reduction::dot;
-  }
-  for (int64_t i = begin + threadIdx.x; i < end; i += kBlock) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (k >= grp.count) break;
-      s[k] += dot[k] ? dot_term(a[k][i], b[k][i]) : diff_sq_term(a[k][i], b[k][i]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (k >= grp.count) break;
-    const double t = block_sum<kBlock>(s[k], smem);
-    if (threadIdx.x == 0) partials[batch.r[grp.first + k].offset + blockIdx.x] = t;
-  }
-}
 
 __global__ void __launch_bounds__(kBlock) reduce_partial_kernel(ReduceBatch batch, double* partials) {
   __shared__ double smem[kBlock / kWarp];
-  const ReduceGroup& grp = batch.g[blockIdx.y];
-  if (static_cast<int>(blockIdx.x) >= batch.r[grp.first].blocks) return;  // uniform per block
-  if (grp.count == 1) reduce_group<1>(batch, grp, partials, smem);
-  else reduce_group<kFuse>(batch, grp, partials, smem);
+  const ReduceReq& q = batch.r[blockIdx.y];
+  if (static_cast<int>(blockIdx.x) >= q.blocks) return;  // uniform per block
+  const int64_t begin = blockIdx.x * q.per_block;
+  const int64_t end = std::min(q.n, begin + q.per_block);
+  double s = 0.0;
+  if (q.kind == Reduction::dot) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kBlock) s += dot_term(q.a[i], q.b[i]);
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kBlock) s += diff_sq_term(q.a[i], q.b[i]);
+  }
+  s = block_sum<kBlock>(s, smem);
+  if (threadIdx.x == 0) partials[q.offset + blockIdx.x] = s;
 }
 
 __global__ void __launch_bounds__(kBlock) reduce_final_kernel(ReduceBatch batch, const double* partials,
@@ -268,7 +232,7 @@ void launch_reduce(const Reduction* reqs, size_t count, double* scratch, double*
   for (size_t first = 0; first < count; first += kReduceBatch) {
     const int m = static_cast<int>(std::min<size_t>(kReduceBatch, count - first));
     ReduceBatch batch{};
-    int max_blocks = 1, groups = 0;
+    int max_blocks = 1;
     for (int k = 0; k < m; ++k) {
       const Reduction& q = reqs[first + k];
       const Partition1D p = partition_1d(q.n);
@@ -276,15 +240,8 @@ void launch_reduce(const Reduction* reqs, size_t count, double* scratch, double*
       r = ReduceReq{q.a, q.b, q.n, p.per_block, offset, p.blocks, static_cast<int>(q.kind)};
       offset += std::max(1, p.blocks);
       max_blocks = std::max(max_blocks, p.blocks);
-      // Join the previous group when of the same length (hence partition) and not full.
-      if (groups > 0 && batch.g[groups - 1].count < kFuse && batch.r[batch.g[groups - 1].first].n == q.n) {
-        batch.g[groups - 1].count += 1;
-      } else {
-        batch.g[groups] = ReduceGroup{k, 1};
-        groups += 1;
-      }
     }
-    reduce_partial_kernel<<<dim3(max_blocks, groups), kBlock, 0, s>>>(batch, scratch);
+    reduce_partial_kernel<<<dim3(max_blocks, m), kBlock, 0, s>>>(batch, scratch);
     MXLAB_CUDA_LAUNCH_CHECK();
     // A request with n == 0 has no partials: the final pass sums an empty range (0.0).
     reduce_final_kernel<<<m, kBlock, 0, s>>>(batch, scratch, d_results + first);

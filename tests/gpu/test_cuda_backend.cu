@@ -620,9 +620,9 @@ TEST(CudaBackend, ReduceAndMomentsMatchCpu) {
     EXPECT_NEAR(mg[3], mc[3], tol_std) << "std n=" << sizes[i];
     for (int k = 0; k < 4; ++k) EXPECT_EQ(mg[k], mg2[k]) << "moments not deterministic";
   }
-  // Requests of one length run fused, up to 8 per block group (the trainer's 7 shadow sums per
-  // arm): each equals the same request reduced alone, bit for bit. 11 requests over 3 arrays of
-  // the 3M-element size (groups of 8 and 3), then 2 of another length between two of this one.
+  // A batch of requests (the trainer's 7 shadow sums per arm and more, lengths mixed): each equals
+  // the same request reduced alone, bit for bit. (v15 of kernels/PERF.md ran requests of one
+  // length fused with this test; it was slower and is not kept, the test is.)
   {
     const Buf& g = as[4];
     const Buf& sh = bs[4];
