@@ -12,10 +12,11 @@
 //   - then one block adds the chunk partials (gap_final_kernel: the sums' chain in one thread,
 //     from shared memory).
 // A warp reads 32 consecutive values at a time (coalesced; the one-pass kernel kGapIlp windows
-// at once); every lane runs the sum's chain, taking each value from its lane by a shuffle,
-// unrolled so that the shuffles issue ahead of the chain. (Before v14b every lane also folded the
-// maximum and the counts one element at a time and one warp folded the chunk partials so; before
-// that one thread per chunk read 1024 values 8 KB apart from its neighbours'.)
+// at once, its sums' chain run by lane 0 from a shared-memory row: v14d); in the two-pass
+// path every lane runs the sum's chain, taking each value from its lane by a shuffle. (Before
+// v14b every lane also folded the maximum and the counts one element at a time and one warp
+// folded the chunk partials so; before that one thread per chunk read 1024 values 8 KB apart
+// from its neighbours'.)
 #include "kernels/quant_gap.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -106,10 +107,11 @@ struct GapAcc {
   double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
 };
 
-// Folds 32 consecutive elements' (rel, flag), lane j holding element j and lanes >= m none, into
-// `a` (every lane ends with the same values). Elements of NaN/Inf blocks add 0.0 to the sum, which
-// leaves it as it is (it is +0, positive or NaN), as the CPU's skipping them does.
-__device__ __forceinline__ void fold_window(double r, double f, int m, GapAcc& a) {
+// The order-free part of folding 32 consecutive elements' (rel, flag), lane j holding element j
+// and lanes >= m none, into `a` (every lane ends with the same values); returns the value this
+// lane's element adds to the sum: rel, or 0.0 for an element of a NaN/Inf block or none, which
+// leaves the sum as it is (it is +0, positive or NaN), as the CPU's skipping them does.
+__device__ __forceinline__ double fold_counts(double r, double f, int m, GapAcc& a) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const bool in = lane < m;
   const bool bad = in && f == kFlagNonfinite;
@@ -121,10 +123,15 @@ __device__ __forceinline__ void fold_window(double r, double f, int m, GapAcc& a
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) wm = fmax(wm, __shfl_xor_sync(kFullMask, wm, o));
   a.mx = fmax(a.mx, wm);
-  const double v = good ? r : 0.0;
+  return good ? r : 0.0;
+}
+
+// fold_counts, then the sum in index order in every lane (the two-pass path's chunk fold).
+__device__ __forceinline__ void fold_window(double r, double f, int m, GapAcc& a) {
+  const double v = fold_counts(r, f, m, a);
   double sum = a.sum;
   if (m == 32) {
-    // Unrolled: the 32 shuffles are independent of the chain and issue ahead of it.
+    // Unrolled: the 32 shuffles are independent of the chain and can issue ahead of it.
 #pragma unroll
     for (int j = 0; j < 32; ++j) sum += __shfl_sync(kFullMask, v, j);
   } else {
@@ -154,11 +161,13 @@ constexpr int kGapIlp = 4;
 
 __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemSpec es, bool mx_fmt, int64_t n,
                                                               int64_t chunks, double* partials) {
+  __shared__ double rows[kBlock / 32][32 * kGapIlp];
   const int lane = static_cast<int>(threadIdx.x) & 31;
+  double* row = rows[threadIdx.x / 32];
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const uint32_t salt = p.d_step->step;
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
-    GapAcc acc;
+    GapAcc acc;  // acc.sum is lane 0's alone
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
     for (int64_t base = c * kQuantGapChunk; base < end; base += 32 * kGapIlp) {
       float x[kGapIlp], v[kGapIlp], amax[kGapIlp];
@@ -207,12 +216,22 @@ __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemS
           f[g] = badv ? kFlagNonfinite : 0.0;
         }
       }
+      // The counts and maxima across the warp; the terms of the sum (0.0 where none) into the
+      // warp's shared row, which lane 0 adds in index order (its reads issue ahead of the chain).
 #pragma unroll
       for (int g = 0; g < kGapIlp; ++g) {
         const int64_t left = end - (base + 32 * g);  // the same in every lane
-        if (left <= 0) break;
-        fold_window(r[g], f[g], left < 32 ? static_cast<int>(left) : 32, acc);
+        const int m = left <= 0 ? 0 : (left < 32 ? static_cast<int>(left) : 32);
+        row[32 * g + lane] = m > 0 ? fold_counts(r[g], f[g], m, acc) : 0.0;
       }
+      __syncwarp();
+      if (lane == 0) {
+        double sum = acc.sum;
+#pragma unroll
+        for (int j = 0; j < 32 * kGapIlp; ++j) sum += row[j];
+        acc.sum = sum;
+      }
+      __syncwarp();
     }
     if (lane == 0) write_partials(partials, c, acc);
   }
