@@ -18,7 +18,7 @@ TMP=$(mktemp -d)
 for f in "${@:-mx}"; do
   if [ "$f" = gaps ]; then
     ncu --clock-control none --kernel-name regex:gap_ --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
-      "$BIN" bench "$CFG" --device cuda --only data --steps 1 --warmup 1 --set log.bias_every=1 --log-steps 3 \
+      "$BIN" bench "$CFG" --device cuda --only data --steps 1 --warmup 3 --set log.bias_every=1 --log-steps 3 \
       > "$TMP/ncu_$f.out" 2>&1
   else
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \

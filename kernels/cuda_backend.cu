@@ -448,6 +448,21 @@ class CudaBackend final : public Backend {
     launch_moments(x, static_cast<int64_t>(n), scratch, results_.get(), cur());
     read_results(4, out);
   }
+  void moments_batch(const float* const* x, const size_t* n, size_t count, double* out) override {
+    ctx();
+    refuse_in_capture("moments");
+    join();
+    for (size_t first = 0; first < count; first += kHostResults / 4) {
+      const size_t m = std::min<size_t>(kHostResults / 4, count - first);
+      std::vector<int64_t> at(m + 1, 0);
+      for (size_t i = 0; i < m; ++i) at[i + 1] = at[i] + moments_scratch_doubles(static_cast<int64_t>(n[first + i]));
+      double* scratch = lane_scratch(at[m]);
+      for (size_t i = 0; i < m; ++i)
+        launch_moments(x[first + i], static_cast<int64_t>(n[first + i]), scratch + at[i], results_.get() + 4 * i,
+                       cur());
+      read_results(4 * m, out + 4 * first);
+    }
+  }
   void reset_stats(int slots) override {
     ctx();
     refuse_in_capture("reset_stats");
@@ -578,21 +593,53 @@ class CudaBackend final : public Backend {
   }
   QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q, bool round_bf16_first,
                      Rounding bf16_mode) override {
+    QuantGapRequest r;
+    r.x = x;
+    r.rows = rows;
+    r.cols = cols;
+    r.axis = axis;
+    r.q = q;
+    r.round_bf16_first = round_bf16_first;
+    r.bf16_mode = bf16_mode;
+    QuantGap g;
+    quant_gaps(&r, 1, &g);
+    return g;
+  }
+  // The batch's gaps run one after another on lane 0, each into its own scratch and its own 5
+  // result words, and come back in one read per kHostResults / 5 tensors.
+  void quant_gaps(const QuantGapRequest* reqs, size_t count, QuantGap* out) override {
     ctx();
     refuse_in_capture("quant_gap");
     join();
-    if (is_mx(q.fmt) && q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
-    double* scratch = lane_scratch(quant_gap_scratch_doubles(rows * cols));
-    launch_quant_gap(x, rows, cols, axis, q, round_bf16_first, bf16_mode, d_step_, scratch, results_.get(), cur());
-    double r[5];
-    read_results(5, r);
-    QuantGap g;
-    g.sum_rel = r[0];
-    g.max_rel = r[1];
-    g.above = static_cast<uint64_t>(r[2]);
-    g.n = static_cast<uint64_t>(r[3]);
-    g.nonfinite = static_cast<uint64_t>(r[4]);
-    return g;
+    constexpr size_t kWords = 5;
+    for (size_t i = 0; i < count; ++i)
+      if (is_mx(reqs[i].q.fmt) && reqs[i].q.block <= 0)
+        throw Error(msg("quant_gap: block size must be positive (got ", reqs[i].q.block, ")"));
+    for (size_t first = 0; first < count; first += kHostResults / kWords) {
+      const size_t m = std::min<size_t>(kHostResults / kWords, count - first);
+      std::vector<int64_t> at(m + 1, 0);
+      for (size_t i = 0; i < m; ++i) {
+        const QuantGapRequest& r = reqs[first + i];
+        at[i + 1] = at[i] + quant_gap_scratch_doubles(r.rows, r.cols, r.axis, r.q);
+      }
+      double* scratch = lane_scratch(at[m]);
+      for (size_t i = 0; i < m; ++i) {
+        const QuantGapRequest& r = reqs[first + i];
+        launch_quant_gap(r.x, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode, d_step_, scratch + at[i],
+                         results_.get() + kWords * i, cur());
+      }
+      std::vector<double> w(kWords * m);
+      read_results(kWords * m, w.data());
+      for (size_t i = 0; i < m; ++i) {
+        const double* v = &w[kWords * i];
+        QuantGap& g = out[first + i];
+        g.sum_rel = v[0];
+        g.max_rel = v[1];
+        g.above = static_cast<uint64_t>(v[2]);
+        g.n = static_cast<uint64_t>(v[3]);
+        g.nonfinite = static_cast<uint64_t>(v[4]);
+      }
+    }
   }
   // ==== end of the stability instruments ====
 

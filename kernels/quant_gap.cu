@@ -1,14 +1,22 @@
-// Quantization-gap kernels (see quant_gap.cuh): pass 1 writes each element's rel and flag
-// (one thread per MX block, as mx_generic_kernel walks blocks; one per element for scalar
-// formats); pass 2 sums each chunk of kQuantGapChunk flat indices sequentially (one warp per
-// chunk); pass 3 (one warp) adds the chunk partials in order. The sequential sums are the
-// CPU reference's order, so the double results agree bit for bit.
-//
-// In passes 2 and 3 a warp reads 32 consecutive values at a time (coalesced) and every lane
-// folds them in index order, taking each from its lane by a shuffle: the order of the additions
-// is the sequential one, and loads no longer wait one by one. (Before, one thread per chunk read
-// 1024 values 8 KB apart from its neighbours', and one thread read every chunk partial: on a
-// 1 M-element weight that was most of a logged step's quantization gaps.)
+// Quantization-gap kernels (see quant_gap.cuh). The CPU reference sums each chunk of
+// kQuantGapChunk flat indices in index order, then the chunk sums in chunk order; only those sums
+// depend on order (the counts are integers held exactly in doubles, the maximum ignores order),
+// so the kernels run them as chains in the same order and take the rest across a warp at once.
+// The double results agree with the CPU's bit for bit.
+//   - one pass (gap_one_pass_kernel, v14): one warp per chunk computes its elements itself and
+//     folds them (scalar formats; MX blocks of 32 along whole-block rows: a warp's 32 elements
+//     are one block);
+//   - else pass 1 writes each element's rel and flag (one thread per MX block, as
+//     mx_generic_kernel walks blocks; one per element for scalar formats) and pass 2 folds
+//     them a warp per chunk;
+//   - then one block adds the chunk partials (gap_final_kernel: the sums' chain in one thread,
+//     from shared memory).
+// A warp reads 32 consecutive values at a time (coalesced; the one-pass kernel kGapIlp windows
+// at once, its sums' chain run by lane 0 from a shared-memory row: v14d); in the two-pass
+// path every lane runs the sum's chain, taking each value from its lane by a shuffle. (Before
+// v14b every lane also folded the maximum and the counts one element at a time and one warp
+// folded the chunk partials so; before that one thread per chunk read 1024 values 8 KB apart
+// from its neighbours'.)
 #include "kernels/quant_gap.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -91,85 +99,250 @@ __global__ void __launch_bounds__(kBlock) gap_scalar_kernel(GapParams p) {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// A chunk's running partials. Only `sum` depends on the order of the additions (the CPU's: index
+// order); the counts are integers held exactly in doubles and the maximum of the non-NaN values is
+// the same in any order (fmax drops NaN, as the CPU's std::max(acc, NaN) keeps acc), so those are
+// taken across the warp at once, and only the sum runs as a chain.
+struct GapAcc {
+  double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+};
+
+// The order-free part of folding 32 consecutive elements' (rel, flag), lane j holding element j
+// and lanes >= m none, into `a` (every lane ends with the same values); returns the value this
+// lane's element adds to the sum: rel, or 0.0 for an element of a NaN/Inf block or none, which
+// leaves the sum as it is (it is +0, positive or NaN), as the CPU's skipping them does.
+__device__ __forceinline__ double fold_counts(double r, double f, int m, GapAcc& a) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bool in = lane < m;
+  const bool bad = in && f == kFlagNonfinite;
+  const bool good = in && !bad;
+  a.bad += static_cast<double>(__popc(__ballot_sync(kFullMask, bad)));
+  a.cnt += static_cast<double>(__popc(__ballot_sync(kFullMask, good)));
+  a.above += static_cast<double>(__popc(__ballot_sync(kFullMask, good && f == kFlagClamped)));
+  double wm = good ? r : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wm = fmax(wm, __shfl_xor_sync(kFullMask, wm, o));
+  a.mx = fmax(a.mx, wm);
+  return good ? r : 0.0;
+}
+
+// fold_counts, then the sum in index order in every lane (the two-pass path's chunk fold).
+__device__ __forceinline__ void fold_window(double r, double f, int m, GapAcc& a) {
+  const double v = fold_counts(r, f, m, a);
+  double sum = a.sum;
+  if (m == 32) {
+    // Unrolled: the 32 shuffles are independent of the chain and can issue ahead of it.
+#pragma unroll
+    for (int j = 0; j < 32; ++j) sum += __shfl_sync(kFullMask, v, j);
+  } else {
+    for (int j = 0; j < m; ++j) sum += __shfl_sync(kFullMask, v, j);
+  }
+  a.sum = sum;
+}
+
+__device__ __forceinline__ void write_partials(double* partials, int64_t c, const GapAcc& a) {
+  double* o = partials + kPartialWords * c;
+  o[0] = a.sum;
+  o[1] = a.mx;
+  o[2] = a.above;
+  o[3] = a.cnt;
+  o[4] = a.bad;
+}
+
+// The one-pass path (v14): one warp per chunk computes each element's rel and flag itself and
+// folds them at once, so nothing is written per element. Scalar formats (mx == false) need
+// nothing but the element; MX blocks need `32 consecutive flat indices == one block`, i.e.
+// blocks of 32 along the contiguous axis of rows that are whole blocks (quant_gap_one_pass):
+// the warp's 32 lanes hold exactly one block, whose amax is a warp maximum (order-free: the
+// maximum of finite floats is exact). Same scalar code and fold order as passes 1 and 2.
+// Windows a warp works on at once in the one-pass kernel: their loads, block maxima and element
+// quantizations are independent, so they overlap; only the fold runs window after window.
+constexpr int kGapIlp = 4;
+
+__global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemSpec es, bool mx_fmt, int64_t n,
+                                                              int64_t chunks, double* partials) {
+  __shared__ double rows[kBlock / 32][32 * kGapIlp];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  double* row = rows[threadIdx.x / 32];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint32_t salt = p.d_step->step;
+  for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
+    GapAcc acc;  // acc.sum is lane 0's alone
+    const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
+    for (int64_t base = c * kQuantGapChunk; base < end; base += 32 * kGapIlp) {
+      float x[kGapIlp], v[kGapIlp], amax[kGapIlp];
+      bool in[kGapIlp], special[kGapIlp];
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t i = base + 32 * g + lane;
+        in[g] = i < end;
+        x[g] = in[g] ? p.x[i] : 0.0f;
+        v[g] = p.round_first ? round_bf16(x[g], p.bf16_mode) : x[g];
+      }
+      if (mx_fmt) {
+#pragma unroll
+        for (int g = 0; g < kGapIlp; ++g) {
+          special[g] = __any_sync(kFullMask, in[g] && !is_finite_bits(f32_bits(v[g])));
+          amax[g] = special[g] ? 0.0f : fabsf(v[g]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+          for (int g = 0; g < kGapIlp; ++g) amax[g] = fmaxf(amax[g], __shfl_xor_sync(kFullMask, amax[g], o));
+      }
+      double r[kGapIlp], f[kGapIlp];
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t i = base + 32 * g + lane;
+        r[g] = 0.0;
+        f[g] = 0.0;
+        if (mx_fmt) {
+          if (special[g]) {
+            f[g] = kFlagNonfinite;
+          } else if (in[g]) {
+            const int s = shared_exponent(amax[g], es, p.q.rule, p.q.bump);
+            const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                                     ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
+                                     : 0u;
+            const ElemResult e = quantize_element(v[g], s, es, p.q.rounding, rnd);
+            r[g] = quant_gap_rel(x[g], e.value);
+            f[g] = e.clamped ? kFlagClamped : 0.0;
+          }
+        } else if (in[g]) {
+          const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v[g], p.q.rounding)
+                                                   : (p.q.fmt == NumFmt::fp16 ? round_fp16(v[g], p.q.rounding) : v[g]);
+          const bool badv = !is_finite_bits(f32_bits(x[g])) || !is_finite_bits(f32_bits(qv));
+          r[g] = badv ? 0.0 : quant_gap_rel(x[g], qv);
+          f[g] = badv ? kFlagNonfinite : 0.0;
+        }
+      }
+      // The counts and maxima across the warp; the terms of the sum (0.0 where none) into the
+      // warp's shared row, which lane 0 adds in index order (its reads issue ahead of the chain).
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        const int64_t left = end - (base + 32 * g);  // the same in every lane
+        const int m = left <= 0 ? 0 : (left < 32 ? static_cast<int>(left) : 32);
+        row[32 * g + lane] = m > 0 ? fold_counts(r[g], f[g], m, acc) : 0.0;
+      }
+      __syncwarp();
+      if (lane == 0) {
+        double sum = acc.sum;
+#pragma unroll
+        for (int j = 0; j < 32 * kGapIlp; ++j) sum += row[j];
+        acc.sum = sum;
+      }
+      __syncwarp();
+    }
+    if (lane == 0) write_partials(partials, c, acc);
+  }
+}
+
 // One warp per chunk (the loop bounds are the same in every lane of a warp).
 __global__ void __launch_bounds__(kBlock) gap_chunk_kernel(const double* rel, const double* flag, int64_t n,
                                                           int64_t chunks, double* partials) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
-    double sum = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+    GapAcc acc;
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
     for (int64_t base = c * kQuantGapChunk; base < end; base += 32) {
       const int64_t i = base + lane;
       const double r = i < end ? rel[i] : 0.0;
       const double f = i < end ? flag[i] : 0.0;
-      const int m = end - base < 32 ? static_cast<int>(end - base) : 32;
-      for (int j = 0; j < m; ++j) {  // index order: base, base + 1, ...
-        const double rj = __shfl_sync(kFullMask, r, j);
-        const double fj = __shfl_sync(kFullMask, f, j);
-        if (fj == kFlagNonfinite) {
-          bad += 1.0;
-          continue;
-        }
-        sum += rj;
-        mx = fmax(mx, rj);
-        above += fj;
-        cnt += 1.0;
-      }
+      fold_window(r, f, end - base < 32 ? static_cast<int>(end - base) : 32, acc);
     }
-    if (lane == 0) {
-      double* o = partials + kPartialWords * c;
-      o[0] = sum;
-      o[1] = mx;
-      o[2] = above;
-      o[3] = cnt;
-      o[4] = bad;
-    }
+    if (lane == 0) write_partials(partials, c, acc);
   }
 }
 
-// One warp (launched with 32 threads): the chunk partials in chunk order.
-__global__ void gap_final_kernel(const double* partials, int64_t chunks, double* out) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  double r[kPartialWords] = {0.0, 0.0, 0.0, 0.0, 0.0};
-  for (int64_t base = 0; base < chunks; base += 32) {
-    const int64_t c = base + lane;
-    double v[kPartialWords];
-    for (int w = 0; w < kPartialWords; ++w) v[w] = c < chunks ? partials[kPartialWords * c + w] : 0.0;
-    const int m = chunks - base < 32 ? static_cast<int>(chunks - base) : 32;
-    for (int j = 0; j < m; ++j) {
-      double o[kPartialWords];
-      for (int w = 0; w < kPartialWords; ++w) o[w] = __shfl_sync(kFullMask, v[w], j);
-      r[0] += o[0];
-      r[1] = fmax(r[1], o[1]);
-      r[2] += o[2];
-      r[3] += o[3];
-      r[4] += o[4];
+// One block of kBlock threads: the chunk partials, kBlock at a time. Each thread takes one
+// partial's maximum and counts (order-free: across the block at the end) and puts its sum in
+// shared memory; thread 0 then adds those sums in chunk order (a chain read from shared memory,
+// unrolled so that the reads issue ahead of it).
+__global__ void __launch_bounds__(kBlock) gap_final_kernel(const double* partials, int64_t chunks, double* out) {
+  __shared__ double sums[kBlock];
+  __shared__ double red[4][kBlock / 32];
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
+  double total = 0.0, mx = 0.0, above = 0.0, cnt = 0.0, bad = 0.0;
+  for (int64_t tile = 0; tile < chunks; tile += kBlock) {
+    const int64_t c = tile + t;
+    const double* pc = partials + kPartialWords * c;
+    if (c < chunks) {
+      sums[t] = pc[0];
+      mx = fmax(mx, pc[1]);
+      above += pc[2];  // integers below 2^53: exact in any order
+      cnt += pc[3];
+      bad += pc[4];
     }
+    __syncthreads();
+    if (t == 0) {
+      const int m = chunks - tile < kBlock ? static_cast<int>(chunks - tile) : kBlock;
+#pragma unroll 8
+      for (int j = 0; j < m; ++j) total += sums[j];
+    }
+    __syncthreads();
   }
-  if (lane == 0)
-    for (int w = 0; w < kPartialWords; ++w) out[w] = r[w];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    mx = fmax(mx, __shfl_xor_sync(kFullMask, mx, o));
+    above += __shfl_xor_sync(kFullMask, above, o);
+    cnt += __shfl_xor_sync(kFullMask, cnt, o);
+    bad += __shfl_xor_sync(kFullMask, bad, o);
+  }
+  if (lane == 0) {
+    red[0][warp] = mx;
+    red[1][warp] = above;
+    red[2][warp] = cnt;
+    red[3][warp] = bad;
+  }
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 1; w < kBlock / 32; ++w) {
+      mx = fmax(mx, red[0][w]);
+      above += red[1][w];
+      cnt += red[2][w];
+      bad += red[3][w];
+    }
+    out[0] = total;
+    out[1] = mx;
+    out[2] = above;
+    out[3] = cnt;
+    out[4] = bad;
+  }
 }
 
 int64_t chunks_of(int64_t n) { return (n + kQuantGapChunk - 1) / kQuantGapChunk; }
 
 }  // namespace
 
-int64_t quant_gap_scratch_doubles(int64_t n) { return 2 * n + kPartialWords * chunks_of(n) + 1; }
+bool quant_gap_one_pass(int64_t cols, Axis axis, const QuantSpec& q) {
+  if (!is_mx(q.fmt)) return true;
+  return q.block == 32 && axis == Axis::contiguous && cols % 32 == 0;
+}
+
+int64_t quant_gap_scratch_doubles(int64_t rows, int64_t cols, Axis axis, const QuantSpec& q) {
+  const int64_t n = rows * cols;
+  return (quant_gap_one_pass(cols, axis, q) ? 0 : 2 * n) + kPartialWords * chunks_of(n) + 1;
+}
 
 void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
                       bool round_bf16_first, Rounding bf16_mode, const StepScalars* d_step, double* scratch,
                       double* d_results, cudaStream_t s) {
   const int64_t n = rows * cols;
+  const bool one_pass = quant_gap_one_pass(cols, axis, q);
   GapParams p{x, rows, cols, q, round_bf16_first, bf16_mode, d_step, scratch, scratch + n};
-  double* partials = scratch + 2 * n;
-  if (n > 0) {
+  double* partials = one_pass ? scratch : scratch + 2 * n;
+  // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
+  const ElemSpec es = is_mx(q.fmt) ? kElemSpecs[static_cast<int>(mx_elem(q.fmt))] : ElemSpec{};
+  if (n > 0 && one_pass) {
+    gap_one_pass_kernel<<<grid_for(32 * chunks_of(n)), kBlock, 0, s>>>(p, es, is_mx(q.fmt), n, chunks_of(n),
+                                                                       partials);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  } else if (n > 0) {
     if (is_mx(q.fmt)) {
       const int64_t lines = axis == Axis::contiguous ? rows : cols;
       const int64_t length = axis == Axis::contiguous ? cols : rows;
-      // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
-      gap_mx_kernel<<<grid_for(lines * ((length + q.block - 1) / q.block)), kBlock, 0, s>>>(
-          p, kElemSpecs[static_cast<int>(mx_elem(q.fmt))], axis);
+      gap_mx_kernel<<<grid_for(lines * ((length + q.block - 1) / q.block)), kBlock, 0, s>>>(p, es, axis);
     } else {
       gap_scalar_kernel<<<grid_for(n), kBlock, 0, s>>>(p);
     }
@@ -177,7 +350,7 @@ void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, con
     gap_chunk_kernel<<<grid_for(32 * chunks_of(n)), kBlock, 0, s>>>(p.rel, p.flag, n, chunks_of(n), partials);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
-  gap_final_kernel<<<1, 32, 0, s>>>(partials, chunks_of(n), d_results);
+  gap_final_kernel<<<1, kBlock, 0, s>>>(partials, chunks_of(n), d_results);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -4,7 +4,9 @@
 // (quant_gap_rel), then the sums in the fixed order the CPU reference uses (chunks of
 // kQuantGapChunk flat indices in index order, then chunk sums in order), so the result equals
 // the CPU's bit for bit. It runs once per log step on each parameter tensor (16 per trajectory
-// at L = 4): the sums run a warp per chunk (quant_gap.cu).
+// at L = 4), all of a trajectory's in one batch (CudaBackend::quant_gaps, one read-back): the
+// sums run a warp per chunk (quant_gap.cu), which also computes the elements itself where a
+// warp's 32 consecutive elements are one block or need no block (quant_gap_one_pass).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,8 +16,12 @@
 
 namespace mxlab::cuda {
 
-// Scratch: quant_gap_scratch_doubles(n) doubles for a tensor of n elements.
-int64_t quant_gap_scratch_doubles(int64_t n);
+// Whether one pass does it (nothing written per element): scalar formats, and MX blocks of 32
+// along the contiguous axis of rows that are whole blocks (cols % 32 == 0). Else a first pass
+// writes each element's rel and flag (one thread per block) and a second sums them.
+bool quant_gap_one_pass(int64_t cols, Axis axis, const QuantSpec& q);
+// Scratch: quant_gap_scratch_doubles(...) doubles for a tensor of rows x cols.
+int64_t quant_gap_scratch_doubles(int64_t rows, int64_t cols, Axis axis, const QuantSpec& q);
 // d_results[0..5) = sum_rel, max_rel, above, n, nonfinite (counts as exact doubles).
 // Stochastic rounding reads the salt from d_step->step.
 void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,

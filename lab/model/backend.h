@@ -202,6 +202,10 @@ class Backend {
   virtual std::vector<double> take_deferred();
   // min, max, mean, std (population) of x[0..n): gamma statistics.
   virtual void moments(const float* x, size_t n, double out[4]) = 0;
+  // moments() of several tensors, out[4 i .. 4 i + 4) those of x[i][0..n[i]), with one
+  // synchronisation where the backend can (CUDA; a log step's gains: 4 per trajectory at L = 4).
+  // The default calls moments() for each.
+  virtual void moments_batch(const float* const* x, const size_t* n, size_t count, double* out);
   // Quantization statistics slots: counts accumulated by quantize()/gemm() since reset.
   virtual void reset_stats(int slots) = 0;
   virtual std::vector<QuantStats> read_stats() = 0;
@@ -266,6 +270,18 @@ class Backend {
   };
   virtual QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q,
                              bool round_bf16_first, Rounding bf16_mode);
+  // Several quant_gap()s at once (a log step's clamp debt: every norm gain and weight of a
+  // trajectory), out[i] = quant_gap(reqs[i]...) exactly; one synchronisation for the batch where
+  // the backend can (CUDA). The default calls quant_gap() for each.
+  struct QuantGapRequest {
+    const float* x = nullptr;
+    int64_t rows = 0, cols = 0;
+    Axis axis = Axis::contiguous;
+    QuantSpec q;
+    bool round_bf16_first = false;
+    Rounding bf16_mode = Rounding::nearest_even;
+  };
+  virtual void quant_gaps(const QuantGapRequest* reqs, size_t count, QuantGap* out);
   // ==== end of the stability instruments ====
 
   // ==== attention blocks and RMS/MX norms (issue 14; lab/model/README.md "Norms", "Attention") ====

@@ -36,6 +36,15 @@ void Backend::loss_kl_tangent(const float*, const float*, float*, int64_t, int64
 Backend::QuantGap Backend::quant_gap(const float*, int64_t, int64_t, Axis, const QuantSpec&, bool, Rounding) {
   unsupported(*this, "quant_gap");
 }
+void Backend::moments_batch(const float* const* x, const size_t* n, size_t count, double* out) {
+  for (size_t i = 0; i < count; ++i) moments(x[i], n[i], out + 4 * i);
+}
+void Backend::quant_gaps(const QuantGapRequest* reqs, size_t count, QuantGap* out) {
+  for (size_t i = 0; i < count; ++i) {
+    const QuantGapRequest& r = reqs[i];
+    out[i] = quant_gap(r.x, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode);
+  }
+}
 
 // Deferred results, computed at once: a host backend has nothing to overlap.
 void Backend::reduce_deferred(const Reduction* reqs, size_t count) {

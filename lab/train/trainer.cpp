@@ -589,12 +589,17 @@ void Trainer::log_metrics(bool shadow_step) {
     row.add("weight_norm", std::sqrt(v[1]));
     if (tr.is_mx) row.add("weight_distance", live(ref) ? std::sqrt(safe_ratio(v[2], r[widx[0] + 1])) : kNaN);
     if (has_gamma) {
-      std::vector<double> mean(L), sd(L), mn(L), mx(L);
+      std::vector<double> mean(L), sd(L), mn(L), mx(L), m4(4 * static_cast<size_t>(L));
+      std::vector<const float*> gx(L);
+      std::vector<size_t> gn(L);
       for (int l = 0; l < L; ++l) {
         const ParamGroup* g = shape_.find(l, ParamGroup::gamma);
-        double m4[4];
-        be_.moments(tr.params + g->offset, static_cast<size_t>(g->size()), m4);
-        mn[l] = m4[0]; mx[l] = m4[1]; mean[l] = m4[2]; sd[l] = m4[3];
+        gx[l] = tr.params + g->offset;
+        gn[l] = static_cast<size_t>(g->size());
+      }
+      be_.moments_batch(gx.data(), gn.data(), gx.size(), m4.data());
+      for (int l = 0; l < L; ++l) {
+        mn[l] = m4[4 * l]; mx[l] = m4[4 * l + 1]; mean[l] = m4[4 * l + 2]; sd[l] = m4[4 * l + 3];
       }
       row.add("gamma_mean", mean);
       row.add("gamma_std", sd);
@@ -653,18 +658,37 @@ void Trainer::measure_curvature() {
 void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
   const int L = cfg_.model.depth;
   const PassPolicy pol = pass_policy(tr, false, index);
-  auto gap = [&](const ParamGroup& g) {
+  // Every gap of the row in one batch (one synchronisation on the GPU): the norm gains by kind
+  // and layer, then the weights in group order.
+  std::vector<Backend::QuantGapRequest> reqs;
+  auto request = [&](const ParamGroup& g) {
     const ParamQuant pq = forward_param_quant(g, pol);
-    return be_.quant_gap(tr.params + g.offset, pq.rows, pq.cols, pq.axis, pq.q, pq.round_bf16_first, pq.bf16_mode);
+    Backend::QuantGapRequest r;
+    r.x = tr.params + g.offset;
+    r.rows = pq.rows;
+    r.cols = pq.cols;
+    r.axis = pq.axis;
+    r.q = pq.q;
+    r.round_bf16_first = pq.round_bf16_first;
+    r.bf16_mode = pq.bf16_mode;
+    reqs.push_back(r);
   };
-  for (const ParamGroup::Kind kind : {ParamGroup::gamma, ParamGroup::beta}) {
+  const ParamGroup::Kind norm_kinds[] = {ParamGroup::gamma, ParamGroup::beta};
+  for (const ParamGroup::Kind kind : norm_kinds)
+    if (shape_.find(0, kind))
+      for (int l = 0; l < L; ++l) request(*shape_.find(l, kind));
+  for (const ParamGroup& g : shape_.groups)
+    if (g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2) request(g);
+  std::vector<Backend::QuantGap> gaps(reqs.size());
+  be_.quant_gaps(reqs.data(), reqs.size(), gaps.data());
+  size_t k = 0;
+  for (const ParamGroup::Kind kind : norm_kinds) {
     if (!shape_.find(0, kind)) continue;
     std::vector<double> mean(L, kNaN), mx(L, kNaN), above(L, kNaN);
-    for (int l = 0; l < L; ++l) {
-      const Backend::QuantGap q = gap(*shape_.find(l, kind));
-      mean[l] = q.mean_rel();
-      mx[l] = q.max_rel;
-      above[l] = q.above_frac();
+    for (int l = 0; l < L; ++l, ++k) {
+      mean[l] = gaps[k].mean_rel();
+      mx[l] = gaps[k].max_rel;
+      above[l] = gaps[k].above_frac();
     }
     const std::string t = kind == ParamGroup::gamma ? "gamma" : "beta";
     row.add(t + "_gap_mean", mean);
@@ -672,11 +696,9 @@ void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
     row.add(t + "_above_frac", above);
   }
   std::vector<double> wmean, wabove;
-  for (const ParamGroup& g : shape_.groups) {
-    if (g.kind != ParamGroup::w1 && g.kind != ParamGroup::w2) continue;
-    const Backend::QuantGap q = gap(g);
-    wmean.push_back(q.mean_rel());
-    wabove.push_back(q.above_frac());
+  for (; k < gaps.size(); ++k) {
+    wmean.push_back(gaps[k].mean_rel());
+    wabove.push_back(gaps[k].above_frac());
   }
   row.add("weight_gap_mean", wmean);
   row.add("weight_above_frac", wabove);

@@ -239,6 +239,15 @@ TEST(CpuBackend, ColSumReduceMoments) {
   EXPECT_EQ(m[1], 4.0);
   EXPECT_EQ(m[2], 2.5);
   EXPECT_DOUBLE_EQ(m[3], std::sqrt(1.25));
+  // moments_batch: each tensor's moments, in order.
+  const float* xs[2] = {x, x + 2};
+  const size_t ns[2] = {4, 4};
+  double mb[8];
+  be->moments_batch(xs, ns, 2, mb);
+  EXPECT_EQ(std::vector<double>(mb, mb + 4), std::vector<double>(m, m + 4));
+  EXPECT_EQ(mb[4], 3.0);
+  EXPECT_EQ(mb[5], 6.0);
+  EXPECT_EQ(mb[6], 4.5);
   EXPECT_EQ(be->read_scalar(x + 5), 6.0f);
 }
 

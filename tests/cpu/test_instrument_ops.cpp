@@ -286,6 +286,39 @@ TEST(InstrumentOps, QuantGapExactZeroNonfiniteStridedAndBf16First) {
   EXPECT_THROW(h.be->quant_gap(h.put({v}), 1, 1, Axis::contiguous, bad, false, Rounding::nearest_even), Error);
 }
 
+TEST(InstrumentOps, QuantGapsOfABatchAreEachTensorsQuantGap) {
+  // Backend::quant_gaps (the trainer's clamp debt asks for a trajectory's gaps at once) returns,
+  // in request order, what quant_gap returns for each request.
+  Host h;
+  const std::vector<float> x = noise(96 * 5, 3);
+  float* X = h.put(x);
+  std::vector<Backend::QuantGapRequest> reqs(3);
+  reqs[0].x = X;
+  reqs[0].rows = 5;
+  reqs[0].cols = 96;
+  reqs[0].q.fmt = NumFmt::mxfp8_e4m3;
+  reqs[1] = reqs[0];
+  reqs[1].axis = Axis::strided;
+  reqs[1].q.block = 4;
+  reqs[1].round_bf16_first = true;
+  reqs[2] = reqs[0];
+  reqs[2].x = X + 96;
+  reqs[2].rows = 1;
+  reqs[2].q.fmt = NumFmt::bf16;
+  std::vector<Backend::QuantGap> got(reqs.size());
+  h.be->quant_gaps(reqs.data(), reqs.size(), got.data());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Backend::QuantGapRequest& r = reqs[i];
+    const Backend::QuantGap one = h.be->quant_gap(r.x, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode);
+    EXPECT_EQ(got[i].sum_rel, one.sum_rel) << i;
+    EXPECT_EQ(got[i].max_rel, one.max_rel) << i;
+    EXPECT_EQ(got[i].n, one.n) << i;
+    EXPECT_GT(one.sum_rel, 0.0) << i;
+  }
+  EXPECT_NE(got[0].sum_rel, got[1].sum_rel);
+  EXPECT_EQ(got[2].n, 96u);
+}
+
 TEST(InstrumentOps, QuantGapOfTheModelsGammaIsWhatTheForwardPassUses) {
   // An MX policy with stochastic rounding (so that the seed mixing must match too): the gap of
   // the stored gamma / beta under forward_param_quant equals |gamma - Q(gamma)| / |gamma| with

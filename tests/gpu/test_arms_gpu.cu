@@ -6,12 +6,14 @@
 // and streams) write the bits they write alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kernels/cuda_backend.h"
+#include "lab/cpu/cpu_backend.h"
 #include "lab/train/config_io.h"
 #include "lab/train/trainer.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -124,6 +126,45 @@ TEST(ArmsGpu, SnapGammaBranchStartsFromTheQuantizedGamma) {
       }
   }
   EXPECT_TRUE(seen);
+}
+
+// The clamp debt on CUDA (v14: a trajectory's gaps in one batch, one pass per tensor where its
+// rows are whole blocks of 32) is the CPU's, bit for bit, on the weights both backends start
+// from: every gap column of step 0's row, both trajectories (MX blocks and FP32's scalar path).
+TEST(ArmsGpu, ClampDebtOfTheFirstStepIsTheCpus) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig c = tiny();
+  c.steps = 1;
+  c.log.log_every = 1;
+  c.model.init = InitKind::pytorch;
+  const MemorySink g = run_cuda(c);
+  auto cpu = make_cpu_backend();
+  MemorySink h;
+  {
+    Trainer tr(c, *cpu, h);
+    tr.open_output();
+    tr.finish(tr.run(RunControl{}));
+  }
+  size_t compared = 0;
+  for (const char* group : {"trajectories/mx", "trajectories/fp32"}) {
+    const MetricRow* rg = nullptr;
+    const MetricRow* rh = nullptr;
+    for (const MetricRow& r : g.groups.at(group).rows)
+      if (r.step == 0 && r.axis == "step") rg = &r;
+    for (const MetricRow& r : h.groups.at(group).rows)
+      if (r.step == 0 && r.axis == "step") rh = &r;
+    ASSERT_TRUE(rg && rh) << group;
+    for (const auto& col : rh->cols) {
+      const std::string& k = col.first;
+      if (k.find("_gap_") == std::string::npos && k.find("_above_frac") == std::string::npos) continue;
+      const auto it = std::find_if(rg->cols.begin(), rg->cols.end(), [&](const auto& x) { return x.first == k; });
+      ASSERT_NE(it, rg->cols.end()) << group << " " << k;
+      ASSERT_EQ(it->second.size(), col.second.size()) << k;
+      for (size_t i = 0; i < col.second.size(); ++i) EXPECT_EQ(it->second[i], col.second[i]) << group << " " << k << i;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 16u);  // gamma, beta: mean, max, above; weights: mean, above; two trajectories
 }
 
 // data.mx_teacher_targets on CUDA (issue 17; CPU twin tests/cpu/test_mx_targets.cpp): the FP32

@@ -620,6 +620,44 @@ TEST(CudaBackend, ReduceAndMomentsMatchCpu) {
     EXPECT_NEAR(mg[3], mc[3], tol_std) << "std n=" << sizes[i];
     for (int k = 0; k < 4; ++k) EXPECT_EQ(mg[k], mg2[k]) << "moments not deterministic";
   }
+  // A batch of requests (the trainer's 7 shadow sums per arm and more, lengths mixed): each equals
+  // the same request reduced alone, bit for bit. (v15 of kernels/PERF.md ran requests of one
+  // length fused with this test; it was slower and is not kept, the test is.)
+  {
+    const Buf& g = as[4];
+    const Buf& sh = bs[4];
+    const Buf f = t.make(normal(sizes[4], 95, 0.5f));
+    const int64_t n = sizes[4];
+    std::vector<Reduction> fused = {
+        {Reduction::dot, g.g, sh.g, n},  {Reduction::dot, sh.g, sh.g, n},    {Reduction::diff_sq, g.g, sh.g, n},
+        {Reduction::dot, g.g, g.g, n},   {Reduction::dot, g.g, f.g, n},      {Reduction::diff_sq, g.g, f.g, n},
+        {Reduction::dot, f.g, f.g, n},   {Reduction::diff_sq, sh.g, f.g, n}, {Reduction::dot, sh.g, f.g, n},
+        {Reduction::diff_sq, f.g, g.g, n}, {Reduction::dot, f.g, sh.g, n},
+        {Reduction::dot, as[3].g, bs[3].g, sizes[3]}, {Reduction::diff_sq, as[3].g, bs[3].g, sizes[3]},
+        {Reduction::dot, g.g, f.g, n - 5}};
+    std::vector<double> together(fused.size());
+    t.gpu->reduce(fused.data(), fused.size(), together.data());
+    for (size_t k = 0; k < fused.size(); ++k) {
+      double alone = 0.0;
+      t.gpu->reduce(&fused[k], 1, &alone);
+      EXPECT_EQ(together[k], alone) << "fused reduction " << k;
+    }
+    EXPECT_NE(together[4], together[13]);  // n - 5: its own group
+  }
+  // moments_batch (a log step's gains, one read-back): each tensor's moments() bit for bit.
+  std::vector<const float*> xs;
+  std::vector<size_t> ns;
+  for (size_t i = 0; i < as.size(); ++i) {
+    xs.push_back(as[i].g);
+    ns.push_back(static_cast<size_t>(sizes[i]));
+  }
+  std::vector<double> mb(4 * xs.size());
+  t.gpu->moments_batch(xs.data(), ns.data(), xs.size(), mb.data());
+  for (size_t i = 0; i < as.size(); ++i) {
+    double m1[4];
+    t.gpu->moments(as[i].g, sizes[i], m1);
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(mb[4 * i + w], m1[w]) << "moments_batch n=" << sizes[i] << " word " << w;
+  }
 }
 
 // ---- determinism, lanes and graphs -----------------------------------------------------------

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/cuda_backend.h"
+#include "kernels/quant_gap.cuh"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/curvature.h"
 #include "lab/model/hvp.h"
@@ -240,6 +241,80 @@ TEST(QuantGapGpu, MatchesCpuBitForBit) {
     ++cases;
   }
   std::printf("[quant_gap] %d cases bit-exact\n", cases);
+}
+
+// The batched gaps (v14: one read-back per batch, one pass where a warp's 32 elements are one
+// block or need none) against the CPU's quant_gap of each tensor: the one-pass shapes (blocks of
+// 32 along whole-block rows, with NaN/Inf blocks, zeros and clamps; scalar formats with a
+// partial last window), the two-pass ones beside them in the same batch, and a batch longer
+// than one read-back (kHostResults / 5 = 204 tensors).
+TEST(QuantGapGpu, BatchesMatchCpuBitForBitOnePassAndTwo) {
+  MXLAB_REQUIRE_GPU();
+  Twin t;
+  t.set_step(StepScalars{7, 0.0f, 1.0f, 1.0f});
+  const int64_t rows = 257, cols = 96;  // 3 blocks per row; 24,672 elements: a partial last chunk
+  std::vector<float> x = normal(rows * cols, 11);
+  for (size_t i = 0; i < x.size(); i += 89) x[i] *= 2e3f;  // clamps under floor
+  for (size_t i = 7; i < x.size(); i += 53) x[i] = 0.0f;
+  x[1000] = std::numeric_limits<float>::infinity();
+  x[5001] = std::numeric_limits<float>::quiet_NaN();
+  x[5002] = 3.4e38f;  // rounds to Inf in bf16 (a non-finite block only when bf16 comes first)
+  Buf X = t.make(x);
+  std::vector<Backend::QuantGapRequest> reqs;
+  for (NumFmt f : {NumFmt::mxfp8_e4m3, NumFmt::mxfp4_e2m1, NumFmt::mxint8, NumFmt::bf16, NumFmt::fp32})
+    for (Rounding rnd : {Rounding::nearest_away, Rounding::stochastic})
+      for (bool first : {false, true})
+        for (int shape = 0; shape < 3; ++shape) {  // one-pass; strided (two passes); odd length
+          if (!is_mx(f) && rnd == Rounding::stochastic) continue;
+          Backend::QuantGapRequest r;
+          r.q.fmt = f;
+          r.q.block = 32;
+          r.q.rounding = rnd;
+          r.q.seed = 5;
+          r.q.rule = f == NumFmt::mxint8 ? ScaleRule::rceil : ScaleRule::floor;
+          r.round_bf16_first = first;
+          r.bf16_mode = Rounding::nearest_even;
+          r.rows = rows;
+          r.cols = shape == 2 ? 95 : cols;
+          r.axis = shape == 1 ? Axis::strided : Axis::contiguous;
+          r.x = X.g;
+          reqs.push_back(r);
+        }
+  const size_t distinct = reqs.size();
+  EXPECT_EQ(cuda::quant_gap_one_pass(cols, Axis::contiguous, reqs[0].q), true);
+  EXPECT_EQ(cuda::quant_gap_one_pass(cols, Axis::strided, reqs[0].q), false);
+  EXPECT_EQ(cuda::quant_gap_one_pass(95, Axis::contiguous, reqs[0].q), false);
+  while (reqs.size() < 230) reqs.push_back(reqs[reqs.size() % distinct]);  // two read-backs
+  std::vector<Backend::QuantGap> got(reqs.size());
+  t.gpu->quant_gaps(reqs.data(), reqs.size(), got.data());
+  size_t nonfinite_seen = 0, clamps_seen = 0, nan_sums = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Backend::QuantGapRequest& r = reqs[i];
+    const Backend::QuantGap a = t.cpu->quant_gap(X.c, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode);
+    const std::string label = msg("request ", i, ": ", name(r.q.fmt), " ", name(r.q.rounding), " cols ", r.cols,
+                                  r.axis == Axis::strided ? " strided" : "", r.round_bf16_first ? " bf16-first" : "");
+    // A block whose scale overflows E8M0 (mxint8 under rceil with the 3.4e38 in a finite block,
+    // strided) quantizes to NaN: its finite elements' rel is NaN on both backends, and so is the
+    // sum (the NaN's sign is not specified).
+    const bool both_nan = std::isnan(a.sum_rel) && std::isnan(got[i].sum_rel);
+    if (!both_nan) EXPECT_EQ(a.sum_rel, got[i].sum_rel) << label;
+    nan_sums += both_nan;
+    EXPECT_EQ(a.max_rel, got[i].max_rel) << label;
+    EXPECT_EQ(a.above, got[i].above) << label;
+    EXPECT_EQ(a.n, got[i].n) << label;
+    EXPECT_EQ(a.nonfinite, got[i].nonfinite) << label;
+    EXPECT_GT(a.n, 0u) << label;
+    nonfinite_seen += a.nonfinite > 0;
+    clamps_seen += a.above > 0;
+  }
+  EXPECT_EQ(nonfinite_seen, reqs.size());  // every request met the Inf and the NaN
+  EXPECT_GT(clamps_seen, 0u);
+  EXPECT_LT(nan_sums, reqs.size() / 8);  // the overflow case above only (5 of 230 when found)
+  // One request alone (quant_gap) is the batch's first.
+  const Backend::QuantGap one = t.gpu->quant_gap(X.g, rows, cols, Axis::contiguous, reqs[0].q, false,
+                                                 Rounding::nearest_even);
+  EXPECT_EQ(one.sum_rel, got[0].sum_rel);
+  std::printf("[quant_gaps] %zu requests (%zu distinct) bit-exact\n", reqs.size(), distinct);
 }
 
 // ---- the product and the measurement ---------------------------------------------------------
