@@ -8,6 +8,10 @@
 #   gaps: the quantization-gap kernels (gap_*) of 3 logged paired steps with the shadow every step
 #         (mxlab bench --log-steps 3; only those kernels are profiled), to split the logged step's
 #         "clamp debt" phase into kernel time and the rest (launches, synchronisations, reads).
+#   gapsfull: Nsight Compute's full set (issue and stall reasons, occupancy, memory) on two launches
+#         of gap_one_pass_kernel: the MX trajectory's first two weights of the first logged step
+#         (per logged step 32 launches: the FP32 trajectory's 16, then the MX one's γ ×4, β ×4, W ×8);
+#         OUTDIR/ncu_gapsfull.txt is ncu's details page (no per-launch summary).
 set -uo pipefail
 OUT=${1:?usage: gpu_profile.sh OUTDIR [FIGURE...]}
 shift
@@ -16,7 +20,17 @@ BIN=./build/mxlab
 [ -x .devbin/mxlab ] && BIN=.devbin/mxlab
 TMP=$(mktemp -d)
 for f in "${@:-mx}"; do
-  if [ "$f" = gaps ]; then
+  if [ "$f" = gapsfull ]; then
+    ncu --clock-control none --set full --kernel-name regex:gap_one_pass --launch-skip 24 --launch-count 2 \
+      --log-file "$OUT/ncu_$f.txt" \
+      "$BIN" bench "$CFG" --device cuda --only data --steps 1 --warmup 3 --set log.bias_every=1 --log-steps 3 \
+      > "$TMP/ncu_$f.out" 2>&1
+    rc=$?
+    echo "ncu $f: rc $rc"
+    if [ "$rc" -ne 0 ]; then tail -20 "$TMP/ncu_$f.out"; cp "$TMP/ncu_$f.out" "$OUT/ncu_$f.out"; fi
+    grep -E "Duration|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|Stall" "$OUT/ncu_$f.txt" | head -30
+    continue
+  elif [ "$f" = gaps ]; then
     ncu --clock-control none --kernel-name regex:gap_ --metrics gpu__time_duration.sum --csv --log-file "$TMP/ncu_$f.csv" \
       "$BIN" bench "$CFG" --device cuda --only data --steps 1 --warmup 3 --set log.bias_every=1 --log-steps 3 \
       > "$TMP/ncu_$f.out" 2>&1
