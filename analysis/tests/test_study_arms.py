@@ -302,3 +302,30 @@ def test_readme_section_11_is_what_the_committed_csvs_give(mod, capsys, study, r
             assert row in section, row
             rows += 1
     assert rows == (8 if study == "fresh_seeds_20k" else 4)
+
+
+def test_readme_section_11_rerun_of_code_faithful_shards_0_3_equals_the_committed_summaries():
+    """Section 11's check: the fourth session's re-run of code-faithful shards 0-3
+    (results/bench/h200x4_2026-11-26d_rerun_summary_*) has every field of all 32 (run, trajectory)
+    rows equal to the committed summaries except the run file's path; the committed ones carry a
+    device column the re-run's lack."""
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    section = " ".join(readme[readme.index("## 11. "):readme.index("## Not done")].split())
+    rows = 0
+    for shard in range(4):
+        name = f"summary_code_faithful_20k_shard{shard}of10.csv"
+        with open(os.path.join(ROOT, "results", "code_faithful_20k", name), newline="") as f:
+            committed = list(csv.DictReader(f))
+        with open(os.path.join(ROOT, "results", "bench", "h200x4_2026-11-26d_rerun_" + name), newline="") as f:
+            rerun = list(csv.DictReader(f))
+        assert set(committed[0]) - set(rerun[0]) == {"device"} and set(rerun[0]) <= set(committed[0])
+        by_key = {(r["run_id"], r["group"]): r for r in rerun}
+        assert len(by_key) == len(rerun) == len(committed)
+        for c in committed:
+            r = by_key[(c["run_id"], c["group"])]
+            assert {k for k in r if r[k] != c[k]} == {"file"}
+            rows += 1
+    assert rows == 32
+    assert ("equal to the committed ones (809b8d0, first session) in every field of all 32 (run, trajectory) rows"
+            in section)
+    assert "except the run file's path. The committed summaries also carry a `device` column" in section
