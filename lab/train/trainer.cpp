@@ -436,6 +436,7 @@ void Trainer::append_shadow_row(Trajectory& tr, const ShadowScalars& s, int64_t 
 }
 
 void Trainer::log_metrics(bool shadow_step) {
+  flush_shadow();  // this step's rows follow the queued ones, and its averages include them
   const int L = cfg_.model.depth;
   const auto& groups = shape_.groups;
   const size_t G = groups.size();
@@ -623,6 +624,7 @@ void Trainer::log_metrics(bool shadow_step) {
 // diag(sqrt(v_hat) + eps); SGD: P = I), the edge-of-stability threshold of Cohen et al. 2022 for
 // the optimizer at this step's lr, and the left-hand side of the paper's Eq. 10.
 void Trainer::measure_curvature() {
+  flush_shadow();  // Eq. 10 reads the running bias ratio, complete to this step
   const StepScalars sc = scalars(step_);
   be_.set_step(sc);
   const auto& o = cfg_.optimizer;
@@ -705,8 +707,6 @@ void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
 }
 
 void Trainer::step_once(bool log) {
-  // The log step's rows follow the queued ones, and its averages (and the curvature's) include them.
-  if (log || (curvature_ && step_ > 0 && step_ % cfg_.log.curvature_every == 0)) flush_shadow();
   start_branches();
   write_snapshots();
   if (curvature_ && step_ > 0 && step_ % cfg_.log.curvature_every == 0) measure_curvature();
