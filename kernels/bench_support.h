@@ -35,6 +35,13 @@ double gemm_floor_ms(const std::vector<GemmShape>& shapes, FloorKind kind, int d
 // ~1e-6 relative; TF32 (10-bit mantissa inputs) would differ by ~1e-3.
 double sgemm_default_rel_diff(const GemmShape& g, int device);
 
+// Producer-side quantization (kernels/gemm.cuh) of a backend made by make_cuda_backend: on by
+// default; off makes every GEMM quantize its operands itself (same bits; for comparisons).
+// producer_quant_hits: GEMM operands taken from producers so far, over all lanes. Both throw
+// mxlab::Error for another backend.
+void set_producer_quant(Backend& be, bool on);
+int64_t producer_quant_hits(Backend& be);
+
 // CUDA-event timer on lane 0 of a backend made by make_cuda_backend: start(i)/stop(i) record
 // events in stream order around step i; elapsed_ms() synchronises and returns every step's time.
 class LaneTimer {

@@ -331,10 +331,13 @@ class CudaBackend final : public Backend {
 
   // ---- vector ops ----
   void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r, const GemmOperand* q_out) override {
     ctx();
     MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
-    launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur());
+    ProducedQuant pq;
+    const bool want = produce_target(q_out, y, rows, d, &pq);
+    if (launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur(), want ? &pq : nullptr))
+      lanes_[cur_].gemm->hold(*q_out, rows, d);
   }
   void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                      float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
@@ -344,14 +347,41 @@ class CudaBackend final : public Backend {
     launch_layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta, rows, d, r, dy_in, scratch, cur());
   }
   void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-               const ElementwiseRound& h_in) override {
+               const ElementwiseRound& h_in, const GemmOperand* q_out) override {
     ctx();
-    launch_act_fwd(act, h, a, rows, cols, r, h_in, cur());
+    ProducedQuant pq;
+    const bool want = produce_target(q_out, a, rows, cols, &pq);
+    if (launch_act_fwd(act, h, a, rows, cols, r, h_in, cur(), want ? &pq : nullptr))
+      lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) override {
+               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
+               const GemmOperand* q_out) override {
     ctx();
-    launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur());
+    ProducedQuant pq;
+    const bool want = produce_target(q_out, dh, rows, cols, &pq);
+    if (launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur(), want ? &pq : nullptr))
+      lanes_[cur_].gemm->hold(*q_out, rows, cols);
+  }
+  // Producer-side quantization (lab/model/backend.h, kernels/gemm.cuh): whether the producer
+  // writing `out` [rows x cols] also writes q_out's quantization, and where (*pq). The current
+  // lane's held buffer grows here outside capture; inside, a producer whose operand does not
+  // fit just writes its output (the GEMM quantizes it then).
+  bool produce_target(const GemmOperand* q_out, const float* out, int64_t rows, int64_t cols, ProducedQuant* pq) {
+    if (!q_out) return false;
+    MXLAB_ASSERT(q_out->p == out, "a producer's q_out must describe its output");
+    if (!capturing_ && produce_on_) reserve_gemm(rows * cols);
+    GemmRunner& g = *lanes_[cur_].gemm;
+    const bool ok = g.produce_target(*q_out, rows, cols, pq);  // drops what was held, either way
+    return ok && produce_on_;
+  }
+  // Tests and benchmarks: producer-side quantization on/off (off: every GEMM quantizes its
+  // operands itself), and how many GEMM operands were taken from producers, over all lanes.
+  void set_producer_quant(bool on) { produce_on_ = on; }
+  int64_t producer_quant_hits() const {
+    int64_t n = 0;
+    for (const Lane& l : lanes_) n += l.gemm->produced_hits();
+    return n;
   }
   void residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                     const ElementwiseRound& r, const ElementwiseRound& y_in) override {
@@ -397,13 +427,7 @@ class CudaBackend final : public Backend {
   void reduce(const Reduction* reqs, size_t count, double* results) override {
     ctx();
     refuse_in_capture("reduce");
-    join();
-    for (size_t first = 0; first < count; first += kHostResults) {
-      const size_t m = std::min<size_t>(kHostResults, count - first);
-      double* scratch = lane_scratch(reduce_scratch_doubles(reqs + first, m));
-      launch_reduce(reqs + first, m, scratch, results_.get(), cur());
-      read_results(m, results + first);
-    }
+    reduce_into(reqs, count, results);
   }
   float read_scalar(const float* p) override {
     float v = 0.0f;
@@ -416,13 +440,7 @@ class CudaBackend final : public Backend {
   void reduce_deferred(const Reduction* reqs, size_t count) override {
     ctx();
     refuse_in_capture("reduce_deferred");
-    join();
-    for (size_t first = 0; first < count; first += kHostResults) {
-      const size_t m = std::min<size_t>(kHostResults, count - first);
-      double* scratch = lane_scratch(reduce_scratch_doubles(reqs + first, m));
-      launch_reduce(reqs + first, m, scratch, deferred_slots(m), cur());
-      deferred_n_ += m;
-    }
+    reduce_into(reqs, count, nullptr);
   }
   void defer_scalar(const float* p) override {
     ctx();
@@ -451,17 +469,12 @@ class CudaBackend final : public Backend {
   void moments_batch(const float* const* x, const size_t* n, size_t count, double* out) override {
     ctx();
     refuse_in_capture("moments");
-    join();
-    for (size_t first = 0; first < count; first += kHostResults / 4) {
-      const size_t m = std::min<size_t>(kHostResults / 4, count - first);
-      std::vector<int64_t> at(m + 1, 0);
-      for (size_t i = 0; i < m; ++i) at[i + 1] = at[i] + moments_scratch_doubles(static_cast<int64_t>(n[first + i]));
-      double* scratch = lane_scratch(at[m]);
-      for (size_t i = 0; i < m; ++i)
-        launch_moments(x[first + i], static_cast<int64_t>(n[first + i]), scratch + at[i], results_.get() + 4 * i,
-                       cur());
-      read_results(4 * m, out + 4 * first);
-    }
+    per_item_batch(
+        count, 4, [&](size_t i) { return moments_scratch_doubles(static_cast<int64_t>(n[i])); },
+        [&](size_t i, double* scratch, double* words) {
+          launch_moments(x[i], static_cast<int64_t>(n[i]), scratch, words, cur());
+        },
+        out);
   }
   void reset_stats(int slots) override {
     ctx();
@@ -593,14 +606,7 @@ class CudaBackend final : public Backend {
   }
   QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q, bool round_bf16_first,
                      Rounding bf16_mode) override {
-    QuantGapRequest r;
-    r.x = x;
-    r.rows = rows;
-    r.cols = cols;
-    r.axis = axis;
-    r.q = q;
-    r.round_bf16_first = round_bf16_first;
-    r.bf16_mode = bf16_mode;
+    const QuantGapRequest r(x, rows, cols, axis, q, round_bf16_first, bf16_mode);
     QuantGap g;
     quant_gaps(&r, 1, &g);
     return g;
@@ -610,35 +616,27 @@ class CudaBackend final : public Backend {
   void quant_gaps(const QuantGapRequest* reqs, size_t count, QuantGap* out) override {
     ctx();
     refuse_in_capture("quant_gap");
-    join();
     constexpr size_t kWords = 5;
     for (size_t i = 0; i < count; ++i)
       if (is_mx(reqs[i].q.fmt) && reqs[i].q.block <= 0)
         throw Error(msg("quant_gap: block size must be positive (got ", reqs[i].q.block, ")"));
-    for (size_t first = 0; first < count; first += kHostResults / kWords) {
-      const size_t m = std::min<size_t>(kHostResults / kWords, count - first);
-      std::vector<int64_t> at(m + 1, 0);
-      for (size_t i = 0; i < m; ++i) {
-        const QuantGapRequest& r = reqs[first + i];
-        at[i + 1] = at[i] + quant_gap_scratch_doubles(r.rows, r.cols, r.axis, r.q);
-      }
-      double* scratch = lane_scratch(at[m]);
-      for (size_t i = 0; i < m; ++i) {
-        const QuantGapRequest& r = reqs[first + i];
-        launch_quant_gap(r.x, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode, d_step_, scratch + at[i],
-                         results_.get() + kWords * i, cur());
-      }
-      std::vector<double> w(kWords * m);
-      read_results(kWords * m, w.data());
-      for (size_t i = 0; i < m; ++i) {
-        const double* v = &w[kWords * i];
-        QuantGap& g = out[first + i];
-        g.sum_rel = v[0];
-        g.max_rel = v[1];
-        g.above = static_cast<uint64_t>(v[2]);
-        g.n = static_cast<uint64_t>(v[3]);
-        g.nonfinite = static_cast<uint64_t>(v[4]);
-      }
+    std::vector<double> w(kWords * count);
+    per_item_batch(
+        count, kWords,
+        [&](size_t i) { return quant_gap_scratch_doubles(reqs[i].rows, reqs[i].cols, reqs[i].axis, reqs[i].q); },
+        [&](size_t i, double* scratch, double* words) {
+          const QuantGapRequest& r = reqs[i];
+          launch_quant_gap(r.x, r.rows, r.cols, r.axis, r.q, r.round_bf16_first, r.bf16_mode, d_step_, scratch, words,
+                           cur());
+        },
+        w.data());
+    for (size_t i = 0; i < count; ++i) {
+      const double* v = &w[kWords * i];
+      out[i].sum_rel = v[0];
+      out[i].max_rel = v[1];
+      out[i].above = static_cast<uint64_t>(v[2]);
+      out[i].n = static_cast<uint64_t>(v[3]);
+      out[i].nonfinite = static_cast<uint64_t>(v[4]);
     }
   }
   // ==== end of the stability instruments ====
@@ -676,6 +674,38 @@ class CudaBackend final : public Backend {
       invalidate_graphs();
     }
     return l.scratch.get();
+  }
+
+  // Reductions of `count` requests on lane 0 after a join, in chunks of kHostResults: into
+  // `results` (one read back per chunk), or with results == null into the deferred queue.
+  void reduce_into(const Reduction* reqs, size_t count, double* results) {
+    join();
+    for (size_t first = 0; first < count; first += kHostResults) {
+      const size_t m = std::min<size_t>(kHostResults, count - first);
+      double* scratch = lane_scratch(reduce_scratch_doubles(reqs + first, m));
+      launch_reduce(reqs + first, m, scratch, results ? results_.get() : deferred_slots(m), cur());
+      if (results) {
+        read_results(m, results + first);
+      } else {
+        deferred_n_ += m;
+      }
+    }
+  }
+  // `count` items on lane 0 after a join, each with scratch_of(i) doubles of its own scratch and
+  // `words` result doubles: launch(i, scratch, words_ptr) enqueues item i; the words come back
+  // into out[words * i ...], one read per chunk of kHostResults / words items.
+  template <class ScratchOf, class Launch>
+  void per_item_batch(size_t count, size_t words, ScratchOf scratch_of, Launch launch, double* out) {
+    join();
+    const size_t chunk = kHostResults / words;
+    for (size_t first = 0; first < count; first += chunk) {
+      const size_t m = std::min<size_t>(chunk, count - first);
+      std::vector<int64_t> at(m + 1, 0);
+      for (size_t i = 0; i < m; ++i) at[i + 1] = at[i] + scratch_of(first + i);
+      double* scratch = lane_scratch(at[m]);
+      for (size_t i = 0; i < m; ++i) launch(first + i, scratch + at[i], results_.get() + words * i);
+      read_results(words * m, out + words * first);
+    }
   }
 
   // The current lane's GEMM runner with scratch for operands of `need` elements (grown outside
@@ -769,15 +799,23 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   CaptureHold capture_hold_;  // held while capturing_ (capture_guard.cuh)
   int capture_key_ = -1;
+  bool produce_on_ = true;  // producer-side quantization (set_producer_quant)
 };
 
 }  // namespace
 
-cudaStream_t lane_stream(Backend& be, int lane) {
+namespace {
+CudaBackend& as_cuda(Backend& be) {
   auto* cb = dynamic_cast<CudaBackend*>(&be);
   if (!cb) throw Error(msg("backend '", be.name(), "' is not a CUDA backend"));
-  return cb->stream_of(lane);
+  return *cb;
 }
+}  // namespace
+
+cudaStream_t lane_stream(Backend& be, int lane) { return as_cuda(be).stream_of(lane); }
+
+void set_producer_quant(Backend& be, bool on) { as_cuda(be).set_producer_quant(on); }
+int64_t producer_quant_hits(Backend& be) { return as_cuda(be).producer_quant_hits(); }
 
 }  // namespace cuda
 

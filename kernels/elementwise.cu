@@ -103,14 +103,16 @@ struct ActFwdOp {
   bool hb;
   Rounding hm;
   __device__ float f(float x) const { return act_fwd_elem(ACT, ew_round(x, hb, hm), rb, rm); }
-  __device__ void vec(int64_t v) const {
+  __device__ float4 vec4(int64_t v) const {
     float4 x = ld4(h, v);
     x.x = f(x.x);
     x.y = f(x.y);
     x.z = f(x.z);
     x.w = f(x.w);
     st4(a, v, x);
+    return x;
   }
+  __device__ void vec(int64_t v) const { vec4(v); }
   __device__ void one(int64_t i) const { a[i] = f(h[i]); }
 };
 
@@ -128,7 +130,7 @@ struct ActBwdOp {
   __device__ float f(float x, float g) const {
     return act_bwd_elem(ACT, ew_round(x, hb, hm), ew_round(g, gb, gm), rb, rm);
   }
-  __device__ void vec(int64_t v) const {
+  __device__ float4 vec4(int64_t v) const {
     const float4 x = ld4(h, v), g = ld4(da, v);
     float4 o;
     o.x = f(x.x, g.x);
@@ -136,7 +138,9 @@ struct ActBwdOp {
     o.z = f(x.z, g.z);
     o.w = f(x.w, g.w);
     st4(dh, v, o);
+    return o;
   }
+  __device__ void vec(int64_t v) const { vec4(v); }
   __device__ void one(int64_t i) const { dh[i] = f(h[i], da[i]); }
 };
 
@@ -262,6 +266,48 @@ void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args)
   }
 }
 
+// ---- producer-side quantization (kernels/mx_produce.cuh) ----
+// The op's float4 path over nvec groups (nvec % 8 == 0: rows are multiples of 32 long, so the
+// 8 lanes of a block are all in range or all out), each warp on 32 consecutive groups, then
+// the same four values quantized into pq.out. op.vec4(v) computes and stores group v and
+// returns it.
+template <class Op>
+__global__ void __launch_bounds__(kBlock) ew_produce_kernel(Op op, ProducedQuant pq, int64_t nvec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t base = ((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * 32; base < nvec;
+       base += warps * 32) {  // warp-uniform: every lane reaches the shuffles of produce_quant4
+    const int64_t v = base + lane;
+    const bool active = v < nvec;
+    const float4 o = active ? op.vec4(v) : make_float4(0.f, 0.f, 0.f, 0.f);
+    produce_quant4(pq, o, 4 * v, active);
+  }
+}
+
+template <class Op>
+void launch_produce(const Op& op, const ProducedQuant& pq, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t nvec = n / 4;
+  ew_produce_kernel<<<grid_for(nvec), kBlock, 0, s>>>(op, pq, nvec);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+template <template <Act> class OpT, class... Args>
+void dispatch_act_produce(Act act, const ProducedQuant& pq, int64_t n, cudaStream_t s, Args... args) {
+  switch (act) {
+    case Act::relu: launch_produce(OpT<Act::relu>{args...}, pq, n, s); break;
+    case Act::gelu: launch_produce(OpT<Act::gelu>{args...}, pq, n, s); break;
+    case Act::gelu_tanh: launch_produce(OpT<Act::gelu_tanh>{args...}, pq, n, s); break;
+    case Act::linear: launch_produce(OpT<Act::linear>{args...}, pq, n, s); break;
+    default: throw Error(msg("activation ", static_cast<int>(act), " has no producer kernel"));
+  }
+}
+
+bool can_produce(Act act, int64_t cols, const ProducedQuant* pq) {
+  return pq && pq->out && act != Act::swiglu && cols % kProducedBlock == 0 &&
+         (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
+}
+
 }  // namespace
 
 void launch_fill(float* dst, float value, int64_t n, cudaStream_t s) {
@@ -277,29 +323,41 @@ void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float sca
   launch_ew(RandnOp{out, seed, stream, scale, accumulate, d_step}, n, aligned16(out), s);
 }
 
-void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-                    const ElementwiseRound& h_in, cudaStream_t s) {
+bool launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+                    const ElementwiseRound& h_in, cudaStream_t s, const ProducedQuant* pq) {
   const int64_t n = rows * cols;
   if (act == Act::swiglu) {
     const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(a);
     launch_ew(SwigluFwdOp{h, a, cols, r.bf16, r.mode, h_in.bf16, h_in.mode}, n, vec_ok, s);
-    return;
+    return false;
+  }
+  if (can_produce(act, cols, pq) && aligned16(h) && aligned16(a)) {
+    dispatch_act_produce<ActFwdOp>(act, *pq, n, s, h, a, r.bf16, r.mode, h_in.bf16, h_in.mode);
+    return true;
   }
   dispatch_act<ActFwdOp>(act, n, aligned16(h) && aligned16(a), s, h, a, r.bf16, r.mode, h_in.bf16, h_in.mode);
+  return false;
 }
 
-void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
                     const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
-                    cudaStream_t s) {
+                    cudaStream_t s, const ProducedQuant* pq) {
   const int64_t n = rows * cols;
   if (act == Act::swiglu) {
     const bool vec_ok = cols % 4 == 0 && aligned16(h) && aligned16(da) && aligned16(dh);
     launch_ew(SwigluBwdOp{h, da, dh, cols, r.bf16, r.mode, h_in.bf16, h_in.mode, da_in.bf16, da_in.mode}, n, vec_ok,
               s);
-    return;
+    return false;
   }
-  dispatch_act<ActBwdOp>(act, n, aligned16(h) && aligned16(da) && aligned16(dh), s, h, da, dh, r.bf16, r.mode,
-                         h_in.bf16, h_in.mode, da_in.bf16, da_in.mode);
+  const bool aligned = aligned16(h) && aligned16(da) && aligned16(dh);
+  if (can_produce(act, cols, pq) && aligned) {
+    dispatch_act_produce<ActBwdOp>(act, *pq, n, s, h, da, dh, r.bf16, r.mode, h_in.bf16, h_in.mode, da_in.bf16,
+                                   da_in.mode);
+    return true;
+  }
+  dispatch_act<ActBwdOp>(act, n, aligned, s, h, da, dh, r.bf16, r.mode, h_in.bf16, h_in.mode, da_in.bf16,
+                         da_in.mode);
+  return false;
 }
 
 void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/mx_produce.cuh"
 #include "lab/model/backend.h"
 
 namespace mxlab::cuda {
@@ -24,13 +25,17 @@ void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float sca
 
 // a = R(act(R_h(h))); h: (rows, cols), or (rows, 2*cols) = [u | gate] for swiglu; a: (rows, cols).
 // R_h (h_in): the rounding of a GEMM output deferred to this consumer (Backend::act_fwd).
-void launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-                    const ElementwiseRound& h_in, cudaStream_t s);
+// pq (optional): also write a's MX quantization (kernels/mx_produce.cuh) in the same pass.
+// Returns whether it did: only for relu, gelu, gelu_tanh and linear, cols % 32 == 0 and
+// 16-byte aligned h and a (otherwise a alone is written, as without pq).
+bool launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
+                    const ElementwiseRound& h_in, cudaStream_t s, const ProducedQuant* pq = nullptr);
 
 // dh = R(R_da(da) * act'(R_h(h))); for swiglu dh is (rows, 2*cols) = [du | dgate].
-void launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
+// pq: as launch_act_fwd's, for dh (same conditions, with da aligned too).
+bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
                     const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
-                    cudaStream_t s);
+                    cudaStream_t s, const ProducedQuant* pq = nullptr);
 
 // out (rows, d) = R(x + R(R_y(y) + bias)) (bias (d) broadcast over rows; without bias
 // R(x + R_y(y))); R_y = y_in rounds y as it is read. out may be x.

@@ -112,9 +112,60 @@ void GemmRunner::ensure_scratch(int64_t elems) {
   ResourceSection rs;
   if (scratch_) MXLAB_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
+  held_ = nullptr;
+  held_armed_ = false;
   scratch_elems_ = 0;
-  MXLAB_CUDA_CHECK(cudaMalloc(&scratch_, 2 * static_cast<size_t>(elems) * sizeof(float)));
+  // Two FP32-sized operand regions, then the held bf16 buffer (half as many floats, rounded up
+  // to 256 bytes so that it stays aligned).
+  const size_t held_floats = ((static_cast<size_t>(elems) + 1) / 2 + 63) / 64 * 64;
+  MXLAB_CUDA_CHECK(cudaMalloc(&scratch_, (2 * static_cast<size_t>(elems) + held_floats) * sizeof(float)));
+  held_ = reinterpret_cast<__nv_bfloat16*>(scratch_ + 2 * elems);
   scratch_elems_ = elems;
+}
+
+namespace {
+// Whether two GEMM operands quantize to the same values (every field operand_launch reads, and
+// the statistics slot; not `prequantized`).
+bool same_operand(const GemmOperand& a, const GemmOperand& b) {
+  const QuantSpec &p = a.q, &q = b.q;
+  return a.p == b.p && a.k_contiguous == b.k_contiguous && p.fmt == q.fmt && p.block == q.block &&
+         p.rule == q.rule && p.rounding == q.rounding && p.bump == q.bump && p.seed == q.seed && p.salt == q.salt &&
+         a.round_bf16_first == b.round_bf16_first && a.bf16_mode == b.bf16_mode && a.stats_slot == b.stats_slot &&
+         a.sr_op == b.sr_op;
+}
+}  // namespace
+
+bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq) {
+  held_armed_ = false;  // the producer overwrites the tensor: whatever was held is stale
+  if (verify_bf16_ || op.stats_slot >= 0 || !op.k_contiguous || !op.p || !is_mx(op.q.fmt) ||
+      op.q.block != kProducedBlock || !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact ||
+      rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_ || !held_)
+    return false;
+  const ElemSpec& es = kElemSpecs[static_cast<int>(mx_elem(op.q.fmt))];
+  pq->out = reinterpret_cast<uint16_t*>(held_);
+  pq->es = ElemSpec{nullptr, es.bits, es.ebits, es.mbits, es.bias, es.reserved};
+  pq->rule = op.q.rule;
+  pq->bump = op.q.bump;
+  pq->rounding = op.q.rounding;
+  pq->round_first = op.round_bf16_first;
+  pq->bf16_mode = op.bf16_mode;
+  return true;
+}
+
+void GemmRunner::hold(const GemmOperand& op, int64_t rows, int64_t cols) {
+  held_op_ = op;
+  held_rows_ = rows;
+  held_cols_ = cols;
+  held_armed_ = true;
+}
+
+const __nv_bfloat16* GemmRunner::take_produced(const GemmOperand& op, int64_t rows, int64_t cols) {
+  if (!op.prequantized || !held_armed_ || verify_bf16_ || rows != held_rows_ || cols != held_cols_ ||
+      !same_operand(op, held_op_))
+    return nullptr;
+  held_armed_ = false;
+  ++produced_hits_;
+  return held_;
 }
 
 const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch,
@@ -199,8 +250,11 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
         MXLAB_CUDA_CHECK(cudaMemsetAsync(d_inexact_, 0, sizeof(unsigned long long), stream_));
         La.d_inexact = Lb.d_inexact = d_inexact_;
       }
-      quantize_bf16(La, sa, stream_);
-      quantize_bf16(Lb, sb, stream_);
+      // Operands a producer already quantized into the held buffer (batch 1 only).
+      const __nv_bfloat16* qa = batch == 1 ? take_produced(a, a_rows, a_cols) : nullptr;
+      const __nv_bfloat16* qb = batch == 1 && !qa ? take_produced(b, b_rows, b_cols) : nullptr;
+      if (!qa) quantize_bf16(La, sa, stream_);
+      if (!qb) quantize_bf16(Lb, sb, stream_);
       unsigned long long inexact = 0;
       if (verify_bf16_) {
         MXLAB_CUDA_CHECK(cudaMemcpyAsync(&inexact, d_inexact_, sizeof inexact, cudaMemcpyDeviceToHost, stream_));
@@ -208,7 +262,7 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
       }
       if (inexact == 0) {
         // Relied on here: every value in sa/sb equals the dequantized FP32 value (see gemm.cuh).
-        bf16_gemm(batch, M, N, K, sa, a.k_contiguous, sb, b.k_contiguous, C, beta);
+        bf16_gemm(batch, M, N, K, qa ? qa : sa, a.k_contiguous, qb ? qb : sb, b.k_contiguous, C, beta);
         done = true;
       } else {
         ++bf16_fallbacks_;
@@ -224,6 +278,7 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
     }
   }
   if (out.bf16) round_bf16_inplace(C, batch * M * N, out.mode, stream_);
+  if (held_armed_ && C == held_op_.p) held_armed_ = false;  // the held operand's tensor was overwritten
 }
 
 }  // namespace mxlab::cuda

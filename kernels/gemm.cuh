@@ -14,6 +14,14 @@
 //     set_verify_bf16_exact(true) detects those and reruns on the FP32 path;
 //   - otherwise (fp16 roles, FP32 mixed with a quantized role): the quantized operands are
 //     dequantized into FP32 scratch and the pedantic SGEMM runs (an FP32 role is read in place).
+// Producer-side quantization (Backend::layernorm_fwd / act_fwd / act_bwd's q_out, issue 16): an
+// element-wise op that writes a GEMM operand may write its bf16 quantization too, into this
+// runner's held buffer (produce_target() says whether and where; kernels/mx_produce.cuh says
+// which operands qualify). hold() then records which operand the buffer holds, and the next
+// run() whose operand equals it (pointer, layout, shape, spec, seeds, flags, statistics slot)
+// and is marked `prequantized` takes the buffer instead of quantizing, once. One buffer per
+// runner (per lane): a producer's GEMM follows it on the same lane before the next producer.
+// Bits are the same either way (tests/gpu/test_producer_quant_gpu.cu).
 // Row-major C[M x N] is column-major C^T [N x M] = B' * A'^T, so cuBLAS computes with B as its
 // first operand; see run() for the transposes and leading dimensions of the four layouts.
 // Determinism: the cuBLAS handle is bound to this runner's stream with a fixed workspace
@@ -25,6 +33,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/mx_produce.cuh"
 #include "kernels/quantize.cuh"
 #include "lab/model/backend.h"
 
@@ -67,6 +76,16 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
                    float* C, float beta, const ElementwiseRound& out, const uint32_t* d_step,
                    unsigned long long* d_stats_base);
   std::string math_mode() const;
+  // Producer-side quantization (above). Whether a producer may write operand `op`, stored
+  // [rows x cols], quantized: k-contiguous MX with blocks of 32, a deterministic rounding, no
+  // statistics slot, cols % 32 == 0, the bf16 path, the bytes check off, and the held buffer
+  // large enough (it grows with reserve(), never here). If so, fills *pq to write it into the
+  // held buffer. Either way, what the buffer held before is dropped.
+  bool produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq);
+  // The producer has been launched with produce_target's *pq: the buffer now holds `op`.
+  void hold(const GemmOperand& op, int64_t rows, int64_t cols);
+  // GEMM operands taken from the held buffer so far (tests and benchmarks).
+  int64_t produced_hits() const { return produced_hits_; }
   // Reserve scratch for operands of up to max_operand_elems elements each, up front: no
   // cudaMalloc may happen while a CUDA graph is captured (run() throws then instead).
   void reserve(int64_t max_operand_elems);
@@ -79,6 +98,9 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
 
  private:
   void ensure_scratch(int64_t elems_per_operand);
+  // The held buffer if it holds exactly `op` (stored [rows x cols]) and op is marked
+  // prequantized; it is then released (taken once). Null otherwise.
+  const __nv_bfloat16* take_produced(const GemmOperand& op, int64_t rows, int64_t cols);
   const float* prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch, const uint32_t* d_step,
                            unsigned long long* d_stats_base, bool count_stats);
   // batch > 1: strided-batched over items of M*K, N*K and M*N elements.
@@ -91,7 +113,13 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   cublasHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  float* scratch_ = nullptr;            // two operand regions of scratch_elems_ floats each
+  float* scratch_ = nullptr;            // two operand regions of scratch_elems_ floats each, then
+                                        // the held buffer (scratch_elems_ bf16 values)
+  __nv_bfloat16* held_ = nullptr;       // producer-side quantization (inside scratch_)
+  bool held_armed_ = false;
+  GemmOperand held_op_;
+  int64_t held_rows_ = 0, held_cols_ = 0;
+  int64_t produced_hits_ = 0;
   int64_t scratch_elems_ = 0;
   unsigned long long* d_inexact_ = nullptr;  // bf16-inexact counter for the verify mode
   bool verify_bf16_ = false;

@@ -6,6 +6,7 @@
 #include "kernels/layernorm.cuh"
 
 #include "kernels/launch_util.cuh"
+#include "kernels/mx_produce.cuh"
 #include "kernels/reduce.cuh"
 #include "lab/model/elementwise.h"
 
@@ -33,10 +34,11 @@ __device__ __forceinline__ void for_row(const float* xr, int64_t d, int lane, F 
   }
 }
 
+// pq.out (VEC only; d % 32 == 0): y's MX quantization is written too (kernels/mx_produce.cuh).
 template <bool VEC>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                  int64_t rows, int64_t d, float eps, bool rb, Rounding rm) {
+                  int64_t rows, int64_t d, float eps, bool rb, Rounding rm, ProducedQuant pq) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;  // whole warp
@@ -57,25 +59,32 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   float* yr = y + row * d;
   float* hr = xhat + row * d;
   if (VEC) {
-    for (int64_t v = lane; v < d / 4; v += kWarp) {
-      const float4 q = reinterpret_cast<const float4*>(xr)[v];
-      float4 h, o;
-      h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
-      h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
-      h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
-      h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
-      if (gamma) {
-        const float4 g = reinterpret_cast<const float4*>(gamma)[v];
-        const float4 b = reinterpret_cast<const float4*>(beta)[v];
-        o.x = ln_affine(h.x, g.x, b.x, rb, rm);
-        o.y = ln_affine(h.y, g.y, b.y, rb, rm);
-        o.z = ln_affine(h.z, g.z, b.z, rb, rm);
-        o.w = ln_affine(h.w, g.w, b.w, rb, rm);
-      } else {
-        o = h;
+    // Warp-uniform trip count (lane l still owns the float4 groups l, l + 32, ...), so that every
+    // lane reaches produce_quant4's shuffles.
+    for (int64_t v0 = 0; v0 < d / 4; v0 += kWarp) {
+      const int64_t v = v0 + lane;
+      const bool active = v < d / 4;
+      float4 h, o = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (active) {
+        const float4 q = reinterpret_cast<const float4*>(xr)[v];
+        h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
+        h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
+        h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
+        h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
+        if (gamma) {
+          const float4 g = reinterpret_cast<const float4*>(gamma)[v];
+          const float4 b = reinterpret_cast<const float4*>(beta)[v];
+          o.x = ln_affine(h.x, g.x, b.x, rb, rm);
+          o.y = ln_affine(h.y, g.y, b.y, rb, rm);
+          o.z = ln_affine(h.z, g.z, b.z, rb, rm);
+          o.w = ln_affine(h.w, g.w, b.w, rb, rm);
+        } else {
+          o = h;
+        }
+        reinterpret_cast<float4*>(hr)[v] = h;
+        reinterpret_cast<float4*>(yr)[v] = o;
       }
-      reinterpret_cast<float4*>(hr)[v] = h;
-      reinterpret_cast<float4*>(yr)[v] = o;
+      if (pq.out) produce_quant4(pq, o, row * d + 4 * v, active);
     }
   } else {
     for (int64_t j = lane; j < d; j += kWarp) {
@@ -155,18 +164,23 @@ int grid_rows(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1)
 
 }  // namespace
 
-void launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                          int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s) {
-  if (rows <= 0 || d <= 0) return;
+bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
+                          float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
+                          const ProducedQuant* pq) {
+  if (rows <= 0 || d <= 0) return false;
   const bool vec = d % 4 == 0 && aligned16(x) && aligned16(gamma) && aligned16(beta) && aligned16(y) &&
                    aligned16(xhat);
+  const bool produce = vec && pq && pq->out && d % kProducedBlock == 0 &&
+                       (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
+  const ProducedQuant none{};
   if (vec)
     ln_fwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d, eps,
-                                                                           r.bf16, r.mode);
+                                                                           r.bf16, r.mode, produce ? *pq : none);
   else
     ln_fwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
-                                                                            eps, r.bf16, r.mode);
+                                                                            eps, r.bf16, r.mode, none);
   MXLAB_CUDA_LAUNCH_CHECK();
+  return produce;
 }
 
 int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d) { return col_sum_scratch_doubles(rows, d, 2); }

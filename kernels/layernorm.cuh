@@ -9,13 +9,17 @@
 
 #include <cstdint>
 
+#include "kernels/mx_produce.cuh"
 #include "lab/model/backend.h"
 
 namespace mxlab::cuda {
 
 // y, xhat (rows, d); rstd (rows). gamma and beta (d) are both set or both null.
-void launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                          int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s);
+// pq (optional): also write y's MX quantization (kernels/mx_produce.cuh) in the same pass.
+// Returns whether it did: only for d % 32 == 0 and 16-byte aligned x, gamma, beta, y, xhat.
+bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
+                          float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
+                          const ProducedQuant* pq = nullptr);
 
 // dx (rows, d); dgamma, dbeta (d) written (not accumulated), either may be null.
 // Scratch: layernorm_bwd_scratch_doubles(rows, d) doubles.

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/mx_produce.cuh"
 #include "lab/core/error.h"
 #include "lab/core/philox.h"
 #include "lab/mx/scalar.h"
@@ -54,7 +55,7 @@ constexpr int kTileMinCtas = 4;        // register cap (64): two 4 x 4 tiles (cu
 constexpr int kCtasPerSm = 8;          // grid size cap: enough resident warps to hide latency
 constexpr int kStridedMinCtas = 8;    // register cap (64): 32 resident warps per SM to keep loads in flight
 constexpr int kContigMinCtas = 4;     // register cap (64): 32 resident warps per SM
-constexpr uint32_t kQuietNaN = 0x7FC00000u;  // what the CPU reference writes (quiet_NaN())
+constexpr uint32_t kQuietNaN = kMxQuietNaN;  // what the CPU reference writes (quiet_NaN())
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 enum class OutKind : uint8_t { none, f32, bf16 };
@@ -110,15 +111,6 @@ __device__ __forceinline__ float input_value(const KParams& p, float v) {
   return p.round_first ? round_bf16(v, p.bf16_mode) : v;
 }
 
-// max of a and b that returns NaN when either is NaN (PTX max.NaN, sm_80+): the block amax
-// over |v| then also says whether the block holds a NaN or an Inf (amax > FLT_MAX or NaN), so
-// no separate flag has to be kept and reduced.
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
 // One element under the rounding mode R (a template parameter, so each kernel instance holds
 // only its own path): the float path for the deterministic modes, with the block's 2^-s and
 // 2^s computed once per block, and the integer path for stochastic rounding. Exactly what
@@ -135,17 +127,6 @@ __device__ __forceinline__ ElemResult element(float v, int s, ElemScale sc, cons
 // bf16 bits of a dequantized value: round_bf16 (exact when the value is bf16-exact).
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
   return static_cast<uint16_t>(f32_bits(round_bf16(v, Rounding::nearest_even)) >> 16);
-}
-
-// bf16 bits of two values the MX kernels write (finite, +-Inf or kQuietNaN), packed (a low,
-// b high): round_bf16(v, nearest_even) without its NaN branch. For these inputs that branch
-// changes nothing: Inf and kQuietNaN have a zero low half, so the rounding increment never
-// carries into the kept bits. The upper halves are picked by one byte permute.
-__device__ __forceinline__ uint32_t mx_bf16x2(float a, float b) {
-  const uint32_t x = f32_bits(a), y = f32_bits(b);
-  const uint32_t xr = x + 0x7FFFu + ((x >> 16) & 1u);
-  const uint32_t yr = y + 0x7FFFu + ((y >> 16) & 1u);
-  return __byte_perm(xr, yr, 0x7632);
 }
 
 __device__ __forceinline__ bool bf16_inexact(float v) {

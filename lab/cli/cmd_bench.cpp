@@ -76,6 +76,7 @@ struct Args {
   int steps = 0, warmup = -1;
   int depth = 0, width = 0, batch = 0;
   bool no_graphs = false;
+  bool no_producer_quant = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
   int curvature_iters = kCurvatureIters;
@@ -367,6 +368,14 @@ void run_bench(const Args& a) {
                 "attn_probs=%s\n",
                 cfg.data.batch, cfg.data.seq_len, bench.S.heads, bench.S.head_dim(),
                 name(cfg.precision.attn_logits_fmt()), name(cfg.precision.attn_probs_fmt()));
+#ifdef MXLAB_HAVE_CUDA
+  if (is_cuda) {
+    cuda::set_producer_quant(*be, !a.no_producer_quant);
+    std::printf("  producer-side quantization: %s\n",
+                a.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
+                                    : "on (layernorm / activation kernels write the next GEMM's MX operand)");
+  }
+#endif
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
               graphs ? "CUDA graphs on, CUDA events" : (is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
 
@@ -490,6 +499,12 @@ void run_bench(const Args& a) {
                 static_cast<long long>(student.front().N), static_cast<long long>(student.front().K),
                 sgemm_default_diff);
   std::printf("  final losses: fp32 %.6g, mx %.6g\n", loss32, lossmx);
+#ifdef MXLAB_HAVE_CUDA
+  if (is_cuda)
+    std::printf("  GEMM operands taken from their producers: %lld (counted as steps are issued: eager runs and graph "
+                "recordings, not replays)\n",
+                static_cast<long long>(cuda::producer_quant_hits(*be)));
+#endif
 
   // --arms K: the trainer with 1 arm and with K arms.
   double t1 = 0.0, tk = 0.0, serial = 0.0, saving = 0.0;
@@ -619,6 +634,9 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
   sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
+  sub->add_flag("--no-producer-quant", args->no_producer_quant,
+                "CUDA: every GEMM quantizes its operands itself, instead of taking the MX operand its producer "
+                "(layernorm / activation kernel) wrote in the same pass (same bits; for comparisons)");
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
                   "experiment's own arms: are used)")

@@ -77,7 +77,8 @@ class CpuBackend final : public Backend {
 
   // ---- vector ops ----
   void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+                     int64_t rows, int64_t d, float eps, const ElementwiseRound& r,
+                     const GemmOperand* /*q_out: every gemm quantizes its operands here*/) override {
     MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
     std::vector<float> xc(static_cast<size_t>(d));
     for (int64_t i = 0; i < rows; ++i) {
@@ -137,7 +138,7 @@ class CpuBackend final : public Backend {
   }
 
   void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-               const ElementwiseRound& h_in) override {
+               const ElementwiseRound& h_in, const GemmOperand* /*q_out*/) override {
     auto H = [&](int64_t i) { return ew_round(h[i], h_in.bf16, h_in.mode); };
     if (act == Act::swiglu) {
       for (int64_t i = 0; i < rows; ++i)
@@ -149,7 +150,8 @@ class CpuBackend final : public Backend {
   }
 
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) override {
+               const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
+               const GemmOperand* /*q_out*/) override {
     auto H = [&](int64_t i) { return ew_round(h[i], h_in.bf16, h_in.mode); };
     auto D = [&](int64_t i) { return ew_round(da[i], da_in.bf16, da_in.mode); };
     if (act == Act::swiglu) {

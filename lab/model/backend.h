@@ -61,6 +61,10 @@ struct GemmOperand {
   int stats_slot = -1;
   QuantSpec stats_q;
   uint64_t sr_op = 0;  // stochastic rounding: op id mixed into the seed (see quantize_operand)
+  // The op that wrote this tensor was passed this very operand as its `q_out` (producer-side
+  // quantization, below), and nothing has written the tensor since: the backend may take the
+  // quantized operand that op left instead of quantizing again. Bits are the same either way.
+  bool prequantized = false;
 };
 
 // A dot-product style reduction over n floats, accumulated in double in a fixed order.
@@ -131,12 +135,25 @@ class Backend {
   virtual void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
                     float* C, float beta, const ElementwiseRound& out) = 0;
 
+  // Producer-side quantization (issue 16; an optimisation a backend may ignore, the CPU does).
+  // Most GEMM operands of an MX step are written by one element-wise op just before the GEMM
+  // reads them (y by layernorm_fwd, a by act_fwd, dh by act_bwd). Such an op may be given the
+  // operand as `q_out` (q_out->p = its output, shape = its output's [rows x cols]): the backend
+  // may then quantize the output in the same pass, as it writes it, and keep the result for the
+  // next gemm() on the same lane whose operand equals q_out (same pointer, layout, spec, seeds,
+  // flags and statistics slot) and carries `prequantized`. That gemm takes it, once. Nothing
+  // may write the tensor in between. Results are bit-identical with and without
+  // (kernels/gemm.cuh, "Producer-side quantization").
+
   // ---- vector ops (all round their outputs per `r`) ----
   // Layernorm over the last axis of x[rows x d]: y = xhat * gamma + beta, with xhat =
   // (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var). gamma/beta may be null (no
   // affine). Saves xhat [rows x d] and rstd [rows] for the backward pass.
+  // q_out (optional, here and in act_fwd / act_bwd): the GEMM operand that will read the output
+  // next (see "Producer-side quantization" above).
   virtual void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
-                             float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r) = 0;
+                             float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r,
+                             const GemmOperand* q_out = nullptr) = 0;
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma (or dy);
   // dgamma = sum_rows dy * xhat, dbeta = sum_rows dy (written, not accumulated; may be null).
   // dy is read through R_dy (dy_in), as act_fwd's h_in: a GEMM output left unrounded.
@@ -149,10 +166,11 @@ class Backend {
   // round it in its consumers instead: bit-identical to rounding it in gemm, one pass over the
   // tensor fewer (kernels/PERF.md, issue 16).
   virtual void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
-                       const ElementwiseRound& h_in) = 0;
+                       const ElementwiseRound& h_in, const GemmOperand* q_out = nullptr) = 0;
   // dh = R(R_da(da) * act'(R_h(h))) (swiglu: dh is [rows x 2*cols]); h_in and da_in as act_fwd's.
   virtual void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
-                       const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in) = 0;
+                       const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
+                       const GemmOperand* q_out = nullptr) = 0;
   // out[rows x d] = x + y (+ bias[d] broadcast over rows, when bias != null):
   // out = R(x + R(R_y(y) + b)), where R_y (y_in) rounds y as it is read (a GEMM output left
   // unrounded, as act_fwd's h_in). out may be x (in place).
@@ -274,6 +292,11 @@ class Backend {
   // trajectory), out[i] = quant_gap(reqs[i]...) exactly; one synchronisation for the batch where
   // the backend can (CUDA). The default calls quant_gap() for each.
   struct QuantGapRequest {
+    QuantGapRequest() = default;
+    QuantGapRequest(const float* x_, int64_t rows_, int64_t cols_, Axis axis_, const QuantSpec& q_,
+                    bool round_bf16_first_, Rounding bf16_mode_)
+        : x(x_), rows(rows_), cols(cols_), axis(axis_), q(q_), round_bf16_first(round_bf16_first_),
+          bf16_mode(bf16_mode_) {}
     const float* x = nullptr;
     int64_t rows = 0, cols = 0;
     Axis axis = Axis::contiguous;

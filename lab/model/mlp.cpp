@@ -147,12 +147,14 @@ const float* backward_gain(const NetShape& s, int k, const NormSite& site, const
 
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
                           const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
-                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R) {
+                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R, GemmOperand* y_op) {
   const int64_t B = ws.batch, d = s.d;
   const float* gq = norm_gains(be, s, params, k, site, ws, pol, pol.collect_stats);
   switch (s.norm) {
     case NormKind::layernorm:
-      be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R);
+      MXLAB_ASSERT(!y_op || y_op->p == y, "the operand quantized by the norm must be its output");
+      be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R, y_op);
+      if (y_op) y_op->prequantized = true;
       return W;
     case NormKind::rmsnorm:
       be.rmsnorm_fwd(x, gq, y, xhat, rstd, B, d, s.ln_eps, Backend::RmsEstimate{}, R);
@@ -486,21 +488,29 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     }
     const float* W1 = params + group(s, k, ParamGroup::w1).offset;
     const float* W2 = params + group(s, k, ParamGroup::w2).offset;
+    // The GEMM operands written by the op just before their GEMM (y by the norm, a by act_fwd)
+    // are handed to that op as q_out: a backend may quantize them as it writes them
+    // (producer-side quantization, lab/model/backend.h; bit-identical either way).
+    GemmOperand y_op =
+        ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out));
     if (s.layernorm)
       W1 = norm_forward(be, s, params, k, mlp_norm_site(k), A, ws.ln_y[k], ws.xhat[k], ws.rstd[k], W1, H1, ws, pol,
-                        R);
+                        R, &y_op);
     // h [B x H1] = y [B x d] . W1 [H1 x d]^T, stored unrounded: its readers, act_fwd here and
     // act_bwd in the backward pass, round it per R as they read it (bit-identical to rounding it
     // here, one pass over h fewer; kernels/PERF.md).
-    be.gemm(B, H1, d, ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out)),
-            ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f, ElementwiseRound{});
-    be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round);
+    be.gemm(B, H1, d, y_op, ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f,
+            ElementwiseRound{});
+    GemmOperand a_op =
+        ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out));
+    be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round, &a_op);
+    a_op.prequantized = true;
     // o [B x d] = a [B x H] . W2 [d x H]^T. With the residual, o is left unrounded in ws.y and
     // residual_add (its only reader) rounds it per R as it reads it, writing A_{k+1} from A_k
     // and o in one pass (bit-identical to rounding o here and adding into a copy of A_k).
     float* o = s.residual ? ws.y : next;
-    be.gemm(B, d, H, ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out)),
-            ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f, s.residual ? ElementwiseRound{} : R);
+    be.gemm(B, d, H, a_op, ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f,
+            s.residual ? ElementwiseRound{} : R);
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
       be.residual_add(next, A, ws.y, b2 ? params + b2->offset : nullptr, B, d, R, R);
@@ -553,7 +563,11 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // reader) rounds both as it reads them.
     be.gemm(B, H, d, ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
             ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f, ElementwiseRound{});
-    be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R);
+    // dh's operand of the dy GEMM below (k-contiguous), handed to act_bwd as its q_out.
+    GemmOperand dh_op =
+        ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
+    be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
+    dh_op.prequantized = true;
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
             ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
@@ -564,8 +578,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]). Under layernorm its backward is
     // dy's only reader and rounds it as it reads it, so the GEMM leaves it unrounded.
     const bool defer_dy = norm_rounds_dy_as_read(s);
-    be.gemm(B, d, H1, ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden)),
-            ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
+    be.gemm(B, d, H1, dh_op, ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f,
+            defer_dy ? ElementwiseRound{} : R);
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
                                 defer_dy ? R : ElementwiseRound{});
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);

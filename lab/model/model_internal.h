@@ -136,9 +136,12 @@ const float* backward_gain(const NetShape& s, int layer, const NormSite& site, c
 // The norm of `site` on x [rows x d] into y (the next GEMM's activation operand), xhat, rstd.
 // Returns the weight the next GEMM uses: W itself, or for MXNorm with gains ws.w_fused =
 // R(W o Q(gamma)) (W is [w_rows x d]; the gain moves onto the weight, papers/mxnorm.md 3.7).
+// y_op (optional): the GEMM operand that reads y next. Layernorm passes it to layernorm_fwd as
+// its q_out (producer-side quantization, lab/model/backend.h) and sets y_op->prequantized.
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
                           const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
-                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R);
+                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R,
+                          GemmOperand* y_op = nullptr);
 // After the wgrad of the GEMM that follows the norm: MXNorm with gains scales that weight's
 // gradient [w_rows x d] by Q(gamma) (gq, from norm_gains), since the GEMM saw W o Q(gamma).
 void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW, int64_t w_rows,

@@ -665,15 +665,7 @@ void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
   std::vector<Backend::QuantGapRequest> reqs;
   auto request = [&](const ParamGroup& g) {
     const ParamQuant pq = forward_param_quant(g, pol);
-    Backend::QuantGapRequest r;
-    r.x = tr.params + g.offset;
-    r.rows = pq.rows;
-    r.cols = pq.cols;
-    r.axis = pq.axis;
-    r.q = pq.q;
-    r.round_bf16_first = pq.round_bf16_first;
-    r.bf16_mode = pq.bf16_mode;
-    reqs.push_back(r);
+    reqs.emplace_back(tr.params + g.offset, pq.rows, pq.cols, pq.axis, pq.q, pq.round_bf16_first, pq.bf16_mode);
   };
   const ParamGroup::Kind norm_kinds[] = {ParamGroup::gamma, ParamGroup::beta};
   for (const ParamGroup::Kind kind : norm_kinds)

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -382,9 +383,13 @@ class NaiveGemmBackend final : public Backend {
   void download(float* d, const float* s, size_t n) override { in->download(d, s, n); }
   void copy(float* d, const float* s, size_t n) override {
     ++copies;
+    wrote(d);
     in->copy(d, s, n);
   }
-  void fill(float* d, float v, size_t n) override { in->fill(d, v, n); }
+  void fill(float* d, float v, size_t n) override {
+    wrote(d);
+    in->fill(d, v, n);
+  }
   void set_step(const StepScalars& s) override {
     step = s;
     in->set_step(s);
@@ -394,14 +399,21 @@ class NaiveGemmBackend final : public Backend {
   std::vector<std::pair<int64_t, int64_t>> quantized;  // the shape of every quantize call, in order
   void quantize(const float* i, float* o, int64_t r, int64_t c, Axis ax, const QuantSpec& q, int slot) override {
     quantized.push_back({r, c});
+    wrote(o);
     in->quantize(i, o, r, c, ax, q, slot);
   }
-  void round_bf16(float* x, size_t n, Rounding m) override { in->round_bf16(x, n, m); }
+  void round_bf16(float* x, size_t n, Rounding m) override {
+    wrote(x);
+    in->round_bf16(x, n, m);
+  }
   int gemm_outputs_rounded = 0;  // gemm calls whose output the GEMM itself rounds
   int copies = 0;
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
             const ElementwiseRound& out) override {
     gemm_outputs_rounded += out.bf16 ? 1 : 0;
+    take(a, a.k_contiguous ? M : K, a.k_contiguous ? K : M);
+    take(b, b.k_contiguous ? N : K, b.k_contiguous ? K : N);
+    wrote(C);
     const auto qa = prepare(a, M, K), qb = prepare(b, N, K);
     auto at = [&](const std::vector<float>& q, bool kc, int64_t rows) {
       return Elem2([&q, kc, rows, K](int64_t r, int64_t k) { return kc ? q[r * K + k] : q[k * rows + r]; });
@@ -409,27 +421,34 @@ class NaiveGemmBackend final : public Backend {
     naive_gemm(M, N, K, at(qa, a.k_contiguous, M), at(qb, b.k_contiguous, N), C, beta, out);
   }
   void layernorm_fwd(const float* x, const float* g, const float* b, float* y, float* xh, float* rs, int64_t r,
-                     int64_t d, float eps, const ElementwiseRound& R) override {
+                     int64_t d, float eps, const ElementwiseRound& R, const GemmOperand* q) override {
+    wrote(xh);
+    produced(y, r, d, q);
     in->layernorm_fwd(x, g, b, y, xh, rs, r, d, eps, R);
   }
   void layernorm_bwd(const float* dy, const float* xh, const float* rs, const float* g, float* dx, float* dg,
                      float* db, int64_t r, int64_t d, const ElementwiseRound& R, const ElementwiseRound& Rdy) override {
+    wrote(dx);
     in->layernorm_bwd(dy, xh, rs, g, dx, dg, db, r, d, R, Rdy);
   }
   void act_fwd(Act a, const float* h, float* o, int64_t r, int64_t c, const ElementwiseRound& R,
-               const ElementwiseRound& Rh) override {
+               const ElementwiseRound& Rh, const GemmOperand* q) override {
+    produced(o, r, c, q);
     in->act_fwd(a, h, o, r, c, R, Rh);
   }
   void act_bwd(Act a, const float* h, const float* da, float* dh, int64_t r, int64_t c, const ElementwiseRound& R,
-               const ElementwiseRound& Rh, const ElementwiseRound& Rda) override {
+               const ElementwiseRound& Rh, const ElementwiseRound& Rda, const GemmOperand* q) override {
+    produced(dh, r, a == Act::swiglu ? 2 * c : c, q);
     in->act_bwd(a, h, da, dh, r, c, R, Rh, Rda);
   }
   void residual_add(float* o, const float* x, const float* y, const float* b, int64_t r, int64_t d,
                     const ElementwiseRound& R, const ElementwiseRound& Ry) override {
+    wrote(o);
     in->residual_add(o, x, y, b, r, d, R, Ry);
   }
   void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
   void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R) override {
+    wrote(d);
     in->add(d, a, b, n, R);
   }
   void loss_mse(const float* o, const float* t, float* d, float* l, float* h, int64_t r, int64_t c,
@@ -450,7 +469,43 @@ class NaiveGemmBackend final : public Backend {
   void reset_stats(int s) override { in->reset_stats(s); }
   std::vector<QuantStats> read_stats() override { return in->read_stats(); }
 
+  // Producer-side quantization (lab/model/backend.h): the operands handed to producers as
+  // q_out and still valid (no write to the tensor since), how many gemm operands marked
+  // `prequantized` found theirs, and every breach of the contract.
+  struct Produced {
+    GemmOperand op;
+    int64_t rows, cols;
+  };
+  std::map<const float*, Produced> pending;
+  int q_out_given = 0, prequantized_found = 0;
+  std::vector<std::string> breaches;
+
  private:
+  void wrote(const float* p) { pending.erase(p); }
+  void produced(const float* out, int64_t rows, int64_t cols, const GemmOperand* q) {
+    wrote(out);
+    if (!q) return;
+    ++q_out_given;
+    if (q->p != out) breaches.push_back("a q_out whose pointer is not the producer's output");
+    pending[out] = Produced{*q, rows, cols};
+  }
+  void take(const GemmOperand& op, int64_t rows, int64_t cols) {
+    if (!op.prequantized) return;
+    const auto it = pending.find(op.p);
+    if (it == pending.end()) {
+      breaches.push_back("a prequantized operand whose tensor no producer handed over (or was written since)");
+      return;
+    }
+    const GemmOperand& q = it->second.op;
+    const bool same = q.k_contiguous == op.k_contiguous && q.q.fmt == op.q.fmt && q.q.block == op.q.block &&
+                      q.q.rule == op.q.rule && q.q.rounding == op.q.rounding && q.q.bump == op.q.bump &&
+                      q.q.seed == op.q.seed && q.round_bf16_first == op.round_bf16_first &&
+                      q.bf16_mode == op.bf16_mode && q.stats_slot == op.stats_slot && q.sr_op == op.sr_op &&
+                      it->second.rows == rows && it->second.cols == cols;
+    if (!same) breaches.push_back("a prequantized operand that differs from its producer's q_out");
+    ++prequantized_found;
+    pending.erase(it);  // taken once
+  }
   std::vector<float> prepare(const GemmOperand& op, int64_t rows, int64_t K) const {
     std::vector<float> v(op.p, op.p + rows * K);
     if (op.round_bf16_first)
@@ -802,6 +857,43 @@ TEST(ModelMx, GemmOutputsReadByOneOpAreRoundedByThatOp) {
   be.gemm_outputs_rounded = 0;
   forward(be, plain, TP, X, tws, pol);
   EXPECT_EQ(be.gemm_outputs_rounded, plain.depth);
+}
+
+// Producer-side quantization (lab/model/backend.h): in an MX step the model hands y (layernorm
+// forward), a (act_fwd) and dh (act_bwd) to their producers as q_out and marks the GEMM
+// operand that reads each next `prequantized`. Every marked operand must equal what its
+// producer was given, with nothing written to the tensor in between (a backend relies on this
+// to take the producer's quantization); the CPU backend ignores it, the GPU backend uses it
+// (tests/gpu/test_model_parity.cu checks the bits with and without).
+TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
+  const int64_t B = 32, d = 32;
+  for (bool layernorm : {true, false}) {
+    SCOPED_TRACE(layernorm ? "layernorm" : "no norm");
+    const ModelConfig m = small_model(2, d, Act::gelu, layernorm, true, false);
+    RunConfig cfg;
+    cfg.model = m;
+    PassPolicy pol;
+    pol.p.rounding = Rounding::nearest_away;
+    const NetShape s = NetShape::student(m);
+    const auto params = test_params(s, 21);
+    const auto x = noise(B * d, 22), t = noise(B * d, 23);
+    NaiveGemmBackend be;
+    float* P = put(be, params);
+    float* X = put(be, x);
+    float* T = put(be, t);
+    float* G = be.alloc(params.size());
+    Workspace ws = Workspace::make(be, s, B);
+    forward(be, s, P, X, ws, pol);
+    const int per_fwd = layernorm ? 2 : 1;  // y (only when a norm writes it) and a
+    EXPECT_EQ(be.q_out_given, per_fwd * s.depth);
+    EXPECT_EQ(be.prequantized_found, per_fwd * s.depth);
+    loss_and_grad(be, cfg, T, ws, pol, nullptr);
+    backward(be, s, P, X, ws, G, pol);
+    EXPECT_EQ(be.q_out_given, (per_fwd + 1) * s.depth);  // + dh per layer
+    EXPECT_EQ(be.prequantized_found, (per_fwd + 1) * s.depth);
+    EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
+    for (const std::string& b : be.breaches) ADD_FAILURE() << b;
+  }
 }
 
 // The layernorm's affine operands: the forward quantizes gamma and beta of every layer and keeps

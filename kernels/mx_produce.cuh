@@ -1,0 +1,86 @@
+// Producer-side MX quantization (issue 16; lab/model/backend.h, "Producer-side quantization"):
+// an element-wise kernel that writes a GEMM operand (layernorm forward's y, act_fwd's a,
+// act_bwd's dh) also writes that operand's MX quantization, as bf16 for the tensor-core GEMM,
+// in the same pass, so no separate quantize kernel has to read it again.
+//
+// Covered: blocks of 32 along rows (the k-contiguous operand), the deterministic element
+// roundings (nearest_even, nearest_away, toward_zero), no statistics, rows a multiple of 32
+// long. Everything else keeps the separate pass (kernels/gemm.cuh decides; nothing changes
+// then). The element format and rounding are runtime values here (one kernel instance per
+// producer, not per format x rounding x producer: CI compiles these on 2 cores), evaluated by
+// the same scalar code the quantizer kernels and the CPU reference call
+// (block_scale_exp, quantize_element_fast of lab/mx/scalar.h), so the bits are the same as
+// quantize_bf16's: tests/gpu/test_producer_quant_gpu.cu checks every format and rounding.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lab/mx/scalar.h"
+
+namespace mxlab::cuda {
+
+constexpr int kProducedBlock = 32;  // the MX block size producers quantize
+constexpr uint32_t kMxQuietNaN = 0x7FC00000u;  // what the CPU reference writes for a NaN block
+
+// What a producer kernel needs to quantize its output (by value into the kernel's parameters).
+struct ProducedQuant {
+  uint16_t* out = nullptr;  // bf16 bits, row-major like the producer's output; null: not asked
+  ElemSpec es{};            // the element format (name null: device code never reads it)
+  ScaleRule rule = ScaleRule::floor;
+  Bump bump = Bump::clamp;
+  Rounding rounding = Rounding::nearest_even;  // fast_rounding() only
+  bool round_first = false;                    // round to bf16 (per bf16_mode) before quantizing
+  Rounding bf16_mode = Rounding::nearest_even;
+};
+
+// max of a and b that returns NaN when either is NaN (PTX max.NaN, sm_80+): a block amax over
+// |v| then also says whether the block holds a NaN or an Inf.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// bf16 bits of two values an MX quantizer writes (finite, +-Inf or the quiet NaN), packed (a
+// low, b high): round_bf16(v, nearest_even) without its NaN branch. For these inputs that
+// branch changes nothing: Inf and the quiet NaN have a zero low half, so the rounding
+// increment never carries into the kept bits. The upper halves are picked by one byte permute.
+__device__ __forceinline__ uint32_t mx_bf16x2(float a, float b) {
+  const uint32_t x = f32_bits(a), y = f32_bits(b);
+  const uint32_t xr = x + 0x7FFFu + ((x >> 16) & 1u);
+  const uint32_t yr = y + 0x7FFFu + ((y >> 16) & 1u);
+  return __byte_perm(xr, yr, 0x7632);
+}
+
+// Quantize four consecutive outputs v of this lane, at flat index idx (a multiple of 4), whose
+// 32-element block is held by 8 consecutive lanes (lanes 8j..8j+7: element idx of lane 8j is a
+// multiple of 32), and store their bf16 bits at pq.out + idx. Every lane of the warp must call
+// this (the block amax is a butterfly over the 8 lanes); a group of 8 lanes is either wholly
+// `active` or wholly not (inactive groups store nothing).
+__device__ __forceinline__ void produce_quant4(const ProducedQuant& pq, float4 v, int64_t idx, bool active) {
+  constexpr unsigned kFull = 0xFFFFFFFFu;
+  float e[4] = {v.x, v.y, v.z, v.w};
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (pq.round_first) e[j] = round_bf16(e[j], pq.bf16_mode);
+    amax = max_nan(amax, fabsf(e[j]));
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = max_nan(amax, __shfl_xor_sync(kFull, amax, o));
+  if (!active) return;
+  const int s = block_scale_exp(amax, pq.es, pq.rule, pq.bump, pq.rounding);
+  if (s == kScaleExpNaN) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e[j] = bits_f32(kMxQuietNaN);
+  } else {
+    const ElemScale sc = elem_scale(s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e[j] = quantize_element_fast(e[j], sc, pq.es, pq.rounding).value;
+  }
+  *reinterpret_cast<uint2*>(pq.out + idx) = make_uint2(mx_bf16x2(e[0], e[1]), mx_bf16x2(e[2], e[3]));
+}
+
+}  // namespace mxlab::cuda
