@@ -3,7 +3,7 @@
 # ~3-minute build (device time is the scarce resource):
 #   bash bench/pack_devbin.sh [BUILD_DIR]      (default build; it must hold mxlab and mxlab_gpu_tests,
 #                                               built for sm_90: cmake ... -DCMAKE_BUILD_TYPE=Release)
-# writes .devbin/ (git-ignored): bin/mxlab, bin/mxlab_gpu_tests, lib/ with every shared library
+# writes .devbin/ (git-ignored): bin/mxlab.xz, bin/mxlab_gpu_tests.xz, lib/ with every shared library
 # they load from this machine except the C runtime (libc, libm, libstdc++, ...) and CUDA's (the
 # device has both, at least as new), REVISION, and the wrappers .devbin/mxlab and
 # .devbin/mxlab_gpu_tests, which run the binaries with LD_LIBRARY_PATH=.devbin/lib (only them:
@@ -54,13 +54,25 @@ done
 [ "$(uname -m)" = x86_64 ] || { echo "pack_devbin: this machine is $(uname -m); the device is x86-64" >&2; exit 2; }
 rm -rf .devbin
 mkdir -p .devbin/lib .devbin/bin
-cp "$BUILD/mxlab" "$BUILD/mxlab_gpu_tests" .devbin/bin/
-strip --strip-unneeded .devbin/bin/mxlab .devbin/bin/mxlab_gpu_tests  # symbols: a third of the size
+command -v xz > /dev/null || { echo "pack_devbin: needs xz (apt-get install xz-utils)" >&2; exit 2; }
+# Stripped (symbols are a third of the size) and xz-compressed (the tracked tree, .devbin and
+# .devref must fit the 64 MiB a call carries); each wrapper unpacks its binary on first use.
 for b in mxlab mxlab_gpu_tests; do
+  strip --strip-unneeded -o ".devbin/bin/$b.tmp" "$BUILD/$b"
+  xz -T0 -6 -c ".devbin/bin/$b.tmp" > ".devbin/bin/$b.xz"
+  rm ".devbin/bin/$b.tmp"
   cat > ".devbin/$b" <<WRAP
 #!/usr/bin/env bash
-# bench/pack_devbin.sh: $b built on the development machine, with the libraries it was linked to.
+# bench/pack_devbin.sh: $b built on the development machine (unpacked on first use), with the
+# libraries it was linked to.
 d=\$(cd "\$(dirname "\$0")" && pwd)
+if [ ! -x "\$d/bin/$b" ]; then
+  if command -v xz > /dev/null; then xz -dc "\$d/bin/$b.xz" > "\$d/bin/$b.\$\$"
+  else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \\
+         "\$d/bin/$b.xz" "\$d/bin/$b.\$\$"; fi &&
+    chmod +x "\$d/bin/$b.\$\$" && mv "\$d/bin/$b.\$\$" "\$d/bin/$b" ||
+    { echo "devbin: could not unpack \$d/bin/$b.xz" >&2; exit 2; }
+fi
 LD_LIBRARY_PATH="\$d/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$d/bin/$b" "\$@"
 WRAP
   chmod +x ".devbin/$b"

@@ -3,16 +3,16 @@
 // depend on order (the counts are integers held exactly in doubles, the maximum ignores order),
 // so the kernels run them as chains in the same order and take the rest across a warp at once.
 // The double results agree with the CPU's bit for bit.
-//   - one pass (gap_one_pass_kernel, v14): one warp per chunk computes its elements itself and
-//     folds them (scalar formats; MX blocks of 32 along whole-block rows: a warp's 32 elements
-//     are one block);
+//   - one pass (gap_one_pass_kernel, v14; a block per chunk since v17): the chunk's elements
+//     are computed and folded where they are read (scalar formats; MX blocks of 32 along
+//     whole-block rows: a warp's 32 elements are one block);
 //   - else pass 1 writes each element's rel and flag (one thread per MX block, as
 //     mx_generic_kernel walks blocks; one per element for scalar formats) and pass 2 folds
 //     them a warp per chunk;
 //   - then one block adds the chunk partials (gap_final_kernel: the sums' chain in one thread,
 //     from shared memory).
-// A warp reads 32 consecutive values at a time (coalesced; the one-pass kernel kGapIlp windows
-// at once, its sums' chain run by lane 0 from a shared-memory row: v14d); in the two-pass
+// A warp reads 32 consecutive values at a time (coalesced; in the one-pass kernel kGapIlp windows
+// per warp, the chunk's sum chained by thread 0 from shared memory); in the two-pass
 // path every lane runs the sum's chain, taking each value from its lane by a shuffle. (Before
 // v14b every lane also folded the maximum and the counts one element at a time and one warp
 // folded the chunk partials so; before that one thread per chunk read 1024 values 8 KB apart
@@ -149,91 +149,98 @@ __device__ __forceinline__ void write_partials(double* partials, int64_t c, cons
   o[4] = a.bad;
 }
 
-// The one-pass path (v14): one warp per chunk computes each element's rel and flag itself and
-// folds them at once, so nothing is written per element. Scalar formats (mx == false) need
-// nothing but the element; MX blocks need `32 consecutive flat indices == one block`, i.e.
-// blocks of 32 along the contiguous axis of rows that are whole blocks (quant_gap_one_pass):
-// the warp's 32 lanes hold exactly one block, whose amax is a warp maximum (order-free: the
-// maximum of finite floats is exact). Same scalar code and fold order as passes 1 and 2.
-// Windows a warp works on at once in the one-pass kernel: their loads, block maxima and element
-// quantizations are independent, so they overlap; only the fold runs window after window.
+// The one-pass path: a block per chunk (v17; v14-v14d ran a warp per chunk, which left ~8 warps
+// per SM, 12 % occupancy, latency-bound) computes each element's rel and flag itself and folds
+// them at once, so nothing is written per element. Scalar formats (mx == false) need nothing but
+// the element; MX blocks need `32 consecutive flat indices == one block`, i.e. blocks of 32 along
+// the contiguous axis of rows that are whole blocks (quant_gap_one_pass): a warp's 32 lanes hold
+// exactly one block per window, whose amax is a warp maximum (order-free: the maximum of finite
+// floats is exact). Each of the block's kBlock / 32 warps takes kGapIlp consecutive windows of 32
+// (their loads, block maxima and element quantizations are independent, so they overlap), folds
+// their counts and maxima across the warp and writes the sum's terms (0.0 where none: adding +0
+// to the sum leaves it as it is) into shared memory; thread 0 then adds the chunk's terms in
+// index order (the CPU's chain) and the warps' counts and maxima. Same scalar code and fold order
+// as passes 1 and 2.
 constexpr int kGapIlp = 4;
+static_assert(kBlock / 32 * kGapIlp * 32 == kQuantGapChunk, "a block of the one-pass kernel covers one chunk");
 
 __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemSpec es, bool mx_fmt, int64_t n,
                                                               int64_t chunks, double* partials) {
-  __shared__ double rows[kBlock / 32][32 * kGapIlp];
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  double* row = rows[threadIdx.x / 32];
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  __shared__ double terms[kQuantGapChunk];
+  __shared__ double red[4][kBlock / 32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const uint32_t salt = p.d_step->step;
-  for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
-    GapAcc acc;  // acc.sum is lane 0's alone
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    GapAcc acc;  // counts and maximum of this warp's windows (the same in every lane)
     const int64_t end = (c + 1) * kQuantGapChunk < n ? (c + 1) * kQuantGapChunk : n;
-    for (int64_t base = c * kQuantGapChunk; base < end; base += 32 * kGapIlp) {
-      float x[kGapIlp], v[kGapIlp], amax[kGapIlp];
-      bool in[kGapIlp], special[kGapIlp];
+    const int64_t base = c * kQuantGapChunk + static_cast<int64_t>(warp) * 32 * kGapIlp;
+    float x[kGapIlp], v[kGapIlp], amax[kGapIlp];
+    bool in[kGapIlp], special[kGapIlp];
 #pragma unroll
-      for (int g = 0; g < kGapIlp; ++g) {
-        const int64_t i = base + 32 * g + lane;
-        in[g] = i < end;
-        x[g] = in[g] ? p.x[i] : 0.0f;
-        v[g] = p.round_first ? round_bf16(x[g], p.bf16_mode) : x[g];
-      }
-      if (mx_fmt) {
-#pragma unroll
-        for (int g = 0; g < kGapIlp; ++g) {
-          special[g] = __any_sync(kFullMask, in[g] && !is_finite_bits(f32_bits(v[g])));
-          amax[g] = special[g] ? 0.0f : fabsf(v[g]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-          for (int g = 0; g < kGapIlp; ++g) amax[g] = fmaxf(amax[g], __shfl_xor_sync(kFullMask, amax[g], o));
-      }
-      double r[kGapIlp], f[kGapIlp];
-#pragma unroll
-      for (int g = 0; g < kGapIlp; ++g) {
-        const int64_t i = base + 32 * g + lane;
-        r[g] = 0.0;
-        f[g] = 0.0;
-        if (mx_fmt) {
-          if (special[g]) {
-            f[g] = kFlagNonfinite;
-          } else if (in[g]) {
-            const int s = shared_exponent(amax[g], es, p.q.rule, p.q.bump);
-            const uint32_t rnd = p.q.rounding == Rounding::stochastic
-                                     ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
-                                     : 0u;
-            const ElemResult e = quantize_element(v[g], s, es, p.q.rounding, rnd);
-            r[g] = quant_gap_rel(x[g], e.value);
-            f[g] = e.clamped ? kFlagClamped : 0.0;
-          }
-        } else if (in[g]) {
-          const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v[g], p.q.rounding)
-                                                   : (p.q.fmt == NumFmt::fp16 ? round_fp16(v[g], p.q.rounding) : v[g]);
-          const bool badv = !is_finite_bits(f32_bits(x[g])) || !is_finite_bits(f32_bits(qv));
-          r[g] = badv ? 0.0 : quant_gap_rel(x[g], qv);
-          f[g] = badv ? kFlagNonfinite : 0.0;
-        }
-      }
-      // The counts and maxima across the warp; the terms of the sum (0.0 where none) into the
-      // warp's shared row, which lane 0 adds in index order (its reads issue ahead of the chain).
-#pragma unroll
-      for (int g = 0; g < kGapIlp; ++g) {
-        const int64_t left = end - (base + 32 * g);  // the same in every lane
-        const int m = left <= 0 ? 0 : (left < 32 ? static_cast<int>(left) : 32);
-        row[32 * g + lane] = m > 0 ? fold_counts(r[g], f[g], m, acc) : 0.0;
-      }
-      __syncwarp();
-      if (lane == 0) {
-        double sum = acc.sum;
-#pragma unroll
-        for (int j = 0; j < 32 * kGapIlp; ++j) sum += row[j];
-        acc.sum = sum;
-      }
-      __syncwarp();
+    for (int g = 0; g < kGapIlp; ++g) {
+      const int64_t i = base + 32 * g + lane;
+      in[g] = i < end;
+      x[g] = in[g] ? p.x[i] : 0.0f;
+      v[g] = p.round_first ? round_bf16(x[g], p.bf16_mode) : x[g];
     }
-    if (lane == 0) write_partials(partials, c, acc);
+    if (mx_fmt) {
+#pragma unroll
+      for (int g = 0; g < kGapIlp; ++g) {
+        special[g] = __any_sync(kFullMask, in[g] && !is_finite_bits(f32_bits(v[g])));
+        amax[g] = special[g] ? 0.0f : fabsf(v[g]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < kGapIlp; ++g) amax[g] = fmaxf(amax[g], __shfl_xor_sync(kFullMask, amax[g], o));
+    }
+#pragma unroll
+    for (int g = 0; g < kGapIlp; ++g) {
+      const int64_t i = base + 32 * g + lane;
+      double r = 0.0, f = 0.0;
+      if (mx_fmt) {
+        if (special[g]) {
+          f = kFlagNonfinite;
+        } else if (in[g]) {
+          const int s = shared_exponent(amax[g], es, p.q.rule, p.q.bump);
+          const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                                   ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
+                                   : 0u;
+          const ElemResult e = quantize_element(v[g], s, es, p.q.rounding, rnd);
+          r = quant_gap_rel(x[g], e.value);
+          f = e.clamped ? kFlagClamped : 0.0;
+        }
+      } else if (in[g]) {
+        const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v[g], p.q.rounding)
+                                                 : (p.q.fmt == NumFmt::fp16 ? round_fp16(v[g], p.q.rounding) : v[g]);
+        const bool badv = !is_finite_bits(f32_bits(x[g])) || !is_finite_bits(f32_bits(qv));
+        r = badv ? 0.0 : quant_gap_rel(x[g], qv);
+        f = badv ? kFlagNonfinite : 0.0;
+      }
+      const int64_t left = end - (base + 32 * g);  // the same in every lane
+      const int m = left <= 0 ? 0 : (left < 32 ? static_cast<int>(left) : 32);
+      terms[warp * 32 * kGapIlp + 32 * g + lane] = m > 0 ? fold_counts(r, f, m, acc) : 0.0;
+    }
+    if (lane == 0) {
+      red[0][warp] = acc.mx;
+      red[1][warp] = acc.above;
+      red[2][warp] = acc.cnt;
+      red[3][warp] = acc.bad;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      GapAcc total;
+#pragma unroll 16
+      for (int j = 0; j < kQuantGapChunk; ++j) total.sum += terms[j];
+      for (int w = 0; w < kBlock / 32; ++w) {
+        total.mx = fmax(total.mx, red[0][w]);
+        total.above += red[1][w];  // integers below 2^53: exact in any order
+        total.cnt += red[2][w];
+        total.bad += red[3][w];
+      }
+      write_partials(partials, c, total);
+    }
+    __syncthreads();  // terms and red are rewritten by the next chunk
   }
 }
 
@@ -335,8 +342,8 @@ void launch_quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, con
   // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() in host code here.)
   const ElemSpec es = is_mx(q.fmt) ? kElemSpecs[static_cast<int>(mx_elem(q.fmt))] : ElemSpec{};
   if (n > 0 && one_pass) {
-    gap_one_pass_kernel<<<grid_for(32 * chunks_of(n)), kBlock, 0, s>>>(p, es, is_mx(q.fmt), n, chunks_of(n),
-                                                                       partials);
+    const int blocks = static_cast<int>(std::min<int64_t>(chunks_of(n), kMaxGrid));
+    gap_one_pass_kernel<<<blocks, kBlock, 0, s>>>(p, es, is_mx(q.fmt), n, chunks_of(n), partials);
     MXLAB_CUDA_LAUNCH_CHECK();
   } else if (n > 0) {
     if (is_mx(q.fmt)) {

@@ -8,7 +8,7 @@
 //      Shapes a producer does not cover (rows not a multiple of 32, swiglu) are declined.
 //   2. Backend and model: MX training steps (eager, recorded and replayed CUDA graphs) on a
 //      backend with producer-side quantization and one without give bit-identical parameters;
-//      the first takes exactly y, a and dh of every layer and pass from their producers, and
+//      the first takes y, a and dh of every layer from their producers in a recorded step, and
 //      passes with statistics or stochastic rounding take none (they keep the separate pass).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -263,7 +263,7 @@ StepScalars scalars(uint32_t step) {
 
 struct TrainResult {
   std::vector<float> params;
-  int64_t hits = 0;
+  std::vector<int64_t> hits;  // operands taken from producers so far, after each step
 };
 
 // `steps` MX training steps of a small MLP (L = 2, d = 64, H = 256, B = 96) on a fresh CUDA
@@ -301,6 +301,7 @@ TrainResult train(bool producer_quant, const PrecisionConfig& policy, int steps,
     backward(*be, S, p, x, ws, g, pol);
     be->adam(p, g, m, v, P, hyper);
   };
+  TrainResult r;
   for (int i = 0; i < steps; ++i) {
     be->set_step(scalars(static_cast<uint32_t>(i)));
     if (stats_every_step) {
@@ -312,11 +313,10 @@ TrainResult train(bool producer_quant, const PrecisionConfig& policy, int steps,
       be->end_capture(1);
       if (rec) be->replay(1);
     }
+    r.hits.push_back(cuda::producer_quant_hits(*be));
   }
-  TrainResult r;
   r.params.resize(P);
   be->download(r.params.data(), p, P);
-  r.hits = cuda::producer_quant_hits(*be);
   return r;
 }
 
@@ -337,11 +337,20 @@ TEST(ProducerQuantGpu, TrainingStepsAreBitIdenticalWithAndWithout) {
     ASSERT_EQ(on.params.size(), off.params.size());
     EXPECT_EQ(std::memcmp(on.params.data(), off.params.data(), on.params.size() * sizeof(float)), 0)
         << "parameters differ with producer-side quantization";
-    // y, a and dh of both layers, issued in the eager and the recorded step (replays issue nothing).
-    EXPECT_EQ(on.hits, 2 * 3 * 2);
-    EXPECT_EQ(off.hits, 0);
-    std::printf("[producer quant] %s: %d steps bit-identical, %lld operands taken from producers\n", name(r), kSteps,
-                static_cast<long long>(on.hits));
+    // The recorded step (the second) takes y, a and dh of both layers; replays issue nothing. The
+    // first, eager step sizes the GEMM workspaces as it goes: a GEMM that grows its lane's
+    // workspace drops what the producer before it held (the GEMM then quantizes that operand
+    // itself), so it may take fewer.
+    ASSERT_EQ(on.hits.size(), static_cast<size_t>(kSteps));
+    EXPECT_GE(on.hits[0], 1);
+    EXPECT_LE(on.hits[0], 2 * 3);
+    EXPECT_EQ(on.hits[1] - on.hits[0], 2 * 3);
+    EXPECT_EQ(on.hits.back(), on.hits[1]);
+    EXPECT_EQ(off.hits.back(), 0);
+    std::printf("[producer quant] %s: %d steps bit-identical, operands taken from producers: %lld in the eager "
+                "step, %lld in the recorded one\n",
+                name(r), kSteps, static_cast<long long>(on.hits[0]),
+                static_cast<long long>(on.hits[1] - on.hits[0]));
   }
 }
 
@@ -351,13 +360,13 @@ TEST(ProducerQuantGpu, StatisticsAndStochasticPassesKeepTheSeparatePass) {
     const TrainResult on = train(true, mxfp8(Rounding::nearest_even), 2, true);
     const TrainResult off = train(false, mxfp8(Rounding::nearest_even), 2, true);
     EXPECT_EQ(std::memcmp(on.params.data(), off.params.data(), on.params.size() * sizeof(float)), 0);
-    EXPECT_EQ(on.hits, 0);
+    EXPECT_EQ(on.hits.back(), 0);
   }
   {  // stochastic rounding: not covered by the producers
     const TrainResult on = train(true, mxfp8(Rounding::stochastic), 3, false);
     const TrainResult off = train(false, mxfp8(Rounding::stochastic), 3, false);
     EXPECT_EQ(std::memcmp(on.params.data(), off.params.data(), on.params.size() * sizeof(float)), 0);
-    EXPECT_EQ(on.hits, 0);
+    EXPECT_EQ(on.hits.back(), 0);
   }
 }
 
