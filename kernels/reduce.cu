@@ -8,6 +8,7 @@
 
 #include "kernels/elementwise.cuh"
 #include "kernels/launch_util.cuh"
+#include "kernels/pdl.cuh"
 #include "lab/model/elementwise.h"
 
 namespace mxlab::cuda {
@@ -86,6 +87,7 @@ template <bool LN>
 __global__ void __launch_bounds__(kColTile* kColLanes)
     col_partial_kernel(const float* x, const float* xhat, int64_t rows, int64_t d, int64_t chunk_rows,
                        double* partials, bool xb, Rounding xm) {
+  pdl_begin();
   __shared__ double s0[kColLanes][kColTile];
   __shared__ double s1[kColLanes][kColTile];
   const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
@@ -122,6 +124,7 @@ __global__ void __launch_bounds__(kColTile* kColLanes)
 constexpr int kColFinalWarps = kBlock / kWarp;
 __global__ void __launch_bounds__(kBlock) col_final_kernel(const double* partials, int64_t chunks, int64_t d,
                                                            float* out0, float* out1) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColFinalWarps + threadIdx.x / kWarp;
   if (c >= d) return;  // whole warp
@@ -266,9 +269,10 @@ void col_sum_impl(const float* x, const float* xhat, float* out0, float* out1, i
   const int64_t chunk = col_chunk_rows(rows);
   const int64_t chunks = ceil_div(rows, chunk);
   const dim3 grid(static_cast<unsigned>(ceil_div(d, kColTile)), static_cast<unsigned>(chunks));
-  col_partial_kernel<LN><<<grid, kColTile * kColLanes, 0, s>>>(x, xhat, rows, d, chunk, scratch, x_in.bf16, x_in.mode);
+  launch_pdl(col_partial_kernel<LN>, grid, kColTile * kColLanes, 0, s, x, xhat, rows, d, chunk, scratch, x_in.bf16,
+             x_in.mode);
   MXLAB_CUDA_LAUNCH_CHECK();
-  col_final_kernel<<<grid_for(d, kColFinalWarps), kBlock, 0, s>>>(scratch, chunks, d, out0, out1);
+  launch_pdl(col_final_kernel, grid_for(d, kColFinalWarps), kBlock, 0, s, scratch, chunks, d, out0, out1);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
