@@ -42,11 +42,6 @@ double sgemm_default_rel_diff(const GemmShape& g, int device);
 void set_producer_quant(Backend& be, bool on);
 int64_t producer_quant_hits(Backend& be);
 
-// Whether the hot kernels are launched with programmatic dependent launch (kernels/pdl.cuh: a
-// device of compute capability 9.0 or newer, and MXLAB_PDL not "0").
-bool pdl_on();
-void set_pdl(bool on);  // tests and benchmarks (kernels/pdl.cuh)
-
 // CUDA-event timer on lane 0 of a backend made by make_cuda_backend: start(i)/stop(i) record
 // events in stream order around step i; elapsed_ms() synchronises and returns every step's time.
 class LaneTimer {

@@ -2,13 +2,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_info.h"
-#include "kernels/pdl.cuh"
 
 namespace mxlab::cuda {
 
@@ -48,26 +43,6 @@ DeviceInfo device_info(int index) {
   cublasGetProperty(PATCH_LEVEL, &patch);
   d.cublas = msg(major, ".", minor, ".", patch);
   return d;
-}
-
-namespace {
-std::atomic<bool> g_pdl_off{false};  // set_pdl(false)
-}  // namespace
-
-void set_pdl(bool on) { g_pdl_off.store(!on); }
-
-bool pdl_on() {
-  static const bool allowed = [] {
-    if (const char* v = std::getenv("MXLAB_PDL"); v && std::strcmp(v, "0") == 0) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return allowed && !g_pdl_off.load();
 }
 
 }  // namespace mxlab::cuda

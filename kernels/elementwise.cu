@@ -7,7 +7,6 @@
 #include "kernels/elementwise.cuh"
 
 #include "kernels/launch_util.cuh"
-#include "kernels/pdl.cuh"
 #include "lab/model/elementwise.h"
 
 namespace mxlab::cuda {
@@ -19,7 +18,6 @@ __device__ __forceinline__ void st4(float* p, int64_t v, float4 x) { reinterpret
 
 template <class Op>
 __global__ void __launch_bounds__(kBlock) ew_kernel(Op op, int64_t nvec, int64_t n) {
-  pdl_begin();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t v = t; v < nvec; v += stride) op.vec(v);
@@ -33,7 +31,7 @@ void launch_ew(const Op& op, int64_t n, bool vec_ok, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t nvec = vec_ok ? n / 4 : 0;
   const int64_t items = std::max<int64_t>(nvec, n - nvec * 4);
-  launch_pdl(ew_kernel<Op>, grid_for(items), kBlock, 0, s, op, nvec, n);
+  ew_kernel<<<grid_for(items), kBlock, 0, s>>>(op, nvec, n);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 
@@ -275,7 +273,6 @@ void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args)
 // returns it.
 template <class Op>
 __global__ void __launch_bounds__(kBlock) ew_produce_kernel(Op op, ProducedQuant pq, int64_t nvec) {
-  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   for (int64_t base = ((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * 32; base < nvec;
@@ -291,7 +288,7 @@ template <class Op>
 void launch_produce(const Op& op, const ProducedQuant& pq, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t nvec = n / 4;
-  launch_pdl(ew_produce_kernel<Op>, grid_for(nvec), kBlock, 0, s, op, pq, nvec);
+  ew_produce_kernel<<<grid_for(nvec), kBlock, 0, s>>>(op, pq, nvec);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -7,7 +7,6 @@
 
 #include "kernels/launch_util.cuh"
 #include "kernels/mx_produce.cuh"
-#include "kernels/pdl.cuh"
 #include "kernels/reduce.cuh"
 #include "lab/model/elementwise.h"
 
@@ -40,7 +39,6 @@ template <bool VEC>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
                   int64_t rows, int64_t d, float eps, bool rb, Rounding rm, ProducedQuant pq) {
-  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;  // whole warp
@@ -101,7 +99,6 @@ template <bool VEC>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     ln_bwd_kernel(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx, int64_t rows,
                   int64_t d, bool rb, Rounding rm, bool yb, Rounding ym) {
-  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -177,11 +174,11 @@ bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta,
                        (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
   const ProducedQuant none{};
   if (vec)
-    launch_pdl(ln_fwd_kernel<true>, grid_rows(rows), kRowsPerBlock * kWarp, 0, s, x, gamma, beta, y, xhat, rstd, rows, d,
-               eps, r.bf16, r.mode, produce ? *pq : none);
+    ln_fwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d, eps,
+                                                                           r.bf16, r.mode, produce ? *pq : none);
   else
-    launch_pdl(ln_fwd_kernel<false>, grid_rows(rows), kRowsPerBlock * kWarp, 0, s, x, gamma, beta, y, xhat, rstd, rows,
-               d, eps, r.bf16, r.mode, none);
+    ln_fwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
+                                                                            eps, r.bf16, r.mode, none);
   MXLAB_CUDA_LAUNCH_CHECK();
   return produce;
 }
@@ -195,11 +192,11 @@ void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd,
   if (rows > 0) {
     const bool vec = d % 4 == 0 && aligned16(dy) && aligned16(xhat) && aligned16(gamma) && aligned16(dx);
     if (vec)
-      launch_pdl(ln_bwd_kernel<true>, grid_rows(rows), kRowsPerBlock * kWarp, 0, s, dy, xhat, rstd, gamma, dx, rows, d,
-                 r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+      ln_bwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
+                                                                             r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     else
-      launch_pdl(ln_bwd_kernel<false>, grid_rows(rows), kRowsPerBlock * kWarp, 0, s, dy, xhat, rstd, gamma, dx, rows, d,
-                 r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+      ln_bwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
+                                                                              r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
   launch_col_sum_ln(dy, xhat, dgamma, dbeta, rows, d, scratch, s, dy_in);

@@ -6,7 +6,6 @@
 #include "kernels/loss.cuh"
 
 #include "kernels/launch_util.cuh"
-#include "kernels/pdl.cuh"
 #include "kernels/reduce.cuh"
 #include "lab/model/elementwise.h"
 
@@ -24,7 +23,6 @@ __device__ void store_loss(float loss, float* loss_out, float* loss_history, con
 __global__ void __launch_bounds__(kBlock) mse_partial_kernel(const float* out, const float* target, float* dout,
                                                              int64_t n, int64_t per_block, float scale, bool rb,
                                                              Rounding rm, double* partials) {
-  pdl_begin();
   __shared__ double smem[kBlock / kWarp];
   const int64_t begin = blockIdx.x * per_block, end = std::min(n, begin + per_block);
   double s = 0.0;
@@ -41,7 +39,6 @@ __global__ void __launch_bounds__(kBlock) mse_partial_kernel(const float* out, c
 __global__ void __launch_bounds__(kBlock) loss_final_kernel(const double* partials, int64_t count, int64_t denom,
                                                             float* loss_out, float* loss_history,
                                                             const StepScalars* d_step) {
-  pdl_begin();
   __shared__ double smem[kBlock / kWarp];
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < count; i += kBlock) s += partials[i];
@@ -100,12 +97,11 @@ void launch_loss_mse(const float* out, const float* target, float* dout, float* 
   const int64_t n = rows * d;
   const Partition1D p = partition_1d(n);
   if (p.blocks > 0) {
-    launch_pdl(mse_partial_kernel, p.blocks, kBlock, 0, s, out, target, dout, n, p.per_block, mse_grad_scale(n), r.bf16,
-               r.mode, scratch);
+    mse_partial_kernel<<<p.blocks, kBlock, 0, s>>>(out, target, dout, n, p.per_block, mse_grad_scale(n), r.bf16,
+                                                   r.mode, scratch);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
-  launch_pdl(loss_final_kernel, 1, kBlock, 0, s, scratch, static_cast<int64_t>(p.blocks), n, loss_out, loss_history,
-             d_step);
+  loss_final_kernel<<<1, kBlock, 0, s>>>(scratch, p.blocks, n, loss_out, loss_history, d_step);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 
@@ -118,7 +114,7 @@ void launch_loss_kl(const float* out, const float* target, float* dout, float* l
                                                           kl_grad_scale(temperature, rows), r.bf16, r.mode, scratch);
     MXLAB_CUDA_LAUNCH_CHECK();
   }
-  launch_pdl(loss_final_kernel, 1, kBlock, 0, s, scratch, rows, rows, loss_out, loss_history, d_step);
+  loss_final_kernel<<<1, kBlock, 0, s>>>(scratch, rows, rows, loss_out, loss_history, d_step);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

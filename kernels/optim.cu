@@ -3,7 +3,6 @@
 #include "kernels/optim.cuh"
 
 #include "kernels/launch_util.cuh"
-#include "kernels/pdl.cuh"
 #include "lab/model/elementwise.h"
 
 namespace mxlab::cuda {
@@ -21,7 +20,6 @@ struct AdamArgs {
 };
 
 __global__ void __launch_bounds__(kBlock) adam_kernel(AdamArgs a, bool vec, const StepScalars* d_step) {
-  pdl_begin();
   const float lr = d_step->lr, bc1 = d_step->bc1, bc2 = d_step->bc2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -61,7 +59,7 @@ void launch_adam(float* p, const float* g, float* m, float* v, int64_t n, const 
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
   const AdamArgs a{p, g, m, v, n, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled};
   const int64_t items = vec ? std::max<int64_t>(n / 4, n % 4) : n;
-  launch_pdl(adam_kernel, grid_for(items), kBlock, 0, s, a, vec, d_step);
+  adam_kernel<<<grid_for(items), kBlock, 0, s>>>(a, vec, d_step);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -31,7 +31,6 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/mx_produce.cuh"
-#include "kernels/pdl.cuh"
 #include "lab/core/error.h"
 #include "lab/core/philox.h"
 #include "lab/mx/scalar.h"
@@ -254,7 +253,6 @@ __device__ __forceinline__ void store8(const KParams& p, int64_t idx, const floa
 // instances without them skip the lastbin/clamped bookkeeping.
 template <Elem E, Rounding R, bool kCount>
 __global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel(KParams p, bool vec, bool flat) {
-  pdl_begin();
   const ElemSpec es = device_elem_spec<E>();
   const int G = p.block / kLaneElems;  // lanes per block: a power of two <= 32 (checked by the launcher)
   const int lane = threadIdx.x & 31;
@@ -333,7 +331,6 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel
 // items are neighbouring tiles of one band. Dynamic shared memory: block x kStridedThreads floats.
 template <Elem E, Rounding R>
 __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_kernel(KParams p) {
-  pdl_begin();
   const ElemSpec es = device_elem_spec<E>();
   extern __shared__ float tile[];  // [block][kStridedThreads]; each thread uses its own column
   const int tid = threadIdx.x;
@@ -433,7 +430,6 @@ __device__ __forceinline__ void load_tile(const KParams& p, const TileSlice& ts,
 
 template <Elem E, Rounding R, bool kCount>
 __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel(KParams p) {
-  pdl_begin();
   const ElemSpec es = device_elem_spec<E>();
   const int lane = threadIdx.x & 31;
   const int64_t nbands = (p.rows + kTileBlock - 1) / kTileBlock;
@@ -524,7 +520,6 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
 
 // ---- any block size, either axis (one thread per block, two passes) -------------------------
 __global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpec es, Axis axis) {
-  pdl_begin();
   const bool contiguous = axis == Axis::contiguous;
   const int64_t lines = contiguous ? p.rows : p.cols;
   const int64_t length = contiguous ? p.cols : p.rows;
@@ -573,7 +568,6 @@ __global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpe
 
 // ---- fp32 / bf16 / fp16 roles (element-wise) ----------------------------------------------
 __global__ void __launch_bounds__(kThreads) scalar_fmt_kernel(KParams p, NumFmt fmt, bool vec) {
-  pdl_begin();
   const int64_t n = p.rows * p.cols;
   Counters cnt;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
@@ -604,7 +598,6 @@ __global__ void __launch_bounds__(kThreads) scalar_fmt_kernel(KParams p, NumFmt 
 __global__ void add_counter_kernel(unsigned long long* word, unsigned long long value) { *word += value; }
 
 __global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* x, int64_t n, Rounding mode, bool vec) {
-  pdl_begin();
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
     if (vec && n - i >= kVec) {
@@ -703,7 +696,7 @@ KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind
 template <Elem E>
 void launch_contiguous(const KParams& p, unsigned grid, cudaStream_t s, bool vec, bool flat) {
   const bool count = p.stats != nullptr;
-#define MXLAB_CASE(R, C) launch_pdl(mx_contiguous_kernel<E, R, C>, grid, kThreads, 0, s, p, vec, flat)
+#define MXLAB_CASE(R, C) mx_contiguous_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p, vec, flat)
   MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
 #undef MXLAB_CASE
 }
@@ -711,14 +704,14 @@ void launch_contiguous(const KParams& p, unsigned grid, cudaStream_t s, bool vec
 template <Elem E>
 void launch_strided_tile(const KParams& p, unsigned grid, cudaStream_t s) {
   const bool count = p.stats != nullptr;
-#define MXLAB_CASE(R, C) launch_pdl(mx_strided_tile_kernel<E, R, C>, grid, kThreads, 0, s, p)
+#define MXLAB_CASE(R, C) mx_strided_tile_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p)
   MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
 #undef MXLAB_CASE
 }
 
 template <Elem E>
 void launch_strided(const KParams& p, unsigned grid, size_t smem, cudaStream_t s) {
-#define MXLAB_CASE(R) launch_pdl(mx_strided_kernel<E, R>, grid, kStridedThreads, smem, s, p)
+#define MXLAB_CASE(R) mx_strided_kernel<E, R><<<grid, kStridedThreads, smem, s>>>(p)
   MXLAB_FOR_EACH_ROUNDING(MXLAB_CASE)
 #undef MXLAB_CASE
 }
@@ -760,7 +753,7 @@ void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind
     const int64_t length = L.axis == Axis::contiguous ? L.cols : L.rows;
     const unsigned grid = grid_for(lines * ((length + k - 1) / k), kThreads);
     // (kElemSpecs read directly: nvcc rejects the HD accessor elem_spec() here.)
-    launch_pdl(mx_generic_kernel, grid, kThreads, 0, s, p, kElemSpecs[static_cast<int>(elem)], L.axis);
+    mx_generic_kernel<<<grid, kThreads, 0, s>>>(p, kElemSpecs[static_cast<int>(elem)], L.axis);
   }
   MXLAB_CUDA_LAUNCH_CHECK();
 }
@@ -770,7 +763,7 @@ void launch_scalar_fmt(const QuantLaunch& L, void* out, OutKind kind, unsigned l
   const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
   const bool vec = aligned(L.in, 16) && aligned(out, out_align);
   const unsigned grid = grid_for(L.rows * L.cols, static_cast<int64_t>(kThreads) * kVec);
-  launch_pdl(scalar_fmt_kernel, grid, kThreads, 0, s, p, L.q.fmt, vec);
+  scalar_fmt_kernel<<<grid, kThreads, 0, s>>>(p, L.q.fmt, vec);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 
@@ -829,7 +822,7 @@ void round_bf16_inplace(float* x, int64_t n, Rounding mode, cudaStream_t s) {
   if (n <= 0) return;
   const bool vec = aligned(x, 16);
   const unsigned grid = grid_for(n, static_cast<int64_t>(kThreads) * kVec);
-  launch_pdl(round_bf16_kernel, grid, kThreads, 0, s, x, n, mode, vec);
+  round_bf16_kernel<<<grid, kThreads, 0, s>>>(x, n, mode, vec);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -8,7 +8,6 @@
 
 #include "kernels/elementwise.cuh"
 #include "kernels/launch_util.cuh"
-#include "kernels/pdl.cuh"
 #include "lab/model/elementwise.h"
 
 namespace mxlab::cuda {
@@ -87,7 +86,6 @@ template <bool LN>
 __global__ void __launch_bounds__(kColTile* kColLanes)
     col_partial_kernel(const float* x, const float* xhat, int64_t rows, int64_t d, int64_t chunk_rows,
                        double* partials, bool xb, Rounding xm) {
-  pdl_begin();
   __shared__ double s0[kColLanes][kColTile];
   __shared__ double s1[kColLanes][kColTile];
   const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
@@ -124,7 +122,6 @@ __global__ void __launch_bounds__(kColTile* kColLanes)
 constexpr int kColFinalWarps = kBlock / kWarp;
 __global__ void __launch_bounds__(kBlock) col_final_kernel(const double* partials, int64_t chunks, int64_t d,
                                                            float* out0, float* out1) {
-  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColFinalWarps + threadIdx.x / kWarp;
   if (c >= d) return;  // whole warp
@@ -269,10 +266,9 @@ void col_sum_impl(const float* x, const float* xhat, float* out0, float* out1, i
   const int64_t chunk = col_chunk_rows(rows);
   const int64_t chunks = ceil_div(rows, chunk);
   const dim3 grid(static_cast<unsigned>(ceil_div(d, kColTile)), static_cast<unsigned>(chunks));
-  launch_pdl(col_partial_kernel<LN>, grid, kColTile * kColLanes, 0, s, x, xhat, rows, d, chunk, scratch, x_in.bf16,
-             x_in.mode);
+  col_partial_kernel<LN><<<grid, kColTile * kColLanes, 0, s>>>(x, xhat, rows, d, chunk, scratch, x_in.bf16, x_in.mode);
   MXLAB_CUDA_LAUNCH_CHECK();
-  launch_pdl(col_final_kernel, grid_for(d, kColFinalWarps), kBlock, 0, s, scratch, chunks, d, out0, out1);
+  col_final_kernel<<<grid_for(d, kColFinalWarps), kBlock, 0, s>>>(scratch, chunks, d, out0, out1);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 }  // namespace

@@ -77,7 +77,6 @@ struct Args {
   int depth = 0, width = 0, batch = 0;
   bool no_graphs = false;
   bool no_producer_quant = false;
-  bool no_pdl = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
   int curvature_iters = kCurvatureIters;
@@ -371,15 +370,10 @@ void run_bench(const Args& a) {
                 name(cfg.precision.attn_logits_fmt()), name(cfg.precision.attn_probs_fmt()));
 #ifdef MXLAB_HAVE_CUDA
   if (is_cuda) {
-    if (a.no_pdl) cuda::set_pdl(false);
     cuda::set_producer_quant(*be, !a.no_producer_quant);
     std::printf("  producer-side quantization: %s\n",
                 a.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
                                     : "on (layernorm / activation kernels write the next GEMM's MX operand)");
-    std::printf("  programmatic dependent launch: %s\n",
-                cuda::pdl_on() ? "on (element-wise, layernorm, quantizer, column-sum, loss and Adam kernels; "
-                                 "--no-pdl or MXLAB_PDL=0 turns it off)"
-                               : "off (--no-pdl, MXLAB_PDL=0, or a device older than compute capability 9.0)");
   }
 #endif
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
@@ -640,9 +634,6 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
   sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
-  sub->add_flag("--no-pdl", args->no_pdl,
-                "CUDA: launch every kernel in plain stream order, without programmatic dependent launch "
-                "(kernels/pdl.cuh; same bits; for comparisons)");
   sub->add_flag("--no-producer-quant", args->no_producer_quant,
                 "CUDA: every GEMM quantizes its operands itself, instead of taking the MX operand its producer "
                 "(layernorm / activation kernel) wrote in the same pass (same bits; for comparisons)");

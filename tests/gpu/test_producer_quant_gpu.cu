@@ -354,28 +354,6 @@ TEST(ProducerQuantGpu, TrainingStepsAreBitIdenticalWithAndWithout) {
   }
 }
 
-// Programmatic dependent launch (kernels/pdl.cuh) changes when kernels start, never what they
-// compute: training steps (eager, recorded, replayed) with and without it give the same bits,
-// under an MX and the FP32 policy. A kernel launched with the attribute that touched memory
-// before pdl_begin() would race its predecessor and could differ here.
-TEST(ProducerQuantGpu, ProgrammaticDependentLaunchKeepsTheBits) {
-  MXLAB_REQUIRE_GPU();
-  auto be = make_cuda_backend(0);  // pdl_on() asks the current device
-  const bool available = cuda::pdl_on();
-  std::printf("[pdl] programmatic dependent launch %s on this device\n", available ? "available" : "NOT available");
-  PrecisionConfig fp32 = PrecisionConfig::fp32();
-  for (const PrecisionConfig& pol : {mxfp8(Rounding::nearest_away), fp32}) {
-    cuda::set_pdl(true);
-    const TrainResult with = train(true, pol, 6, false);
-    cuda::set_pdl(false);
-    const TrainResult without = train(true, pol, 6, false);
-    cuda::set_pdl(true);
-    ASSERT_EQ(with.params.size(), without.params.size());
-    EXPECT_EQ(std::memcmp(with.params.data(), without.params.data(), with.params.size() * sizeof(float)), 0)
-        << (pol.weight == NumFmt::fp32 ? "fp32" : "mxfp8") << ": parameters differ with programmatic dependent launch";
-  }
-}
-
 TEST(ProducerQuantGpu, StatisticsAndStochasticPassesKeepTheSeparatePass) {
   MXLAB_REQUIRE_GPU();
   {  // statistics slots on y, a and dh: those operands are counted by their GEMM's quantizer
