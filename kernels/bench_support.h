@@ -40,9 +40,6 @@ double sgemm_default_rel_diff(const GemmShape& g, int device);
 // producer_quant_hits: GEMM operands taken from producers so far, over all lanes. Both throw
 // mxlab::Error for another backend.
 void set_producer_quant(Backend& be, bool on);
-// Side branches (Backend::begin_side: the backward's weight-gradient GEMMs on a second stream
-// per lane) of a backend made by make_cuda_backend: on by default; off runs them on the lane.
-void set_side_streams(Backend& be, bool on);
 int64_t producer_quant_hits(Backend& be);
 
 // CUDA-event timer on lane 0 of a backend made by make_cuda_backend: start(i)/stop(i) record

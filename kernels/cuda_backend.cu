@@ -86,8 +86,7 @@ class DeviceArray {
 
 struct Lane {
   cudaStream_t stream = nullptr;
-  cudaEvent_t event = nullptr;  // lane 0: fork point; others: join point (a side: its join point)
-  cudaEvent_t fork_event = nullptr;  // a side stream only: where it forked from its lane
+  cudaEvent_t event = nullptr;  // lane 0: fork point; others: join point
   std::unique_ptr<GemmRunner> gemm;
   int64_t gemm_reserved = 0;
   DeviceArray<double> scratch;  // reduction partials
@@ -128,14 +127,6 @@ class CudaBackend final : public Backend {
     capture_hold_.release();
     ResourceSection rs;
     for (Lane& l : lanes_) cudaStreamSynchronize(l.stream);
-    for (auto& sd : sides_)
-      if (sd) {
-        cudaStreamSynchronize(sd->stream);
-        sd->gemm.reset();
-        cudaEventDestroy(sd->event);
-        cudaEventDestroy(sd->fork_event);
-        cudaStreamDestroy(sd->stream);
-      }
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     for (void* p : buffers_) cudaFree(p);
     cudaFree(d_step_);
@@ -221,7 +212,6 @@ class CudaBackend final : public Backend {
   int lanes() const override { return kLanes; }
   void set_lane(int lane) override {
     ctx();
-    if (side_on_) throw Error("set_lane inside a side branch (begin_side ... end_side)");
     if (lane < 0 || lane >= kLanes) throw Error(msg("lane ", lane, " out of range [0, ", kLanes, ")"));
     if (lane == cur_) return;
     cur_ = lane;
@@ -234,8 +224,6 @@ class CudaBackend final : public Backend {
 
   void join() override {
     ctx();
-    side_on_ = false;
-    for (int i = 0; i < kLanes; ++i) join_side_of(i);
     for (int i = 1; i < kLanes; ++i) {
       Lane& l = lanes_[i];
       if (!l.forked) continue;
@@ -245,49 +233,6 @@ class CudaBackend final : public Backend {
     }
     cur_ = 0;
   }
-
-  // ---- side branches (lab/model/backend.h) ----
-  // Each lane gets a second stream, GEMM runner and scratch on first use (outside capture: the
-  // first pass of a captured region runs eagerly). Where a side cannot be had (switched off, or
-  // first asked for inside a capture) the branch runs on the lane itself: same order, same bits.
-  void begin_side() override {
-    ctx();
-    if (side_on_) throw Error("begin_side inside a side branch");
-    if (!sides_enabled_) return;
-    std::unique_ptr<Lane>& sd = sides_[cur_];
-    if (!sd) {
-      if (capturing_) return;
-      ResourceSection rs;
-      sd = std::make_unique<Lane>();
-      MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking));
-      MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&sd->event, cudaEventDisableTiming));
-      MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&sd->fork_event, cudaEventDisableTiming));
-      sd->gemm = std::make_unique<GemmRunner>(sd->stream);
-    }
-    // Fork: the side continues after everything enqueued on the lane so far.
-    MXLAB_CUDA_CHECK(cudaEventRecord(sd->fork_event, lanes_[cur_].stream));
-    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(sd->stream, sd->fork_event, 0));
-    sd->forked = true;
-    side_on_ = true;
-  }
-  void end_side() override {
-    ctx();
-    side_on_ = false;
-  }
-  void join_side() override {
-    ctx();
-    if (side_on_) throw Error("join_side inside a side branch (call end_side first)");
-    join_side_of(cur_);
-  }
-  void join_side_of(int i) {
-    Lane* sd = sides_[i].get();
-    if (!sd || !sd->forked) return;
-    MXLAB_CUDA_CHECK(cudaEventRecord(sd->event, sd->stream));
-    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[i].stream, sd->event, 0));
-    sd->forked = false;
-  }
-  // Tests and benchmarks: side branches on/off (off: they run on the lane itself).
-  void set_side_streams(bool on) { sides_enabled_ = on; }
 
   bool replay(int key) override {
     ctx();
@@ -338,7 +283,7 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     ctx();
     refuse_in_capture("synchronize");
-    synchronize_all();
+    for (Lane& l : lanes_) MXLAB_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   }
 
   // ---- random numbers ----
@@ -392,7 +337,7 @@ class CudaBackend final : public Backend {
     ProducedQuant pq;
     const bool want = produce_target(q_out, y, rows, d, &pq);
     if (launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur(), want ? &pq : nullptr))
-      lane().gemm->hold(*q_out, rows, d);
+      lanes_[cur_].gemm->hold(*q_out, rows, d);
   }
   void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                      float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
@@ -407,7 +352,7 @@ class CudaBackend final : public Backend {
     ProducedQuant pq;
     const bool want = produce_target(q_out, a, rows, cols, &pq);
     if (launch_act_fwd(act, h, a, rows, cols, r, h_in, cur(), want ? &pq : nullptr))
-      lane().gemm->hold(*q_out, rows, cols);
+      lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
                const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
@@ -416,7 +361,7 @@ class CudaBackend final : public Backend {
     ProducedQuant pq;
     const bool want = produce_target(q_out, dh, rows, cols, &pq);
     if (launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur(), want ? &pq : nullptr))
-      lane().gemm->hold(*q_out, rows, cols);
+      lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
   // Producer-side quantization (lab/model/backend.h, kernels/gemm.cuh): whether the producer
   // writing `out` [rows x cols] also writes q_out's quantization, and where (*pq). The current
@@ -426,7 +371,7 @@ class CudaBackend final : public Backend {
     if (!q_out) return false;
     MXLAB_ASSERT(q_out->p == out, "a producer's q_out must describe its output");
     if (!capturing_ && produce_on_) reserve_gemm(rows * cols);
-    GemmRunner& g = *lane().gemm;
+    GemmRunner& g = *lanes_[cur_].gemm;
     const bool ok = g.produce_target(*q_out, rows, cols, pq);  // drops what was held, either way
     return ok && produce_on_;
   }
@@ -436,8 +381,6 @@ class CudaBackend final : public Backend {
   int64_t producer_quant_hits() const {
     int64_t n = 0;
     for (const Lane& l : lanes_) n += l.gemm->produced_hits();
-    for (const auto& sd : sides_)
-      if (sd) n += sd->gemm->produced_hits();
     return n;
   }
   void residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
@@ -709,9 +652,7 @@ class CudaBackend final : public Backend {
     MXLAB_CUDA_CHECK(cudaGetDevice(&dev));
     if (dev != device_) MXLAB_CUDA_CHECK(cudaSetDevice(device_));
   }
-  // The lane ops go to: the current lane, or its side stream between begin_side and end_side.
-  Lane& lane() { return side_on_ ? *sides_[cur_] : lanes_[cur_]; }
-  cudaStream_t cur() const { return side_on_ ? sides_[cur_]->stream : lanes_[cur_].stream; }
+  cudaStream_t cur() const { return lanes_[cur_].stream; }
 
   void refuse_in_capture(const char* what) const {
     if (capturing_)
@@ -721,13 +662,11 @@ class CudaBackend final : public Backend {
 
   void synchronize_all() {
     for (Lane& l : lanes_) MXLAB_CUDA_CHECK(cudaStreamSynchronize(l.stream));
-    for (const auto& sd : sides_)
-      if (sd) MXLAB_CUDA_CHECK(cudaStreamSynchronize(sd->stream));
   }
 
   // Scratch of the current lane, grown (outside capture) to at least n doubles.
   double* lane_scratch(int64_t n) {
-    Lane& l = lane();
+    Lane& l = lanes_[cur_];
     if (l.scratch.size() < n) {
       refuse_in_capture("growing reduction scratch (the first pass of a captured region runs eagerly to size it)");
       synchronize_all();
@@ -772,7 +711,7 @@ class CudaBackend final : public Backend {
   // The current lane's GEMM runner with scratch for operands of `need` elements (grown outside
   // capture only: the first pass of a captured region runs eagerly and sizes it).
   GemmRunner* reserve_gemm(int64_t need) {
-    Lane& l = lane();
+    Lane& l = lanes_[cur_];
     if (need > l.gemm_reserved) {
       refuse_in_capture("a GEMM larger than any run before (the first pass of a captured region runs eagerly "
                         "to size its workspaces)");
@@ -861,9 +800,6 @@ class CudaBackend final : public Backend {
   CaptureHold capture_hold_;  // held while capturing_ (capture_guard.cuh)
   int capture_key_ = -1;
   bool produce_on_ = true;  // producer-side quantization (set_producer_quant)
-  std::unique_ptr<Lane> sides_[kLanes];  // side streams (begin_side), made on first use
-  bool side_on_ = false;                 // ops go to sides_[cur_] (between begin_side and end_side)
-  bool sides_enabled_ = true;            // set_side_streams
 };
 
 }  // namespace
@@ -879,7 +815,6 @@ CudaBackend& as_cuda(Backend& be) {
 cudaStream_t lane_stream(Backend& be, int lane) { return as_cuda(be).stream_of(lane); }
 
 void set_producer_quant(Backend& be, bool on) { as_cuda(be).set_producer_quant(on); }
-void set_side_streams(Backend& be, bool on) { as_cuda(be).set_side_streams(on); }
 int64_t producer_quant_hits(Backend& be) { return as_cuda(be).producer_quant_hits(); }
 
 }  // namespace cuda

@@ -77,7 +77,6 @@ struct Args {
   int depth = 0, width = 0, batch = 0;
   bool no_graphs = false;
   bool no_producer_quant = false;
-  bool no_side_streams = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
   int curvature_iters = kCurvatureIters;
@@ -372,13 +371,9 @@ void run_bench(const Args& a) {
 #ifdef MXLAB_HAVE_CUDA
   if (is_cuda) {
     cuda::set_producer_quant(*be, !a.no_producer_quant);
-    cuda::set_side_streams(*be, !a.no_side_streams);
     std::printf("  producer-side quantization: %s\n",
                 a.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
                                     : "on (layernorm / activation kernels write the next GEMM's MX operand)");
-    std::printf("  side streams: %s\n", a.no_side_streams ? "off (--no-side-streams: the backward's weight gradients "
-                                                           "run on the lane)"
-                                                         : "on (the backward's weight gradients on a second stream per lane)");
   }
 #endif
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
@@ -639,9 +634,6 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
   sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)");
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
-  sub->add_flag("--no-side-streams", args->no_side_streams,
-                "CUDA: run the backward's weight-gradient GEMMs on the lane itself instead of a second stream "
-                "(same bits; for comparisons)");
   sub->add_flag("--no-producer-quant", args->no_producer_quant,
                 "CUDA: every GEMM quantizes its operands itself, instead of taking the MX operand its producer "
                 "(layernorm / activation kernel) wrote in the same pass (same bits; for comparisons)");

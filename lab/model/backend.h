@@ -145,17 +145,6 @@ class Backend {
   // may write the tensor in between. Results are bit-identical with and without
   // (kernels/gemm.cuh, "Producer-side quantization").
 
-  // Side branches (issue 16; an optimisation a backend may ignore, the CPU does). Between
-  // begin_side() and end_side() ops go to a side stream of the current lane, which first waits for
-  // everything the lane has enqueued so far; after end_side() ops go to the lane again and may run
-  // at the same time as the branch, until join_side() makes the lane wait for the branch (join()
-  // does too). The caller guarantees that between begin_side() and join_side() the lane neither
-  // reads what the branch writes nor writes what it reads. The backward puts its weight-gradient
-  // GEMMs there (lab/model/README.md). Results are bit-identical with and without.
-  virtual void begin_side() {}
-  virtual void end_side() {}
-  virtual void join_side() {}
-
   // ---- vector ops (all round their outputs per `r`) ----
   // Layernorm over the last axis of x[rows x d]: y = xhat * gamma + beta, with xhat =
   // (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var). gamma/beta may be null (no

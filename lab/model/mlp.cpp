@@ -555,16 +555,10 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
     const float* W1 = params + g1.offset;
     const float* W2 = params + g2.offset;
-    // The weight gradients (b2, dW2 here; dW1 below) go on a side branch (Backend::begin_side): they
-    // read dA, a, dh and y and write only their own gradients, which nothing on the lane reads, and
-    // the lane overwrites none of their inputs before join_side() (dA: the add into the residual
-    // below; dh: the next layer's act_bwd). Bit-identical either way.
-    be.begin_side();
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
     be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x),
             grads + g2.offset, 0.0f, R);
-    be.end_side();
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
     // reader) rounds both as it reads them.
     be.gemm(B, H, d, ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
@@ -574,21 +568,18 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
         ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
     be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
     dh_op.prequantized = true;
-    // dW1 [H1 x d] = dh^T y: reduction over the batch (side branch, as dW2).
+    // dW1 [H1 x d] = dh^T y: reduction over the batch.
+    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
+            ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
     // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
     // through to the FP32 masters.
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);
-    be.begin_side();
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
-            ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
     norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
-    be.end_side();
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]). Under layernorm its backward is
     // dy's only reader and rounds it as it reads it, so the GEMM leaves it unrounded.
     const bool defer_dy = norm_rounds_dy_as_read(s);
     be.gemm(B, d, H1, dh_op, ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f,
             defer_dy ? ElementwiseRound{} : R);
-    be.join_side();  // before the add overwrites dA and the next layer's act_bwd overwrites dh
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
                                 defer_dy ? R : ElementwiseRound{});
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);

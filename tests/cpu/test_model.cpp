@@ -8,7 +8,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -384,12 +383,10 @@ class NaiveGemmBackend final : public Backend {
   void download(float* d, const float* s, size_t n) override { in->download(d, s, n); }
   void copy(float* d, const float* s, size_t n) override {
     ++copies;
-    access({s}, {d});
     wrote(d);
     in->copy(d, s, n);
   }
   void fill(float* d, float v, size_t n) override {
-    access({}, {d});
     wrote(d);
     in->fill(d, v, n);
   }
@@ -402,12 +399,10 @@ class NaiveGemmBackend final : public Backend {
   std::vector<std::pair<int64_t, int64_t>> quantized;  // the shape of every quantize call, in order
   void quantize(const float* i, float* o, int64_t r, int64_t c, Axis ax, const QuantSpec& q, int slot) override {
     quantized.push_back({r, c});
-    access({i}, {o});
     wrote(o);
     in->quantize(i, o, r, c, ax, q, slot);
   }
   void round_bf16(float* x, size_t n, Rounding m) override {
-    access({x}, {x});
     wrote(x);
     in->round_bf16(x, n, m);
   }
@@ -416,8 +411,6 @@ class NaiveGemmBackend final : public Backend {
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
             const ElementwiseRound& out) override {
     gemm_outputs_rounded += out.bf16 ? 1 : 0;
-    access({a.p, b.p}, {C});
-    if (in_side) ++side_gemms;
     take(a, a.k_contiguous ? M : K, a.k_contiguous ? K : M);
     take(b, b.k_contiguous ? N : K, b.k_contiguous ? K : N);
     wrote(C);
@@ -429,41 +422,32 @@ class NaiveGemmBackend final : public Backend {
   }
   void layernorm_fwd(const float* x, const float* g, const float* b, float* y, float* xh, float* rs, int64_t r,
                      int64_t d, float eps, const ElementwiseRound& R, const GemmOperand* q) override {
-    access({x, g, b}, {y, xh, rs});
     wrote(xh);
     produced(y, r, d, q);
     in->layernorm_fwd(x, g, b, y, xh, rs, r, d, eps, R);
   }
   void layernorm_bwd(const float* dy, const float* xh, const float* rs, const float* g, float* dx, float* dg,
                      float* db, int64_t r, int64_t d, const ElementwiseRound& R, const ElementwiseRound& Rdy) override {
-    access({dy, xh, rs, g}, {dx, dg, db});
     wrote(dx);
     in->layernorm_bwd(dy, xh, rs, g, dx, dg, db, r, d, R, Rdy);
   }
   void act_fwd(Act a, const float* h, float* o, int64_t r, int64_t c, const ElementwiseRound& R,
                const ElementwiseRound& Rh, const GemmOperand* q) override {
-    access({h}, {o});
     produced(o, r, c, q);
     in->act_fwd(a, h, o, r, c, R, Rh);
   }
   void act_bwd(Act a, const float* h, const float* da, float* dh, int64_t r, int64_t c, const ElementwiseRound& R,
                const ElementwiseRound& Rh, const ElementwiseRound& Rda, const GemmOperand* q) override {
-    access({h, da}, {dh});
     produced(dh, r, a == Act::swiglu ? 2 * c : c, q);
     in->act_bwd(a, h, da, dh, r, c, R, Rh, Rda);
   }
   void residual_add(float* o, const float* x, const float* y, const float* b, int64_t r, int64_t d,
                     const ElementwiseRound& R, const ElementwiseRound& Ry) override {
-    access({x, y, b}, {o});
     wrote(o);
     in->residual_add(o, x, y, b, r, d, R, Ry);
   }
-  void col_sum(const float* x, float* o, int64_t r, int64_t d) override {
-    access({x}, {o});
-    in->col_sum(x, o, r, d);
-  }
+  void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
   void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R) override {
-    access({a, b}, {d});
     wrote(d);
     in->add(d, a, b, n, R);
   }
@@ -496,39 +480,7 @@ class NaiveGemmBackend final : public Backend {
   int q_out_given = 0, prequantized_found = 0;
   std::vector<std::string> breaches;
 
-  // Side branches (Backend::begin_side): what the branch read and wrote since the last
-  // join_side(), and every access of the lane in that time that conflicts with it.
-  bool in_side = false;
-  int side_gemms = 0, side_joins = 0;
-  std::set<const float*> side_reads, side_writes;
-  std::vector<std::string> side_hazards;
-  void begin_side() override {
-    if (in_side) side_hazards.push_back("begin_side inside a side branch");
-    in_side = true;
-  }
-  void end_side() override { in_side = false; }
-  void join_side() override {
-    if (in_side) side_hazards.push_back("join_side inside a side branch");
-    side_reads.clear();
-    side_writes.clear();
-    ++side_joins;
-  }
-
  private:
-  void access(std::initializer_list<const float*> reads, std::initializer_list<const float*> writes) {
-    if (in_side) {
-      for (const float* p : reads)
-        if (p) side_reads.insert(p);
-      for (const float* p : writes)
-        if (p) side_writes.insert(p);
-      return;
-    }
-    for (const float* p : reads)
-      if (p && side_writes.count(p)) side_hazards.push_back("the lane reads what a side branch writes, before the join");
-    for (const float* p : writes)
-      if (p && (side_writes.count(p) || side_reads.count(p)))
-        side_hazards.push_back("the lane writes what a side branch reads or writes, before the join");
-  }
   void wrote(const float* p) { pending.erase(p); }
   void produced(const float* out, int64_t rows, int64_t cols, const GemmOperand* q) {
     wrote(out);
@@ -941,39 +893,6 @@ TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
     EXPECT_EQ(be.prequantized_found, (per_fwd + 1) * s.depth);
     EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
     for (const std::string& b : be.breaches) ADD_FAILURE() << b;
-  }
-}
-
-// Side branches (lab/model/backend.h): the backward puts the weight gradients (b2, dW2, dW1) on a
-// side branch. Nothing on the lane may read what the branch writes, or write what it reads or
-// writes, before join_side(); the backend runs the branch concurrently on that promise.
-TEST(ModelMx, WeightGradientsRunOnASideBranchWithoutHazards) {
-  const int64_t B = 32, d = 32;
-  for (bool layernorm : {true, false}) {
-    SCOPED_TRACE(layernorm ? "layernorm" : "no norm");
-    const ModelConfig m = small_model(2, d, Act::gelu, layernorm, true, true);  // with fc2 bias
-    RunConfig cfg;
-    cfg.model = m;
-    PassPolicy pol;
-    pol.p.rounding = Rounding::nearest_away;
-    const NetShape s = NetShape::student(m);
-    const auto params = test_params(s, 21);
-    const auto x = noise(B * d, 22), t = noise(B * d, 23);
-    NaiveGemmBackend be;
-    float* P = put(be, params);
-    float* X = put(be, x);
-    float* T = put(be, t);
-    float* G = be.alloc(params.size());
-    Workspace ws = Workspace::make(be, s, B);
-    forward(be, s, P, X, ws, pol);
-    loss_and_grad(be, cfg, T, ws, pol, nullptr);
-    EXPECT_EQ(be.side_gemms, 0);
-    backward(be, s, P, X, ws, G, pol);
-    EXPECT_EQ(be.side_gemms, 2 * s.depth);  // dW2 and dW1 of every layer
-    EXPECT_EQ(be.side_joins, s.depth);
-    EXPECT_FALSE(be.in_side);
-    EXPECT_TRUE(be.side_reads.empty() && be.side_writes.empty()) << "a side branch was left unjoined";
-    for (const std::string& h : be.side_hazards) ADD_FAILURE() << h;
   }
 }
 
