@@ -141,14 +141,7 @@ bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t col
       op.q.block != kProducedBlock || !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact ||
       rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_ || !held_)
     return false;
-  const ElemSpec& es = kElemSpecs[static_cast<int>(mx_elem(op.q.fmt))];
-  pq->out = reinterpret_cast<uint16_t*>(held_);
-  pq->es = ElemSpec{nullptr, es.bits, es.ebits, es.mbits, es.bias, es.reserved};
-  pq->rule = op.q.rule;
-  pq->bump = op.q.bump;
-  pq->rounding = op.q.rounding;
-  pq->round_first = op.round_bf16_first;
-  pq->bf16_mode = op.bf16_mode;
+  *pq = produced_quant(op.q, op.round_bf16_first, op.bf16_mode, reinterpret_cast<uint16_t*>(held_));
   return true;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
 
 namespace mxlab::cuda {
@@ -34,6 +35,21 @@ struct ProducedQuant {
   bool round_first = false;                    // round to bf16 (per bf16_mode) before quantizing
   Rounding bf16_mode = Rounding::nearest_even;
 };
+
+// The ProducedQuant that writes an MX operand of spec q (its block must be kProducedBlock and its
+// rounding deterministic: the caller checks) as bf16 bits into `out`.
+inline ProducedQuant produced_quant(const QuantSpec& q, bool round_first, Rounding bf16_mode, uint16_t* out) {
+  const ElemSpec& es = kElemSpecs[static_cast<int>(mx_elem(q.fmt))];
+  ProducedQuant pq;
+  pq.out = out;
+  pq.es = ElemSpec{nullptr, es.bits, es.ebits, es.mbits, es.bias, es.reserved};
+  pq.rule = q.rule;
+  pq.bump = q.bump;
+  pq.rounding = q.rounding;
+  pq.round_first = round_first;
+  pq.bf16_mode = bf16_mode;
+  return pq;
+}
 
 // max of a and b that returns NaN when either is NaN (PTX max.NaN, sm_80+): a block amax over
 // |v| then also says whether the block holds a NaN or an Inf.

@@ -822,40 +822,55 @@ TEST(ModelMx, MatchesExplicitCompositionBitForBit) {
 // with the residual, o (residual_add, which also writes A_{k+1} without a copy of A_k); in the
 // backward da (act_bwd) and, under layernorm, dy (layernorm_bwd). The GEMMs still round dW2, dW1. The plain (non-residual) teacher
 // keeps o's rounding in its GEMM. That the bits are unchanged is MatchesExplicitCompositionBitForBit's.
-TEST(ModelMx, GemmOutputsReadByOneOpAreRoundedByThatOp) {
-  const int64_t B = 32, d = 32;
-  const ModelConfig m = small_model(2, d, Act::gelu, true, true, false);
-  RunConfig cfg;
-  cfg.model = m;
-  PassPolicy pol;
-  pol.p.rounding = Rounding::nearest_away;
-  ASSERT_TRUE(pol.p.elementwise_bf16) << "the test needs element-wise bf16 rounding";
-  const NetShape s = NetShape::student(m);
-  const auto params = test_params(s, 21);
-  const auto x = noise(B * d, 22), t = noise(B * d, 23);
+// A small MX student (L = 2, d = 32, B = 32, GeLU, nearest_away) on the naive-order backend,
+// which the tests below count the calls of: parameters, batch and workspace made, nothing run.
+struct NaiveMxPass {
+  static constexpr int64_t B = 32, d = 32;
   NaiveGemmBackend be;
-  float* P = put(be, params);
-  float* X = put(be, x);
-  float* T = put(be, t);
-  float* G = be.alloc(params.size());
-  Workspace ws = Workspace::make(be, s, B);
+  ModelConfig m;
+  RunConfig cfg;
+  PassPolicy pol;
+  NetShape s;
+  float *P, *X, *T, *G;
+  Workspace ws;
+  explicit NaiveMxPass(bool layernorm = true)
+      : m(small_model(2, d, Act::gelu, layernorm, true, false)), s(NetShape::student(m)) {
+    cfg.model = m;
+    pol.p.rounding = Rounding::nearest_away;
+    const auto params = test_params(s, 21);
+    P = put(be, params);
+    X = put(be, noise(B * d, 22));
+    T = put(be, noise(B * d, 23));
+    G = be.alloc(params.size());
+    ws = Workspace::make(be, s, B);
+  }
+  void forward_pass() { forward(be, s, P, X, ws, pol); }
+  void loss_and_backward() {
+    loss_and_grad(be, cfg, T, ws, pol, nullptr);
+    backward(be, s, P, X, ws, G, pol);
+  }
+};
+
+TEST(ModelMx, GemmOutputsReadByOneOpAreRoundedByThatOp) {
+  NaiveMxPass t;
+  ASSERT_TRUE(t.pol.p.elementwise_bf16) << "the test needs element-wise bf16 rounding";
+  NaiveGemmBackend& be = t.be;
   be.copies = 0;
-  forward(be, s, P, X, ws, pol);
+  t.forward_pass();
   EXPECT_EQ(be.gemm_outputs_rounded, 0);
   EXPECT_EQ(be.copies, 1);  // A_0 = R(x) only: no copy of A_k per layer
-  loss_and_grad(be, cfg, T, ws, pol, nullptr);
-  backward(be, s, P, X, ws, G, pol);
-  EXPECT_EQ(be.gemm_outputs_rounded, 2 * s.depth);  // dW2, dW1 (dy: the layernorm backward rounds it)
+  t.loss_and_backward();
+  EXPECT_EQ(be.gemm_outputs_rounded, 2 * t.s.depth);  // dW2, dW1 (dy: the layernorm backward rounds it)
   // The plain teacher: o = A_{k+1} is read by the next layer's norm and GEMM, so its GEMM rounds it.
   TeacherConfig tc;
   tc.residual = false;
-  const NetShape plain = NetShape::teacher(m, tc);
+  const NetShape plain = NetShape::teacher(t.m, tc);
   ASSERT_FALSE(plain.residual);
   const auto tp = test_params(plain, 24);
   float* TP = put(be, tp);
-  Workspace tws = Workspace::make(be, plain, B);
+  Workspace tws = Workspace::make(be, plain, NaiveMxPass::B);
   be.gemm_outputs_rounded = 0;
-  forward(be, plain, TP, X, tws, pol);
+  forward(be, plain, TP, t.X, tws, t.pol);
   EXPECT_EQ(be.gemm_outputs_rounded, plain.depth);
 }
 
@@ -866,31 +881,17 @@ TEST(ModelMx, GemmOutputsReadByOneOpAreRoundedByThatOp) {
 // to take the producer's quantization); the CPU backend ignores it, the GPU backend uses it
 // (tests/gpu/test_model_parity.cu checks the bits with and without).
 TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
-  const int64_t B = 32, d = 32;
   for (bool layernorm : {true, false}) {
     SCOPED_TRACE(layernorm ? "layernorm" : "no norm");
-    const ModelConfig m = small_model(2, d, Act::gelu, layernorm, true, false);
-    RunConfig cfg;
-    cfg.model = m;
-    PassPolicy pol;
-    pol.p.rounding = Rounding::nearest_away;
-    const NetShape s = NetShape::student(m);
-    const auto params = test_params(s, 21);
-    const auto x = noise(B * d, 22), t = noise(B * d, 23);
-    NaiveGemmBackend be;
-    float* P = put(be, params);
-    float* X = put(be, x);
-    float* T = put(be, t);
-    float* G = be.alloc(params.size());
-    Workspace ws = Workspace::make(be, s, B);
-    forward(be, s, P, X, ws, pol);
+    NaiveMxPass t(layernorm);
+    NaiveGemmBackend& be = t.be;
+    t.forward_pass();
     const int per_fwd = layernorm ? 2 : 1;  // y (only when a norm writes it) and a
-    EXPECT_EQ(be.q_out_given, per_fwd * s.depth);
-    EXPECT_EQ(be.prequantized_found, per_fwd * s.depth);
-    loss_and_grad(be, cfg, T, ws, pol, nullptr);
-    backward(be, s, P, X, ws, G, pol);
-    EXPECT_EQ(be.q_out_given, (per_fwd + 1) * s.depth);  // + dh per layer
-    EXPECT_EQ(be.prequantized_found, (per_fwd + 1) * s.depth);
+    EXPECT_EQ(be.q_out_given, per_fwd * t.s.depth);
+    EXPECT_EQ(be.prequantized_found, per_fwd * t.s.depth);
+    t.loss_and_backward();
+    EXPECT_EQ(be.q_out_given, (per_fwd + 1) * t.s.depth);  // + dh per layer
+    EXPECT_EQ(be.prequantized_found, (per_fwd + 1) * t.s.depth);
     EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
     for (const std::string& b : be.breaches) ADD_FAILURE() << b;
   }

@@ -89,19 +89,6 @@ QuantSpec spec_of(NumFmt f, Rounding r, ScaleRule rule, Bump bump) {
   return q;
 }
 
-cuda::ProducedQuant produced(const QuantSpec& q, bool round_first, Rounding bf16_mode, uint16_t* out) {
-  cuda::ProducedQuant pq;
-  const ElemSpec& es = kElemSpecs[static_cast<int>(mx_elem(q.fmt))];
-  pq.out = out;
-  pq.es = ElemSpec{nullptr, es.bits, es.ebits, es.mbits, es.bias, es.reserved};
-  pq.rule = q.rule;
-  pq.bump = q.bump;
-  pq.rounding = q.rounding;
-  pq.round_first = round_first;
-  pq.bf16_mode = bf16_mode;
-  return pq;
-}
-
 enum class Producer { ln_affine, ln_plain, act_fwd, act_bwd };
 
 struct Case {
@@ -136,7 +123,7 @@ void check_case(const Case& c, const Dev<float>& in1, const Dev<float>& in2, con
   cudaMemset(q_fused.p, 0xFF, n * sizeof(uint16_t));
   const QuantSpec q = spec_of(c.fmt, c.rounding, c.rule, c.bump);
   const Rounding bf16_mode = Rounding::nearest_away;
-  const cuda::ProducedQuant pq = produced(q, c.round_first, bf16_mode, q_fused.p);
+  const cuda::ProducedQuant pq = cuda::produced_quant(q, c.round_first, bf16_mode, q_fused.p);
   const ElementwiseRound R{true, Rounding::nearest_away}, Rin{true, Rounding::nearest_even};
   bool fused = false;
   for (int pass = 0; pass < 2; ++pass) {
@@ -242,8 +229,8 @@ TEST(ProducerQuantGpu, UncoveredShapesAreDeclined) {
   cudaMemset(h.p, 0, h.n * sizeof(float));
   Dev<uint16_t> q(static_cast<size_t>(rows * 2 * cols));
   const cuda::ProducedQuant pq =
-      produced(spec_of(NumFmt::mxfp8_e4m3, Rounding::nearest_even, ScaleRule::floor, Bump::clamp), false,
-               Rounding::nearest_even, q.p);
+      cuda::produced_quant(spec_of(NumFmt::mxfp8_e4m3, Rounding::nearest_even, ScaleRule::floor, Bump::clamp), false,
+                           Rounding::nearest_even, q.p);
   const ElementwiseRound R{};
   EXPECT_FALSE(cuda::launch_act_fwd(Act::gelu, h.p, a.p, rows, cols, R, R, s, &pq));
   EXPECT_FALSE(cuda::launch_act_bwd(Act::gelu, h.p, h.p, a.p, rows, cols, R, R, R, s, &pq));
