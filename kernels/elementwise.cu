@@ -271,7 +271,7 @@ void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args)
 // 8 lanes of a block are all in range or all out), each warp on 32 consecutive groups, then
 // the same four values quantized into pq.out. op.vec4(v) computes and stores group v and
 // returns it.
-template <class Op>
+template <class Op, int kElem>
 __global__ void __launch_bounds__(kBlock) ew_produce_kernel(Op op, ProducedQuant pq, int64_t nvec) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kBlock) ew_produce_kernel(Op op, ProducedQuant
     const int64_t v = base + lane;
     const bool active = v < nvec;
     const float4 o = active ? op.vec4(v) : make_float4(0.f, 0.f, 0.f, 0.f);
-    produce_quant4(pq, o, 4 * v, active);
+    produce_quant4<kElem>(pq, o, 4 * v, active);
   }
 }
 
@@ -288,7 +288,10 @@ template <class Op>
 void launch_produce(const Op& op, const ProducedQuant& pq, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t nvec = n / 4;
-  ew_produce_kernel<<<grid_for(nvec), kBlock, 0, s>>>(op, pq, nvec);
+  if (pq.elem == static_cast<Elem>(kProducedFolded))
+    ew_produce_kernel<Op, kProducedFolded><<<grid_for(nvec), kBlock, 0, s>>>(op, pq, nvec);
+  else
+    ew_produce_kernel<Op, -1><<<grid_for(nvec), kBlock, 0, s>>>(op, pq, nvec);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

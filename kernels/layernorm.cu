@@ -35,7 +35,7 @@ __device__ __forceinline__ void for_row(const float* xr, int64_t d, int lane, F 
 }
 
 // pq.out (VEC only; d % 32 == 0): y's MX quantization is written too (kernels/mx_produce.cuh).
-template <bool VEC>
+template <bool VEC, int kElem>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
                   int64_t rows, int64_t d, float eps, bool rb, Rounding rm, ProducedQuant pq) {
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
         reinterpret_cast<float4*>(hr)[v] = h;
         reinterpret_cast<float4*>(yr)[v] = o;
       }
-      if (pq.out) produce_quant4(pq, o, row * d + 4 * v, active);
+      if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
     }
   } else {
     for (int64_t j = lane; j < d; j += kWarp) {
@@ -173,12 +173,15 @@ bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta,
   const bool produce = vec && pq && pq->out && d % kProducedBlock == 0 &&
                        (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
   const ProducedQuant none{};
-  if (vec)
-    ln_fwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d, eps,
-                                                                           r.bf16, r.mode, produce ? *pq : none);
+  if (produce && pq->elem == static_cast<Elem>(kProducedFolded))
+    ln_fwd_kernel<true, kProducedFolded><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
+        x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, *pq);
+  else if (vec)
+    ln_fwd_kernel<true, -1><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
+                                                                               eps, r.bf16, r.mode, produce ? *pq : none);
   else
-    ln_fwd_kernel<false><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
-                                                                            eps, r.bf16, r.mode, none);
+    ln_fwd_kernel<false, -1><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(x, gamma, beta, y, xhat, rstd, rows, d,
+                                                                                eps, r.bf16, r.mode, none);
   MXLAB_CUDA_LAUNCH_CHECK();
   return produce;
 }

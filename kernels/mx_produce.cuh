@@ -6,8 +6,10 @@
 // Covered: blocks of 32 along rows (the k-contiguous operand), the deterministic element
 // roundings (nearest_even, nearest_away, toward_zero), no statistics, rows a multiple of 32
 // long. Everything else keeps the separate pass (kernels/gemm.cuh decides; nothing changes
-// then). The element format and rounding are runtime values here (one kernel instance per
-// producer, not per format x rounding x producer: CI compiles these on 2 cores), evaluated by
+// then). The rounding is a runtime value here, and so is the element format except for
+// fp8_e4m3 (the paper's), whose constants are folded into its own instances (v20): two kernel
+// instances per producer, not one per format x rounding (CI compiles these on 2 cores); both are
+// evaluated by
 // the same scalar code the quantizer kernels and the CPU reference call
 // (block_scale_exp, quantize_element_fast of lab/mx/scalar.h), so the bits are the same as
 // quantize_bf16's: tests/gpu/test_producer_quant_gpu.cu checks every format and rounding.
@@ -25,9 +27,29 @@ namespace mxlab::cuda {
 constexpr int kProducedBlock = 32;  // the MX block size producers quantize
 constexpr uint32_t kMxQuietNaN = 0x7FC00000u;  // what the CPU reference writes for a NaN block
 
+// The ElemSpec of E with every field a compile-time constant, so the table folds into the
+// shared scalar code. Only scalar constexpr values may cross into device code, hence the
+// per-field constants (the name is host data and is dropped).
+template <Elem E>
+struct ElemConst {
+  static constexpr int kIndex = static_cast<int>(E);
+  static constexpr int kBits = kElemSpecs[kIndex].bits;
+  static constexpr int kEbits = kElemSpecs[kIndex].ebits;
+  static constexpr int kMbits = kElemSpecs[kIndex].mbits;
+  static constexpr int kBias = kElemSpecs[kIndex].bias;
+  static constexpr Reserved kReserved = kElemSpecs[kIndex].reserved;
+};
+
+template <Elem E>
+__device__ __forceinline__ ElemSpec device_elem_spec() {
+  using C = ElemConst<E>;
+  return ElemSpec{nullptr, C::kBits, C::kEbits, C::kMbits, C::kBias, C::kReserved};
+}
+
 // What a producer kernel needs to quantize its output (by value into the kernel's parameters).
 struct ProducedQuant {
   uint16_t* out = nullptr;  // bf16 bits, row-major like the producer's output; null: not asked
+  Elem elem = Elem::fp8_e4m3;
   ElemSpec es{};            // the element format (name null: device code never reads it)
   ScaleRule rule = ScaleRule::floor;
   Bump bump = Bump::clamp;
@@ -42,6 +64,7 @@ inline ProducedQuant produced_quant(const QuantSpec& q, bool round_first, Roundi
   const ElemSpec& es = kElemSpecs[static_cast<int>(mx_elem(q.fmt))];
   ProducedQuant pq;
   pq.out = out;
+  pq.elem = mx_elem(q.fmt);
   pq.es = ElemSpec{nullptr, es.bits, es.ebits, es.mbits, es.bias, es.reserved};
   pq.rule = q.rule;
   pq.bump = q.bump;
@@ -75,8 +98,24 @@ __device__ __forceinline__ uint32_t mx_bf16x2(float a, float b) {
 // multiple of 32), and store their bf16 bits at pq.out + idx. Every lane of the warp must call
 // this (the block amax is a butterfly over the 8 lanes); a group of 8 lanes is either wholly
 // `active` or wholly not (inactive groups store nothing).
+//
+// kElem >= 0: the format is Elem(kElem) (pq.elem), its constants folded in at compile time (the
+// paper's fp8_e4m3 has such instances: kProducedFolded); -1: pq.es at run time. Same values.
+constexpr int kProducedFolded = static_cast<int>(Elem::fp8_e4m3);
+
+template <int kElem>
+__device__ __forceinline__ ElemSpec produced_spec(const ProducedQuant& pq) {
+  if constexpr (kElem < 0) {
+    return pq.es;
+  } else {
+    return device_elem_spec<static_cast<Elem>(kElem)>();
+  }
+}
+
+template <int kElem = -1>
 __device__ __forceinline__ void produce_quant4(const ProducedQuant& pq, float4 v, int64_t idx, bool active) {
   constexpr unsigned kFull = 0xFFFFFFFFu;
+  const ElemSpec es = produced_spec<kElem>(pq);
   float e[4] = {v.x, v.y, v.z, v.w};
   float amax = 0.0f;
 #pragma unroll
@@ -87,14 +126,14 @@ __device__ __forceinline__ void produce_quant4(const ProducedQuant& pq, float4 v
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = max_nan(amax, __shfl_xor_sync(kFull, amax, o));
   if (!active) return;
-  const int s = block_scale_exp(amax, pq.es, pq.rule, pq.bump, pq.rounding);
+  const int s = block_scale_exp(amax, es, pq.rule, pq.bump, pq.rounding);
   if (s == kScaleExpNaN) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) e[j] = bits_f32(kMxQuietNaN);
   } else {
     const ElemScale sc = elem_scale(s);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) e[j] = quantize_element_fast(e[j], sc, pq.es, pq.rounding).value;
+    for (int j = 0; j < 4; ++j) e[j] = quantize_element_fast(e[j], sc, es, pq.rounding).value;
   }
   *reinterpret_cast<uint2*>(pq.out + idx) = make_uint2(mx_bf16x2(e[0], e[1]), mx_bf16x2(e[2], e[3]));
 }

@@ -86,25 +86,6 @@ struct Counters {
 };
 constexpr int64_t kMaxElements = int64_t{1} << 43;
 
-// The ElemSpec of E with every field a compile-time constant, so the table folds into the
-// shared scalar code. Only scalar constexpr values may cross into device code, hence the
-// per-field constants (the name is host data and is dropped).
-template <Elem E>
-struct ElemConst {
-  static constexpr int kIndex = static_cast<int>(E);
-  static constexpr int kBits = kElemSpecs[kIndex].bits;
-  static constexpr int kEbits = kElemSpecs[kIndex].ebits;
-  static constexpr int kMbits = kElemSpecs[kIndex].mbits;
-  static constexpr int kBias = kElemSpecs[kIndex].bias;
-  static constexpr Reserved kReserved = kElemSpecs[kIndex].reserved;
-};
-
-template <Elem E>
-__device__ __forceinline__ ElemSpec device_elem_spec() {
-  using C = ElemConst<E>;
-  return ElemSpec{nullptr, C::kBits, C::kEbits, C::kMbits, C::kBias, C::kReserved};
-}
-
 __device__ __forceinline__ uint32_t step_salt(const KParams& p) { return p.d_step ? *p.d_step : p.salt; }
 
 __device__ __forceinline__ float input_value(const KParams& p, float v) {
