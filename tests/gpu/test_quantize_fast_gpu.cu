@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/mx_produce.cuh"
 #include "kernels/quantize.cuh"
 #include "lab/mx/format.h"
 #include "lab/mx/quantize.h"
@@ -57,27 +58,10 @@ struct Tally {
   Mismatch first[kMaxRecorded];
 };
 
-// The element format with every field a compile-time constant, as kernels/quantize.cu builds it.
-// (Only scalar constexpr values may cross into device code, hence one constant per field.)
-template <Elem E>
-struct ElemConst {
-  static constexpr int kIndex = static_cast<int>(E);
-  static constexpr int kBits = kElemSpecs[kIndex].bits;
-  static constexpr int kEbits = kElemSpecs[kIndex].ebits;
-  static constexpr int kMbits = kElemSpecs[kIndex].mbits;
-  static constexpr int kBias = kElemSpecs[kIndex].bias;
-  static constexpr Reserved kReserved = kElemSpecs[kIndex].reserved;
-};
-
-template <Elem E>
-__device__ __forceinline__ ElemSpec const_spec() {
-  using C = ElemConst<E>;
-  return ElemSpec{nullptr, C::kBits, C::kEbits, C::kMbits, C::kBias, C::kReserved};
-}
-
 template <Elem E>
 __global__ void __launch_bounds__(kThreads) fast_vs_exact_kernel(int s, Rounding mode, Tally* tally) {
-  const ElemSpec es = const_spec<E>();
+  // The element format with every field a compile-time constant, as the kernels build it.
+  const ElemSpec es = cuda::device_elem_spec<E>();
   const ElemScale sc = elem_scale(s);
   unsigned long long checked = 0, nonzero = 0, clamped = 0, lastbin = 0;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
