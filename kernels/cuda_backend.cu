@@ -334,10 +334,9 @@ class CudaBackend final : public Backend {
                      int64_t rows, int64_t d, float eps, const ElementwiseRound& r, const GemmOperand* q_out) override {
     ctx();
     MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
-    ProducedQuant pq;
-    const bool want = produce_target(q_out, y, rows, d, &pq);
-    if (launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur(), want ? &pq : nullptr))
-      lanes_[cur_].gemm->hold(*q_out, rows, d);
+    produce(q_out, y, rows, d, [&](const ProducedQuant* pq) {
+      return launch_layernorm_fwd(x, gamma, beta, y, xhat, rstd, rows, d, eps, r, cur(), pq);
+    });
   }
   void layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                      float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
@@ -349,31 +348,32 @@ class CudaBackend final : public Backend {
   void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
                const ElementwiseRound& h_in, const GemmOperand* q_out) override {
     ctx();
-    ProducedQuant pq;
-    const bool want = produce_target(q_out, a, rows, cols, &pq);
-    if (launch_act_fwd(act, h, a, rows, cols, r, h_in, cur(), want ? &pq : nullptr))
-      lanes_[cur_].gemm->hold(*q_out, rows, cols);
+    produce(q_out, a, rows, cols,
+            [&](const ProducedQuant* pq) { return launch_act_fwd(act, h, a, rows, cols, r, h_in, cur(), pq); });
   }
   void act_bwd(Act act, const float* h, const float* da, float* dh, int64_t rows, int64_t cols,
                const ElementwiseRound& r, const ElementwiseRound& h_in, const ElementwiseRound& da_in,
                const GemmOperand* q_out) override {
     ctx();
-    ProducedQuant pq;
-    const bool want = produce_target(q_out, dh, rows, cols, &pq);
-    if (launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur(), want ? &pq : nullptr))
-      lanes_[cur_].gemm->hold(*q_out, rows, cols);
+    produce(q_out, dh, rows, cols, [&](const ProducedQuant* pq) {
+      return launch_act_bwd(act, h, da, dh, rows, cols, r, h_in, da_in, cur(), pq);
+    });
   }
-  // Producer-side quantization (lab/model/backend.h, kernels/gemm.cuh): whether the producer
-  // writing `out` [rows x cols] also writes q_out's quantization, and where (*pq). The current
-  // lane's held buffer grows here outside capture; inside, a producer whose operand does not
-  // fit just writes its output (the GEMM quantizes it then).
-  bool produce_target(const GemmOperand* q_out, const float* out, int64_t rows, int64_t cols, ProducedQuant* pq) {
-    if (!q_out) return false;
-    MXLAB_ASSERT(q_out->p == out, "a producer's q_out must describe its output");
-    if (!capturing_ && produce_on_) reserve_gemm(rows * cols);
-    GemmRunner& g = *lanes_[cur_].gemm;
-    const bool ok = g.produce_target(*q_out, rows, cols, pq);  // drops what was held, either way
-    return ok && produce_on_;
+  // Producer-side quantization (lab/model/backend.h, kernels/gemm.cuh): runs a producer that
+  // writes `out` [rows x cols], launch(pq) returning whether it also wrote q_out's quantization
+  // (pq null: not asked), and records what the lane's GEMM runner then holds. The held buffer
+  // grows here outside capture; inside, a producer whose operand does not fit just writes its
+  // output (the GEMM quantizes it then).
+  template <class Launch>
+  void produce(const GemmOperand* q_out, const float* out, int64_t rows, int64_t cols, Launch launch) {
+    ProducedQuant pq;
+    bool want = false;
+    if (q_out) {
+      MXLAB_ASSERT(q_out->p == out, "a producer's q_out must describe its output");
+      if (!capturing_ && produce_on_) reserve_gemm(rows * cols);
+      want = lanes_[cur_].gemm->produce_target(*q_out, rows, cols, &pq) && produce_on_;  // drops what was held
+    }
+    if (launch(want ? &pq : nullptr)) lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
   // Tests and benchmarks: producer-side quantization on/off (off: every GEMM quantizes its
   // operands itself), and how many GEMM operands were taken from producers, over all lanes.

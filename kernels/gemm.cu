@@ -112,14 +112,12 @@ void GemmRunner::ensure_scratch(int64_t elems) {
   ResourceSection rs;
   if (scratch_) MXLAB_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
-  held_ = nullptr;
   held_armed_ = false;
   scratch_elems_ = 0;
   // Two FP32-sized operand regions, then the held bf16 buffer (half as many floats, rounded up
   // to 256 bytes so that it stays aligned).
   const size_t held_floats = ((static_cast<size_t>(elems) + 1) / 2 + 63) / 64 * 64;
   MXLAB_CUDA_CHECK(cudaMalloc(&scratch_, (2 * static_cast<size_t>(elems) + held_floats) * sizeof(float)));
-  held_ = reinterpret_cast<__nv_bfloat16*>(scratch_ + 2 * elems);
   scratch_elems_ = elems;
 }
 
@@ -127,9 +125,7 @@ namespace {
 // Whether two GEMM operands quantize to the same values (every field operand_launch reads, and
 // the statistics slot; not `prequantized`).
 bool same_operand(const GemmOperand& a, const GemmOperand& b) {
-  const QuantSpec &p = a.q, &q = b.q;
-  return a.p == b.p && a.k_contiguous == b.k_contiguous && p.fmt == q.fmt && p.block == q.block &&
-         p.rule == q.rule && p.rounding == q.rounding && p.bump == q.bump && p.seed == q.seed && p.salt == q.salt &&
+  return a.p == b.p && a.k_contiguous == b.k_contiguous && same_spec(a.q, b.q) &&
          a.round_bf16_first == b.round_bf16_first && a.bf16_mode == b.bf16_mode && a.stats_slot == b.stats_slot &&
          a.sr_op == b.sr_op;
 }
@@ -139,9 +135,9 @@ bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t col
   held_armed_ = false;  // the producer overwrites the tensor: whatever was held is stale
   if (verify_bf16_ || op.stats_slot >= 0 || !op.k_contiguous || !op.p || !is_mx(op.q.fmt) ||
       op.q.block != kProducedBlock || !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact ||
-      rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_ || !held_)
+      rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_)
     return false;
-  *pq = produced_quant(op.q, op.round_bf16_first, op.bf16_mode, reinterpret_cast<uint16_t*>(held_));
+  *pq = produced_quant(op.q, op.round_bf16_first, op.bf16_mode, reinterpret_cast<uint16_t*>(held()));
   return true;
 }
 
@@ -158,7 +154,7 @@ const __nv_bfloat16* GemmRunner::take_produced(const GemmOperand& op, int64_t ro
     return nullptr;
   held_armed_ = false;
   ++produced_hits_;
-  return held_;
+  return held();
 }
 
 const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch,

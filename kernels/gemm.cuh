@@ -98,6 +98,9 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
 
  private:
   void ensure_scratch(int64_t elems_per_operand);
+  // The held buffer (producer-side quantization): scratch_elems_ bf16 values after the two
+  // operand regions of scratch_.
+  __nv_bfloat16* held() const { return reinterpret_cast<__nv_bfloat16*>(scratch_ + 2 * scratch_elems_); }
   // The held buffer if it holds exactly `op` (stored [rows x cols]) and op is marked
   // prequantized; it is then released (taken once). Null otherwise.
   const __nv_bfloat16* take_produced(const GemmOperand& op, int64_t rows, int64_t cols);
@@ -115,7 +118,6 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   size_t workspace_bytes_ = 0;
   float* scratch_ = nullptr;            // two operand regions of scratch_elems_ floats each, then
                                         // the held buffer (scratch_elems_ bf16 values)
-  __nv_bfloat16* held_ = nullptr;       // producer-side quantization (inside scratch_)
   bool held_armed_ = false;
   GemmOperand held_op_;
   int64_t held_rows_ = 0, held_cols_ = 0;

@@ -611,11 +611,6 @@ unsigned grid_for(int64_t work_items, int64_t items_per_cta, int ctas_per_sm = k
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
-bool same_spec(const QuantSpec& a, const QuantSpec& b) {
-  return a.fmt == b.fmt && a.block == b.block && a.rule == b.rule && a.rounding == b.rounding &&
-         a.bump == b.bump && a.seed == b.seed && a.salt == b.salt;
-}
-
 KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
                     unsigned long long* inexact) {
   KParams p;

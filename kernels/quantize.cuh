@@ -66,6 +66,12 @@ struct QuantLaunch {
   unsigned long long* d_inexact = nullptr;
 };
 
+// Whether two specs quantize identically (every field, the stochastic stream included).
+inline bool same_spec(const QuantSpec& a, const QuantSpec& b) {
+  return a.fmt == b.fmt && a.block == b.block && a.rule == b.rule && a.rounding == b.rounding &&
+         a.bump == b.bump && a.seed == b.seed && a.salt == b.salt;
+}
+
 // Quantize-dequantize into `out` (float32, same layout); out may alias in.
 void quantize_f32(const QuantLaunch& L, float* out, cudaStream_t s);
 // Dequantized values as bf16 (exact for MX elements in range, see above), same layout.
