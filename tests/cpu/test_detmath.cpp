@@ -14,6 +14,7 @@
 
 #include "lab/core/detmath.h"
 #include "lab/core/philox.h"
+#include "lab/model/elementwise.h"
 
 using namespace mxlab;
 
@@ -117,6 +118,31 @@ TEST(DetMath, LogWithinUlpBoundIncludingSubnormals) {
 }
 
 TEST(DetMath, ErfWithinUlpBound) { expect_sweep("erf", sweep(-20.0f, 20.0f, det_erf, erf_ref), kErfUlp); }
+
+// The bits of det_erf and of GeLU and its derivative (lab/model/elementwise.h), frozen: a hash
+// of their values at every 251st float pattern (all of them: signs, subnormals, Inf, NaN).
+// Results computed by earlier versions stay comparable only while these hold; kernels that
+// evaluate them differently (kernels/warp_erf.cuh) rely on the split into erf_small/erf_tail
+// leaving them unchanged. A deliberate change of these functions updates the constants and says
+// so in its commit.
+TEST(DetMath, ErfAndGeluBitsAreFrozen) {
+  auto fnv = [](uint64_t& h, float f) {
+    const uint32_t b = f32_bits(f);
+    for (int k = 0; k < 4; ++k) {
+      h ^= (b >> (8 * k)) & 255u;
+      h *= 1099511628211ull;
+    }
+  };
+  uint64_t erf_hash = 1469598103934665603ull, gelu_hash = 1469598103934665603ull;
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); i += 251) {
+    const float x = bits_f32(static_cast<uint32_t>(i));
+    fnv(erf_hash, det_erf(x));
+    fnv(gelu_hash, act_value(Act::gelu, x));
+    fnv(gelu_hash, act_deriv(Act::gelu, x));
+  }
+  EXPECT_EQ(erf_hash, 0x0b64061ad81da899ull);
+  EXPECT_EQ(gelu_hash, 0xa2c0468cfe0def1bull);
+}
 
 TEST(DetMath, TanhWithinUlpBound) { expect_sweep("tanh", sweep(-20.0f, 20.0f, det_tanh, tanh_ref), kTanhUlp); }
 
