@@ -7,7 +7,6 @@
 #include "kernels/elementwise.cuh"
 
 #include "kernels/launch_util.cuh"
-#include "kernels/warp_erf.cuh"
 #include "lab/model/elementwise.h"
 
 namespace mxlab::cuda {
@@ -95,11 +94,6 @@ struct RandnOp {
 
 // The input roundings (hb/hm of h, gb/gm of da): a GEMM output's bf16 rounding deferred to its
 // consumer (Backend::act_fwd), applied as the value is read.
-//
-// vec4w(v, active, slots) computes, stores and returns the float4 group v; it is warp-collective
-// (every lane of the warp calls it, those past the end with active = false and get zeros back)
-// because GeLU evaluates its erf with the tail branch compacted across the warp
-// (kernels/warp_erf.cuh, v21): same operations per element, so the same bits as f().
 template <Act ACT>
 struct ActFwdOp {
   const float* h;
@@ -109,26 +103,16 @@ struct ActFwdOp {
   bool hb;
   Rounding hm;
   __device__ float f(float x) const { return act_fwd_elem(ACT, ew_round(x, hb, hm), rb, rm); }
-  __device__ float4 vec4w(int64_t v, bool active, float* slots) const {
-    if constexpr (ACT == Act::gelu) {
-      float4 x = active ? ld4(h, v) : make_float4(0.f, 0.f, 0.f, 0.f);
-      x = make_float4(ew_round(x.x, hb, hm), ew_round(x.y, hb, hm), ew_round(x.z, hb, hm), ew_round(x.w, hb, hm));
-      const float4 e = warp_det_erf4(make_float4(x.x * kGeluErfScale, x.y * kGeluErfScale, x.z * kGeluErfScale,
-                                                 x.w * kGeluErfScale),
-                                     active, slots);
-      if (!active) return make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 o = make_float4(ew_round(gelu_from_erf(x.x, e.x), rb, rm), ew_round(gelu_from_erf(x.y, e.y), rb, rm),
-                                   ew_round(gelu_from_erf(x.z, e.z), rb, rm), ew_round(gelu_from_erf(x.w, e.w), rb, rm));
-      st4(a, v, o);
-      return o;
-    } else {
-      if (!active) return make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 x = ld4(h, v);
-      const float4 o = make_float4(f(x.x), f(x.y), f(x.z), f(x.w));
-      st4(a, v, o);
-      return o;
-    }
+  __device__ float4 vec4(int64_t v) const {
+    float4 x = ld4(h, v);
+    x.x = f(x.x);
+    x.y = f(x.y);
+    x.z = f(x.z);
+    x.w = f(x.w);
+    st4(a, v, x);
+    return x;
   }
+  __device__ void vec(int64_t v) const { vec4(v); }
   __device__ void one(int64_t i) const { a[i] = f(h[i]); }
 };
 
@@ -146,55 +130,19 @@ struct ActBwdOp {
   __device__ float f(float x, float g) const {
     return act_bwd_elem(ACT, ew_round(x, hb, hm), ew_round(g, gb, gm), rb, rm);
   }
-  // act_bwd_elem for GeLU with the erf given: R(da * GeLU'(x)).
-  __device__ float gelu(float x, float g, float e) const {
-    return ew_round(ew_round(g, gb, gm) * gelu_deriv_from_erf(x, e), rb, rm);
+  __device__ float4 vec4(int64_t v) const {
+    const float4 x = ld4(h, v), g = ld4(da, v);
+    float4 o;
+    o.x = f(x.x, g.x);
+    o.y = f(x.y, g.y);
+    o.z = f(x.z, g.z);
+    o.w = f(x.w, g.w);
+    st4(dh, v, o);
+    return o;
   }
-  __device__ float4 vec4w(int64_t v, bool active, float* slots) const {
-    if constexpr (ACT == Act::gelu) {
-      float4 x = active ? ld4(h, v) : make_float4(0.f, 0.f, 0.f, 0.f);
-      x = make_float4(ew_round(x.x, hb, hm), ew_round(x.y, hb, hm), ew_round(x.z, hb, hm), ew_round(x.w, hb, hm));
-      const float4 e = warp_det_erf4(make_float4(x.x * kGeluErfScale, x.y * kGeluErfScale, x.z * kGeluErfScale,
-                                                 x.w * kGeluErfScale),
-                                     active, slots);
-      if (!active) return make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 g = ld4(da, v);
-      const float4 o = make_float4(gelu(x.x, g.x, e.x), gelu(x.y, g.y, e.y), gelu(x.z, g.z, e.z), gelu(x.w, g.w, e.w));
-      st4(dh, v, o);
-      return o;
-    } else {
-      if (!active) return make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 x = ld4(h, v), g = ld4(da, v);
-      const float4 o = make_float4(f(x.x, g.x), f(x.y, g.y), f(x.z, g.z), f(x.w, g.w));
-      st4(dh, v, o);
-      return o;
-    }
-  }
+  __device__ void vec(int64_t v) const { vec4(v); }
   __device__ void one(int64_t i) const { dh[i] = f(h[i], da[i]); }
 };
-
-// The activations' kernel: like ew_kernel, but the float4 groups are visited warp by warp (32
-// consecutive groups per warp, every lane in the loop until the warp's groups run out) so that
-// vec4w may be warp-collective; the remainder past the last whole group goes through one().
-template <class Op>
-__global__ void __launch_bounds__(kBlock) act_kernel(Op op, int64_t nvec, int64_t n) {
-  __shared__ float slots[kBlock / kWarp][kWarpErfSlots];
-  float* mine = slots[threadIdx.x / kWarp];
-  const int lane = static_cast<int>(threadIdx.x) & (kWarp - 1);
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t base = (t / kWarp) * kWarp; base < nvec; base += stride) op.vec4w(base + lane, base + lane < nvec, mine);
-  for (int64_t i = nvec * 4 + t; i < n; i += stride) op.one(i);
-}
-
-template <class Op>
-void launch_act(const Op& op, int64_t n, bool vec_ok, cudaStream_t s) {
-  if (n <= 0) return;
-  const int64_t nvec = vec_ok ? n / 4 : 0;
-  const int64_t items = std::max<int64_t>(nvec, n - nvec * 4);
-  act_kernel<<<grid_for(items), kBlock, 0, s>>>(op, nvec, n);
-  MXLAB_CUDA_LAUNCH_CHECK();
-}
 
 // SwiGLU: element i of a (rows, cols) reads u = h[r, c] and gate = h[r, cols + c] of the
 // (rows, 2*cols) pre-activation. The float4 path needs cols % 4 == 0 (a group of four never
@@ -310,10 +258,10 @@ struct AddOp {
 template <template <Act> class OpT, class... Args>
 void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args) {
   switch (act) {
-    case Act::relu: launch_act(OpT<Act::relu>{args...}, n, vec_ok, s); break;
-    case Act::gelu: launch_act(OpT<Act::gelu>{args...}, n, vec_ok, s); break;
-    case Act::gelu_tanh: launch_act(OpT<Act::gelu_tanh>{args...}, n, vec_ok, s); break;
-    case Act::linear: launch_act(OpT<Act::linear>{args...}, n, vec_ok, s); break;
+    case Act::relu: launch_ew(OpT<Act::relu>{args...}, n, vec_ok, s); break;
+    case Act::gelu: launch_ew(OpT<Act::gelu>{args...}, n, vec_ok, s); break;
+    case Act::gelu_tanh: launch_ew(OpT<Act::gelu_tanh>{args...}, n, vec_ok, s); break;
+    case Act::linear: launch_ew(OpT<Act::linear>{args...}, n, vec_ok, s); break;
     default: throw Error(msg("activation ", static_cast<int>(act), " has no element-wise kernel"));
   }
 }
@@ -321,19 +269,17 @@ void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args)
 // ---- producer-side quantization (kernels/mx_produce.cuh) ----
 // The op's float4 path over nvec groups (nvec % 8 == 0: rows are multiples of 32 long, so the
 // 8 lanes of a block are all in range or all out), each warp on 32 consecutive groups, then
-// the same four values quantized into pq.out. op.vec4w(v, active, slots) computes and stores
-// group v and returns it (zeros where inactive).
+// the same four values quantized into pq.out. op.vec4(v) computes and stores group v and
+// returns it.
 template <class Op, int kElem>
 __global__ void __launch_bounds__(kBlock) ew_produce_kernel(Op op, ProducedQuant pq, int64_t nvec) {
-  __shared__ float slots[kBlock / kWarp][kWarpErfSlots];
-  float* mine = slots[threadIdx.x / kWarp];
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   for (int64_t base = ((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * 32; base < nvec;
        base += warps * 32) {  // warp-uniform: every lane reaches the shuffles of produce_quant4
     const int64_t v = base + lane;
     const bool active = v < nvec;
-    const float4 o = op.vec4w(v, active, mine);
+    const float4 o = active ? op.vec4(v) : make_float4(0.f, 0.f, 0.f, 0.f);
     produce_quant4<kElem>(pq, o, 4 * v, active);
   }
 }

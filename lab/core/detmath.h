@@ -215,24 +215,6 @@ MXLAB_HD float det_log(float x) {
   return ef * kLn2Hi + (f - (hfsq - (s * (hfsq + R) + ef * kLn2Lo)));
 }
 
-namespace detmath {
-
-// det_erf's two polynomial branches on a = |x|, exposed so that a kernel can evaluate them on
-// separate lanes (kernels/warp_erf.cuh) and still give det_erf's bits.
-// erf(a) for a in [0, kErfSplit).
-MXLAB_HD float erf_small(float a) { return a + a * erf_small_q(a * a); }
-// Whether a = |x| (not NaN) takes the tail branch: a in [kErfSplit, kErfSaturate).
-MXLAB_HD bool erf_in_tail(float a) { return a >= kErfSplit && a < kErfSaturate; }
-// erf(a) for a in [kErfSplit, kErfSaturate): erf = 1 - e^(-a^2) R(1/a). The rounding of a^2
-// changes erfc by < 1e-6 relative, i.e. < 0.003 ulp of erf, so no exact-square splitting is
-// needed (it would be for erfc).
-MXLAB_HD float erf_tail(float a) {
-  const float u = 1.0f / a - kErfTailCenter;
-  return 1.0f - det_exp(-(a * a)) * erfc_scaled_tail(u);
-}
-
-}  // namespace detmath
-
 // Error function; erf(+-Inf) = +-1, odd (erf(-0) = -0).
 MXLAB_HD float det_erf(float x) {
   using namespace detmath;
@@ -240,9 +222,12 @@ MXLAB_HD float det_erf(float x) {
   const float a = abs_bits(x);
   float y;
   if (a < kErfSplit) {
-    y = erf_small(a);
+    y = a + a * erf_small_q(a * a);
   } else if (a < kErfSaturate) {
-    y = erf_tail(a);
+    // erf = 1 - e^(-a^2) R(1/a): the rounding of a^2 changes erfc by < 1e-6 relative, i.e.
+    // < 0.003 ulp of erf, so no exact-square splitting is needed (it would be for erfc).
+    const float u = 1.0f / a - kErfTailCenter;
+    y = 1.0f - det_exp(-(a * a)) * erfc_scaled_tail(u);
   } else {
     y = 1.0f;
   }

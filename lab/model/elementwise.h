@@ -15,24 +15,12 @@ namespace mxlab {
 // Apply the element-wise rounding of the policy (bf16 or nothing).
 MXLAB_HD float ew_round(float x, bool bf16, Rounding mode) { return bf16 ? round_bf16(x, mode) : x; }
 
-// GeLU(x) = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2, written in terms of e = det_erf(x *
-// kGeluErfScale) so that a kernel may evaluate the erf on its own (kernels/warp_erf.cuh) and
-// still give these bits.
-constexpr float kGeluErfScale = 0.70710678118654752f;
-MXLAB_HD float gelu_from_erf(float x, float e) { return 0.5f * x * (1.0f + e); }
-// GeLU'(x) = Phi(x) + x phi(x).
-MXLAB_HD float gelu_deriv_from_erf(float x, float e) {
-  const float cdf = 0.5f * (1.0f + e);
-  const float pdf = 0.3989422804014327f * det_exp(-0.5f * x * x);
-  return cdf + x * pdf;
-}
-
 // Activation functions, forward. x is a pre-activation; swiglu is handled by the caller as
 // a * silu(gate).
 MXLAB_HD float act_value(Act act, float x) {
   switch (act) {
     case Act::relu: return x > 0.0f ? x : 0.0f;
-    case Act::gelu: return gelu_from_erf(x, det_erf(x * kGeluErfScale));
+    case Act::gelu: return 0.5f * x * (1.0f + det_erf(x * 0.70710678118654752f));
     case Act::gelu_tanh: {
       const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
       return 0.5f * x * (1.0f + det_tanh(u));
@@ -46,7 +34,11 @@ MXLAB_HD float act_value(Act act, float x) {
 MXLAB_HD float act_deriv(Act act, float x) {
   switch (act) {
     case Act::relu: return x > 0.0f ? 1.0f : 0.0f;
-    case Act::gelu: return gelu_deriv_from_erf(x, det_erf(x * kGeluErfScale));
+    case Act::gelu: {
+      const float cdf = 0.5f * (1.0f + det_erf(x * 0.70710678118654752f));
+      const float pdf = 0.3989422804014327f * det_exp(-0.5f * x * x);
+      return cdf + x * pdf;
+    }
     case Act::gelu_tanh: {
       const float x2 = x * x;
       const float u = 0.7978845608028654f * (x + 0.044715f * x2 * x);
