@@ -12,14 +12,39 @@
 #         of gap_one_pass_kernel: the MX trajectory's first two weights of the first logged step
 #         (per logged step 32 launches: the FP32 trajectory's 16, then the MX one's γ ×4, β ×4, W ×8);
 #         OUTDIR/ncu_gapsfull.txt is ncu's details page (no per-launch summary).
+#   ewfull: Nsight Compute's full set on the first launch of each element-wise kernel of the MX
+#         step (activation forward/backward with their producer quantization, layernorm forward
+#         and backward, column partials, residual add, Adam) and of the FP32 step (activation
+#         forward/backward): throughput, occupancy, issue and stall reasons, to say what bounds
+#         each. OUTDIR/ncu_ewfull.txt is the details pages; the key lines are printed.
+# MXLAB_PROFILE_BIN=PATH profiles another binary (e.g. .devref/mxlab, a baseline).
 set -uo pipefail
 OUT=${1:?usage: gpu_profile.sh OUTDIR [FIGURE...]}
 shift
 CFG=experiments/paper/fig4_baseline.yaml
 BIN=./build/mxlab
 [ -x .devbin/mxlab ] && BIN=.devbin/mxlab
+BIN=${MXLAB_PROFILE_BIN:-$BIN}
+mkdir -p "$OUT"
 TMP=$(mktemp -d)
 for f in "${@:-mx}"; do
+  if [ "$f" = ewfull ]; then
+    : > "$OUT/ncu_$f.txt"
+    # "FIGURE SKIP REGEX": the FP32 activation forward skips 4 launches (the teacher's, if the
+    # figure generates its data first; else the first step's), hence --steps 2.
+    for spec in "mx 0 ew_produce_kernel.*ActFwdOp" "mx 0 ew_produce_kernel.*ActBwdOp" "mx 0 ln_fwd_kernel" \
+                "mx 0 ln_bwd_kernel" "mx 0 col_partial_kernel" "mx 0 ew_kernel.*ResidualOp" "mx 0 adam_kernel" \
+                "fp32 4 ew_kernel.*ActFwdOp" "fp32 0 ew_kernel.*ActBwdOp"; do
+      read -r only skip name <<< "$spec"
+      echo "=== $only: $name (skip $skip)" >> "$OUT/ncu_$f.txt"
+      ncu --clock-control none --set full --kernel-name-base demangled --kernel-name "regex:$name" \
+        --launch-skip "$skip" --launch-count 1 "$BIN" bench "$CFG" --device cuda --only "$only" --steps 2 --warmup 0 \
+        --no-graphs >> "$OUT/ncu_$f.txt" 2> "$TMP/ncu_$f.err"
+      echo "ncu $f $only $name: rc $?"
+    done
+    grep -E "^=== |^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Executed Ipc Active|No Eligible" "$OUT/ncu_$f.txt" | head -150
+    continue
+  fi
   if [ "$f" = gapsfull ]; then
     ncu --clock-control none --set full --kernel-name regex:gap_one_pass --launch-skip 24 --launch-count 2 \
       --log-file "$OUT/ncu_$f.txt" \

@@ -3,6 +3,13 @@
 // 2 KB), so device memory sees one read of x and one write of y and xhat. With d % 4 == 0 and
 // aligned pointers the warp moves float4s; the summation order is the same either way
 // (lane l owns the same elements), so the results do not depend on alignment.
+//
+// Rows of up to kLnRegGroups * 32 float4s (d <= 512) take the register-resident kernels (v22):
+// each lane loads all its float4s at once and keeps them in registers for the three passes,
+// instead of a loop that waits on one load per iteration. With B = 2048 rows there are only
+// ~16 warps per SM, too few to hide that latency (ncu: 23 % occupancy, 42 % issue, 8 % of DRAM
+// bandwidth). Same elements per lane, same order of every sum and operation: the same bits
+// (tests/gpu/test_cuda_backend.cu, CudaBackend.LayernormRegisterKernelsEqualLoopKernels).
 #include "kernels/layernorm.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -160,20 +167,172 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
+// ---- register-resident kernels (d % 4 == 0, d / 4 <= G * 32, aligned) ----
+// Lane l owns the float4 groups l, l + 32, ..., l + 32 (G - 1) that are < d / 4, as for_row<true>
+// visits them, and every sum runs over them in that order, element x, y, z, w within a group.
+
+constexpr int kLnRegGroups = 4;  // float4 groups per lane: d <= 512
+
+__device__ __forceinline__ void add_sum(double& s, const float4& v) {
+  s += static_cast<double>(v.x);
+  s += static_cast<double>(v.y);
+  s += static_cast<double>(v.z);
+  s += static_cast<double>(v.w);
+}
+
+template <int G, int kElem>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    ln_fwd_reg_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
+                      int64_t rows, int64_t d, float eps, bool rb, Rounding rm, ProducedQuant pq) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;  // whole warp
+  const int64_t nv = d / 4;
+  const float4* xr = reinterpret_cast<const float4*>(x + row * d);
+  float4 q[G];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t v = lane + k * kWarp;
+    q[k] = v < nv ? xr[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  double sum = 0.0;
+#pragma unroll
+  for (int k = 0; k < G; ++k)
+    if (lane + k * kWarp < nv) add_sum(sum, q[k]);
+  sum = warp_sum(sum);
+  const float mean = ew_round(mean_from_sum(sum, d), rb, rm);
+  double sq = 0.0;
+  auto add_sq = [&](float v) {
+    const float xc = ln_center(v, mean, rb, rm);
+    sq += dot_term(xc, xc);
+  };
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    if (lane + k * kWarp < nv) {
+      add_sq(q[k].x);
+      add_sq(q[k].y);
+      add_sq(q[k].z);
+      add_sq(q[k].w);
+    }
+  }
+  sq = warp_sum(sq);
+  const float var = ew_round(mean_from_sum(sq, d), rb, rm);
+  const float rs = ln_rstd(var, eps, rb, rm);
+  if (lane == 0) rstd[row] = rs;
+  float4* yr = reinterpret_cast<float4*>(y + row * d);
+  float4* hr = reinterpret_cast<float4*>(xhat + row * d);
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    if (k * kWarp >= nv) break;  // warp-uniform, as ln_fwd_kernel's trip count
+    const int64_t v = lane + k * kWarp;
+    const bool active = v < nv;
+    float4 h, o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (active) {
+      h.x = ln_xhat(ln_center(q[k].x, mean, rb, rm), rs, rb, rm);
+      h.y = ln_xhat(ln_center(q[k].y, mean, rb, rm), rs, rb, rm);
+      h.z = ln_xhat(ln_center(q[k].z, mean, rb, rm), rs, rb, rm);
+      h.w = ln_xhat(ln_center(q[k].w, mean, rb, rm), rs, rb, rm);
+      if (gamma) {
+        const float4 g = reinterpret_cast<const float4*>(gamma)[v];
+        const float4 b = reinterpret_cast<const float4*>(beta)[v];
+        o.x = ln_affine(h.x, g.x, b.x, rb, rm);
+        o.y = ln_affine(h.y, g.y, b.y, rb, rm);
+        o.z = ln_affine(h.z, g.z, b.z, rb, rm);
+        o.w = ln_affine(h.w, g.w, b.w, rb, rm);
+      } else {
+        o = h;
+      }
+      hr[v] = h;
+      yr[v] = o;
+    }
+    if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
+  }
+}
+
+template <int G>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    ln_bwd_reg_kernel(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
+                      int64_t rows, int64_t d, bool rb, Rounding rm, bool yb, Rounding ym) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int64_t nv = d / 4;
+  const float4* dyr = reinterpret_cast<const float4*>(dy + row * d);
+  const float4* hr = reinterpret_cast<const float4*>(xhat + row * d);
+  const float rs = rstd[row];
+  float4 g[G], h[G];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t v = lane + k * kWarp;
+    const bool active = v < nv;
+    const float4 q = active ? dyr[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+    h[k] = active ? hr[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+    // g = R(R_dy(dy) * gamma), or R_dy(dy) without gamma: what ln_bwd_kernel's accumulate and
+    // output passes both compute.
+    g[k] = make_float4(ew_round(q.x, yb, ym), ew_round(q.y, yb, ym), ew_round(q.z, yb, ym), ew_round(q.w, yb, ym));
+    if (gamma && active) {
+      const float4 gm = reinterpret_cast<const float4*>(gamma)[v];
+      g[k].x = ln_bwd_g(g[k].x, gm.x, rb, rm);
+      g[k].y = ln_bwd_g(g[k].y, gm.y, rb, rm);
+      g[k].z = ln_bwd_g(g[k].z, gm.z, rb, rm);
+      g[k].w = ln_bwd_g(g[k].w, gm.w, rb, rm);
+    }
+  }
+  double sg = 0.0, sgx = 0.0;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    if (lane + k * kWarp < nv) {
+      sg += static_cast<double>(g[k].x);
+      sgx += dot_term(g[k].x, h[k].x);
+      sg += static_cast<double>(g[k].y);
+      sgx += dot_term(g[k].y, h[k].y);
+      sg += static_cast<double>(g[k].z);
+      sgx += dot_term(g[k].z, h[k].z);
+      sg += static_cast<double>(g[k].w);
+      sgx += dot_term(g[k].w, h[k].w);
+    }
+  }
+  sg = warp_sum(sg);
+  sgx = warp_sum(sgx);
+  const float mg = mean_from_sum(sg, d), mgx = mean_from_sum(sgx, d);
+  float4* dxr = reinterpret_cast<float4*>(dx + row * d);
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t v = lane + k * kWarp;
+    if (v < nv) {
+      float4 o;
+      o.x = ln_bwd_dx(rs, g[k].x, mg, h[k].x, mgx, rb, rm);
+      o.y = ln_bwd_dx(rs, g[k].y, mg, h[k].y, mgx, rb, rm);
+      o.z = ln_bwd_dx(rs, g[k].z, mg, h[k].z, mgx, rb, rm);
+      o.w = ln_bwd_dx(rs, g[k].w, mg, h[k].w, mgx, rb, rm);
+      dxr[v] = o;
+    }
+  }
+}
+
 int grid_rows(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 }  // namespace
 
+bool layernorm_register_kernels_cover(int64_t d) { return d % 4 == 0 && d / 4 <= kLnRegGroups * kWarp; }
+
 bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
                           float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
-                          const ProducedQuant* pq) {
+                          const ProducedQuant* pq, LnKernel kernel) {
   if (rows <= 0 || d <= 0) return false;
   const bool vec = d % 4 == 0 && aligned16(x) && aligned16(gamma) && aligned16(beta) && aligned16(y) &&
                    aligned16(xhat);
   const bool produce = vec && pq && pq->out && d % kProducedBlock == 0 &&
                        (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
   const ProducedQuant none{};
-  if (produce && pq->elem == static_cast<Elem>(kProducedFolded))
+  const bool reg = vec && kernel == LnKernel::automatic && layernorm_register_kernels_cover(d);
+  if (reg && produce && pq->elem == static_cast<Elem>(kProducedFolded))
+    ln_fwd_reg_kernel<kLnRegGroups, kProducedFolded><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
+        x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, *pq);
+  else if (reg)
+    ln_fwd_reg_kernel<kLnRegGroups, -1><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
+        x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, produce ? *pq : none);
+  else if (produce && pq->elem == static_cast<Elem>(kProducedFolded))
     ln_fwd_kernel<true, kProducedFolded><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
         x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, *pq);
   else if (vec)
@@ -190,11 +349,14 @@ int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d) { return col_sum_
 
 void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                           float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
-                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s) {
+                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s, LnKernel kernel) {
   if (d <= 0) return;
   if (rows > 0) {
     const bool vec = d % 4 == 0 && aligned16(dy) && aligned16(xhat) && aligned16(gamma) && aligned16(dx);
-    if (vec)
+    if (vec && kernel == LnKernel::automatic && layernorm_register_kernels_cover(d))
+      ln_bwd_reg_kernel<kLnRegGroups><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
+          dy, xhat, rstd, gamma, dx, rows, d, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+    else if (vec)
       ln_bwd_kernel<true><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(dy, xhat, rstd, gamma, dx, rows, d,
                                                                              r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     else

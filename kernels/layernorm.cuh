@@ -14,12 +14,19 @@
 
 namespace mxlab::cuda {
 
+// Which kernel: automatic picks the register-resident one for d <= 512 (layernorm.cu, v22);
+// loop forces the row loop (for tests: both must give the same bits).
+enum class LnKernel { automatic, loop };
+// Whether automatic takes the register-resident kernels for rows of d (given d % 4 == 0 and
+// 16-byte aligned pointers).
+bool layernorm_register_kernels_cover(int64_t d);
+
 // y, xhat (rows, d); rstd (rows). gamma and beta (d) are both set or both null.
 // pq (optional): also write y's MX quantization (kernels/mx_produce.cuh) in the same pass.
 // Returns whether it did: only for d % 32 == 0 and 16-byte aligned x, gamma, beta, y, xhat.
 bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
                           float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
-                          const ProducedQuant* pq = nullptr);
+                          const ProducedQuant* pq = nullptr, LnKernel kernel = LnKernel::automatic);
 
 // dx (rows, d); dgamma, dbeta (d) written (not accumulated), either may be null.
 // Scratch: layernorm_bwd_scratch_doubles(rows, d) doubles.
@@ -27,6 +34,7 @@ int64_t layernorm_bwd_scratch_doubles(int64_t rows, int64_t d);
 // dy is read through dy_in (a GEMM output left unrounded; ElementwiseRound{}: as it is).
 void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd, const float* gamma, float* dx,
                           float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
-                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s);
+                          const ElementwiseRound& dy_in, double* scratch, cudaStream_t s,
+                          LnKernel kernel = LnKernel::automatic);
 
 }  // namespace mxlab::cuda

@@ -38,21 +38,7 @@
 namespace mxlab {
 namespace {
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { cudaMalloc(&p, count * sizeof(T)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void put(const std::vector<T>& h) { cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
+using test::Dev;
 
 constexpr int64_t kRows = 70, kCols = 192;  // 6 blocks per row; rows not a multiple of anything
 
