@@ -3,7 +3,8 @@
 # ~3-minute build (device time is the scarce resource):
 #   bash bench/pack_devbin.sh [BUILD_DIR]      (default build; it must hold mxlab and mxlab_gpu_tests,
 #                                               built for sm_90: cmake ... -DCMAKE_BUILD_TYPE=Release)
-# writes .devbin/ (git-ignored): bin/mxlab.xz, bin/mxlab_gpu_tests.xz, lib/ with every shared library
+# writes .devbin/ (git-ignored): bin/mxlab.xz, bin/mxlab_gpu_tests.xz (and bin/bench_*_gpu.xz for the
+# GPU benchmark programs that are built), lib/ with every shared library
 # they load from this machine except the C runtime (libc, libm, libstdc++, ...) and CUDA's (the
 # device has both, at least as new), REVISION, and the wrappers .devbin/mxlab and
 # .devbin/mxlab_gpu_tests, which run the binaries with LD_LIBRARY_PATH=.devbin/lib (only them:
@@ -57,7 +58,10 @@ mkdir -p .devbin/lib .devbin/bin
 command -v xz > /dev/null || { echo "pack_devbin: needs xz (apt-get install xz-utils)" >&2; exit 2; }
 # Stripped (symbols are a third of the size) and xz-compressed (the tracked tree, .devbin and
 # .devref must fit the 64 MiB a call carries); each wrapper unpacks its binary on first use.
-for b in mxlab mxlab_gpu_tests; do
+# The GPU benchmark programs (bench/*.cu: bench_quantize_gpu, bench_gelu_gpu) come along when built.
+PROGRAMS="mxlab mxlab_gpu_tests"
+for b in $(cd "$BUILD" && ls bench_*_gpu 2> /dev/null); do [ -x "$BUILD/$b" ] && PROGRAMS="$PROGRAMS $b"; done
+for b in $PROGRAMS; do
   strip --strip-unneeded -o ".devbin/bin/$b.tmp" "$BUILD/$b"
   xz -T0 -6 -c ".devbin/bin/$b.tmp" > ".devbin/bin/$b.xz"
   rm ".devbin/bin/$b.tmp"
@@ -81,7 +85,7 @@ git rev-parse HEAD > .devbin/REVISION
 git status --porcelain --untracked-files=no | grep -q . && echo "dirty" >> .devbin/REVISION || true
 # Libraries the C runtime and the CUDA driver/toolkit provide on the device: not packed.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libstdc\+\+|libgcc_s|libcuda\.|libcudart|libcublas|libnvidia)'
-for b in mxlab mxlab_gpu_tests; do
+for b in $PROGRAMS; do
   ldd "$BUILD/$b" | awk '$3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
   [[ "$name" =~ $skip ]] && continue
