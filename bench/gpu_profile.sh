@@ -17,6 +17,7 @@
 #         and backward, column partials, residual add, Adam) and of the FP32 step (activation
 #         forward/backward): throughput, occupancy, issue and stall reasons, to say what bounds
 #         each. OUTDIR/ncu_ewfull.txt is the details pages; the key lines are printed.
+#         MXLAB_EWFULL_MATCH=REGEX profiles only the kernels whose name pattern matches (e.g. ln_).
 # MXLAB_PROFILE_BIN=PATH profiles another binary (e.g. .devref/mxlab, a baseline).
 set -uo pipefail
 OUT=${1:?usage: gpu_profile.sh OUTDIR [FIGURE...]}
@@ -32,10 +33,11 @@ for f in "${@:-mx}"; do
     : > "$OUT/ncu_$f.txt"
     # "FIGURE SKIP REGEX": the FP32 activation forward skips 4 launches (the teacher's, if the
     # figure generates its data first; else the first step's), hence --steps 2.
-    for spec in "mx 0 ew_produce_kernel.*ActFwdOp" "mx 0 ew_produce_kernel.*ActBwdOp" "mx 0 ln_fwd_kernel" \
-                "mx 0 ln_bwd_kernel" "mx 0 col_partial_kernel" "mx 0 ew_kernel.*ResidualOp" "mx 0 adam_kernel" \
+    for spec in "mx 0 ew_produce_kernel.*ActFwdOp" "mx 0 ew_produce_kernel.*ActBwdOp" "mx 0 ln_fwd" \
+                "mx 0 ln_bwd" "mx 0 col_partial_kernel" "mx 0 ew_kernel.*ResidualOp" "mx 0 adam_kernel" \
                 "fp32 4 ew_kernel.*ActFwdOp" "fp32 0 ew_kernel.*ActBwdOp"; do
       read -r only skip name <<< "$spec"
+      [[ "$name" =~ ${MXLAB_EWFULL_MATCH:-.} ]] || continue
       echo "=== $only: $name (skip $skip)" >> "$OUT/ncu_$f.txt"
       ncu --clock-control none --set full --kernel-name-base demangled --kernel-name "regex:$name" \
         --launch-skip "$skip" --launch-count 1 "$BIN" bench "$CFG" --device cuda --only "$only" --steps 2 --warmup 0 \
