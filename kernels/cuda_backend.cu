@@ -393,9 +393,14 @@ class CudaBackend final : public Backend {
     double* scratch = lane_scratch(col_sum_scratch_doubles(rows, d, 1));
     launch_col_sum(x, out, rows, d, scratch, cur());
   }
-  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r) override {
+  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r, const GemmOperand* q_out,
+           int64_t q_cols) override {
     ctx();
-    launch_add(dst, a, b, static_cast<int64_t>(n), r, cur());
+    const int64_t len = static_cast<int64_t>(n);
+    if (q_out && (q_cols <= 0 || len % q_cols != 0))
+      throw Error(msg("add: q_out's row length ", q_cols, " does not divide the ", len, " elements"));
+    produce(q_out, dst, q_out ? len / q_cols : 0, q_out ? q_cols : 0,
+            [&](const ProducedQuant* pq) { return launch_add(dst, a, b, len, r, cur(), pq); });
   }
 
   // ---- loss ----

@@ -243,7 +243,7 @@ struct AddOp {
   const float* b;
   bool rb;
   Rounding rm;
-  __device__ void vec(int64_t v) const {
+  __device__ float4 vec4(int64_t v) const {
     const float4 x = ld4(a, v), y = ld4(b, v);
     float4 o;
     o.x = add_elem(x.x, y.x, rb, rm);
@@ -251,7 +251,9 @@ struct AddOp {
     o.z = add_elem(x.z, y.z, rb, rm);
     o.w = add_elem(x.w, y.w, rb, rm);
     st4(dst, v, o);
+    return o;
   }
+  __device__ void vec(int64_t v) const { vec4(v); }
   __device__ void one(int64_t i) const { dst[i] = add_elem(a[i], b[i], rb, rm); }
 };
 
@@ -369,8 +371,17 @@ void launch_residual_add(float* out, const float* x, const float* y, const float
   launch_ew(ResidualOp{out, x, y, bias, d, r.bf16, r.mode, y_in.bf16, y_in.mode}, rows * d, vec_ok, s);
 }
 
-void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s) {
-  launch_ew(AddOp{dst, a, b, r.bf16, r.mode}, n, aligned16(dst) && aligned16(a) && aligned16(b), s);
+bool launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s,
+                const ProducedQuant* pq) {
+  const bool aligned = aligned16(dst) && aligned16(a) && aligned16(b);
+  const AddOp op{dst, a, b, r.bf16, r.mode};
+  // Rows of a multiple of 32 elements: the flat blocks of 32 are the rows' blocks.
+  if (pq && pq->out && aligned && n % kProducedBlock == 0 && (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0) {
+    launch_produce(op, *pq, n, s);
+    return true;
+  }
+  launch_ew(op, n, aligned, s);
+  return false;
 }
 
 }  // namespace mxlab::cuda

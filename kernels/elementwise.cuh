@@ -42,7 +42,9 @@ bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
 void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                          const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s);
 
-// dst = R(a + b).
-void launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s);
+// dst = R(a + b). pq: as launch_act_fwd's, with dst seen as rows of 32-multiple length (the
+// caller checked); returns whether it wrote pq's operand (n % 32 == 0, aligned pointers).
+bool launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s,
+                const ProducedQuant* pq = nullptr);
 
 }  // namespace mxlab::cuda

@@ -181,7 +181,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r) override {
+  void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r, const GemmOperand*,
+           int64_t) override {
     for (size_t i = 0; i < n; ++i) dst[i] = add_elem(a[i], b[i], r.bf16, r.mode);
   }
 

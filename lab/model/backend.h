@@ -138,7 +138,8 @@ class Backend {
   // Producer-side quantization (issue 16; an optimisation a backend may ignore, the CPU does).
   // Most GEMM operands of an MX step are written by one element-wise op just before the GEMM
   // reads them (y by layernorm_fwd, a by act_fwd, dh by act_bwd). Such an op may be given the
-  // operand as `q_out` (q_out->p = its output, shape = its output's [rows x cols]): the backend
+  // operand as `q_out` (q_out->p = its output, shape = its output's [rows x cols]; add's dA, too,
+  // since issue 16's v23): the backend
   // may then quantize the output in the same pass, as it writes it, and keep the result for the
   // next gemm() on the same lane whose operand equals q_out (same pointer, layout, spec, seeds,
   // flags and statistics slot) and carries `prequantized`. That gemm takes it, once. Nothing
@@ -179,7 +180,10 @@ class Backend {
   // out[d] = sum over rows of x[rows x d] (bias gradients), fixed order.
   virtual void col_sum(const float* x, float* out, int64_t rows, int64_t d) = 0;
   // dst = R(a + b) element-wise (gradient accumulation through the residual stream).
-  virtual void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r) = 0;
+  // q_out (optional; see "Producer-side quantization"): the GEMM operand that reads dst next, dst
+  // seen as [n / q_cols x q_cols] (the backward's residual gradient dA, [B x d]).
+  virtual void add(float* dst, const float* a, const float* b, size_t n, const ElementwiseRound& r,
+                   const GemmOperand* q_out = nullptr, int64_t q_cols = 0) = 0;
 
   // ---- loss ----
   // MSE: loss = mean((out - target)^2) over rows*d; dout = 2 (out - target) / (rows*d).

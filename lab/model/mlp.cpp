@@ -195,7 +195,8 @@ void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, 
 
 void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
-                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in) {
+                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in,
+                                 const GemmOperand* dA_q) {
   const size_t n = static_cast<size_t>(ws.batch * s.d);
   const float* dx = dy;
   if (s.layernorm) {
@@ -203,7 +204,7 @@ void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const No
     dx = ws.d_x;
   }
   if (s.residual)
-    be.add(dA, dA, dx, n, R);
+    be.add(dA, dA, dx, n, R, dA_q, dA_q ? s.d : 0);
   else
     be.copy(dA, dx, n);
 }
@@ -550,6 +551,13 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
   float* dA = ws.dout;  // gradient of the residual stream leaving block k (consumed in place)
+  // dA's operand of the da GEMM (k-contiguous), the one GEMM operand a producer can write from
+  // here: block k's add writes block k - 1's dA (not after an attention sub-block, which adds
+  // into dA after it; nor the loss's dout, block L - 1's).
+  auto da_dy_op = [&](int k) {
+    return ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out));
+  };
+  bool dA_handed = false;  // the add before handed over da_dy_op(k) as its q_out
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
@@ -561,8 +569,10 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
             grads + g2.offset, 0.0f, R);
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
     // reader) rounds both as it reads them.
-    be.gemm(B, H, d, ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out)),
-            ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f, ElementwiseRound{});
+    GemmOperand dA_op = da_dy_op(k);
+    dA_op.prequantized = dA_handed;
+    be.gemm(B, H, d, dA_op, ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f,
+            ElementwiseRound{});
     // dh's operand of the dy GEMM below (k-contiguous), handed to act_bwd as its q_out.
     GemmOperand dh_op =
         ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
@@ -580,8 +590,10 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const bool defer_dy = norm_rounds_dy_as_read(s);
     be.gemm(B, d, H1, dh_op, ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f,
             defer_dy ? ElementwiseRound{} : R);
+    const GemmOperand next_op = k > 0 ? da_dy_op(k - 1) : GemmOperand{};
+    dA_handed = k > 0 && s.residual && !s.attention();
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
-                                defer_dy ? R : ElementwiseRound{});
+                                defer_dy ? R : ElementwiseRound{}, dA_handed ? &next_op : nullptr);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }

@@ -157,10 +157,12 @@ inline bool norm_rounds_dy_as_read(const NetShape& s) { return s.layernorm && s.
 
 // The end of a sub-block's backward: the norm's backward on dy (the gradient of the norm's
 // output; without a norm dy is already the input's gradient), then the residual stream:
-// dA = R(dA + dx) (plain teacher: dA = dx).
+// dA = R(dA + dx) (plain teacher: dA = dx). dA_q (optional): the GEMM operand that reads dA
+// next, handed to the add as its q_out (Backend::add; "Producer-side quantization").
 void norm_backward_into_residual(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
-                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in);
+                                 Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in,
+                                 const GemmOperand* dA_q = nullptr);
 
 // The self-attention sub-block of Eq. 11 for layer k (attention.cpp): forward A -> ws.z[k];
 // backward consumes dZ (gradient of z_k, in place) and leaves the gradient of A_{k-1} in it.

@@ -447,8 +447,10 @@ class NaiveGemmBackend final : public Backend {
     in->residual_add(o, x, y, b, r, d, R, Ry);
   }
   void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
-  void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R) override {
-    wrote(d);
+  void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R, const GemmOperand* q,
+           int64_t qc) override {
+    if (q && (qc <= 0 || static_cast<int64_t>(n) % qc != 0)) breaches.push_back("an add q_out with a bad row length");
+    produced(d, q ? static_cast<int64_t>(n) / qc : 0, qc, q);
     in->add(d, a, b, n, R);
   }
   void loss_mse(const float* o, const float* t, float* d, float* l, float* h, int64_t r, int64_t c,
@@ -890,8 +892,10 @@ TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
     EXPECT_EQ(be.q_out_given, per_fwd * t.s.depth);
     EXPECT_EQ(be.prequantized_found, per_fwd * t.s.depth);
     t.loss_and_backward();
-    EXPECT_EQ(be.q_out_given, (per_fwd + 1) * t.s.depth);  // + dh per layer
-    EXPECT_EQ(be.prequantized_found, (per_fwd + 1) * t.s.depth);
+    // + dh per layer, + dA from every block's add but the first's (block 0's dA feeds no GEMM)
+    const int handed = (per_fwd + 1) * t.s.depth + (t.s.depth - 1);
+    EXPECT_EQ(be.q_out_given, handed);
+    EXPECT_EQ(be.prequantized_found, handed);
     EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
     for (const std::string& b : be.breaches) ADD_FAILURE() << b;
   }
