@@ -25,6 +25,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/event_timing.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/launch_util.cuh"
@@ -83,24 +84,7 @@ __global__ void copy_bwd_kernel(const float4* h, const float4* da, float4* dh, i
 
 // Median over kReps batches of kLaunches calls f(i) of the time per call, in microseconds.
 double median_us(cudaStream_t s, const std::function<void(int)>& f) {
-  cudaEvent_t a, b;
-  MXLAB_CUDA_CHECK(cudaEventCreate(&a));
-  MXLAB_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < kWarmup * kLaunches; ++i) f(i);
-  std::vector<double> t;
-  for (int r = 0; r < kReps; ++r) {
-    MXLAB_CUDA_CHECK(cudaEventRecord(a, s));
-    for (int i = 0; i < kLaunches; ++i) f(i);
-    MXLAB_CUDA_CHECK(cudaEventRecord(b, s));
-    MXLAB_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.0f;
-    MXLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / kLaunches);
-  }
-  MXLAB_CUDA_CHECK(cudaEventDestroy(a));
-  MXLAB_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return 1000.0 * bench::median_event_ms(s, kWarmup * kLaunches, kReps, kLaunches, f);
 }
 
 // Distance in ulps between two finite floats of the same sign class (ordered integer mapping).

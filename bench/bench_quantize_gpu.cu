@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/event_timing.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/quantize.cuh"
@@ -41,26 +42,10 @@ __global__ void fill_kernel(float* x, int64_t n, uint32_t salt) {
   }
 }
 
+// f(i) for i = 0, 1, ...: kWarmup calls, then the median of kReps single timed calls, in ms. Call
+// i reads buffer set i % kBuffers (the warm-up calls come first in that count).
 double median_ms(cudaStream_t s, const std::function<void(int)>& f) {
-  cudaEvent_t a, b;
-  MXLAB_CUDA_CHECK(cudaEventCreate(&a));
-  MXLAB_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < kWarmup; ++i) f(i);
-  MXLAB_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int i = 0; i < kReps; ++i) {
-    MXLAB_CUDA_CHECK(cudaEventRecord(a, s));
-    f(i);
-    MXLAB_CUDA_CHECK(cudaEventRecord(b, s));
-    MXLAB_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    MXLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  MXLAB_CUDA_CHECK(cudaEventDestroy(a));
-  MXLAB_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::median_event_ms(s, kWarmup, kReps, 1, f);
 }
 
 struct Row {

@@ -41,6 +41,31 @@ __device__ __forceinline__ void for_row(const float* xr, int64_t d, int lane, F 
   }
 }
 
+// One float4 group v of the forward's output from its inputs q: xhat = R(R(x - mean) rstd) and
+// y = R(R(xhat gamma) + beta) (y = xhat without the affine parameters), both stored; returns y.
+__device__ __forceinline__ float4 ln_fwd_group(const float4& q, float mean, float rs, const float* gamma,
+                                               const float* beta, int64_t v, float* hr, float* yr, bool rb,
+                                               Rounding rm) {
+  float4 h, o;
+  h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
+  h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
+  h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
+  h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
+  if (gamma) {
+    const float4 g = reinterpret_cast<const float4*>(gamma)[v];
+    const float4 b = reinterpret_cast<const float4*>(beta)[v];
+    o.x = ln_affine(h.x, g.x, b.x, rb, rm);
+    o.y = ln_affine(h.y, g.y, b.y, rb, rm);
+    o.z = ln_affine(h.z, g.z, b.z, rb, rm);
+    o.w = ln_affine(h.w, g.w, b.w, rb, rm);
+  } else {
+    o = h;
+  }
+  reinterpret_cast<float4*>(hr)[v] = h;
+  reinterpret_cast<float4*>(yr)[v] = o;
+  return o;
+}
+
 // pq.out (VEC only; d % 32 == 0): y's MX quantization is written too (kernels/mx_produce.cuh).
 template <bool VEC, int kElem>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
@@ -71,26 +96,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     for (int64_t v0 = 0; v0 < d / 4; v0 += kWarp) {
       const int64_t v = v0 + lane;
       const bool active = v < d / 4;
-      float4 h, o = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (active) {
-        const float4 q = reinterpret_cast<const float4*>(xr)[v];
-        h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
-        h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
-        h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
-        h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
-        if (gamma) {
-          const float4 g = reinterpret_cast<const float4*>(gamma)[v];
-          const float4 b = reinterpret_cast<const float4*>(beta)[v];
-          o.x = ln_affine(h.x, g.x, b.x, rb, rm);
-          o.y = ln_affine(h.y, g.y, b.y, rb, rm);
-          o.z = ln_affine(h.z, g.z, b.z, rb, rm);
-          o.w = ln_affine(h.w, g.w, b.w, rb, rm);
-        } else {
-          o = h;
-        }
-        reinterpret_cast<float4*>(hr)[v] = h;
-        reinterpret_cast<float4*>(yr)[v] = o;
-      }
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (active)
+        o = ln_fwd_group(reinterpret_cast<const float4*>(xr)[v], mean, rs, gamma, beta, v, hr, yr, rb, rm);
       if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
     }
   } else {
@@ -219,32 +227,15 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const float var = ew_round(mean_from_sum(sq, d), rb, rm);
   const float rs = ln_rstd(var, eps, rb, rm);
   if (lane == 0) rstd[row] = rs;
-  float4* yr = reinterpret_cast<float4*>(y + row * d);
-  float4* hr = reinterpret_cast<float4*>(xhat + row * d);
+  float* yr = y + row * d;
+  float* hr = xhat + row * d;
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     if (k * kWarp >= nv) break;  // warp-uniform, as ln_fwd_kernel's trip count
     const int64_t v = lane + k * kWarp;
     const bool active = v < nv;
-    float4 h, o = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (active) {
-      h.x = ln_xhat(ln_center(q[k].x, mean, rb, rm), rs, rb, rm);
-      h.y = ln_xhat(ln_center(q[k].y, mean, rb, rm), rs, rb, rm);
-      h.z = ln_xhat(ln_center(q[k].z, mean, rb, rm), rs, rb, rm);
-      h.w = ln_xhat(ln_center(q[k].w, mean, rb, rm), rs, rb, rm);
-      if (gamma) {
-        const float4 g = reinterpret_cast<const float4*>(gamma)[v];
-        const float4 b = reinterpret_cast<const float4*>(beta)[v];
-        o.x = ln_affine(h.x, g.x, b.x, rb, rm);
-        o.y = ln_affine(h.y, g.y, b.y, rb, rm);
-        o.z = ln_affine(h.z, g.z, b.z, rb, rm);
-        o.w = ln_affine(h.w, g.w, b.w, rb, rm);
-      } else {
-        o = h;
-      }
-      hr[v] = h;
-      yr[v] = o;
-    }
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (active) o = ln_fwd_group(q[k], mean, rs, gamma, beta, v, hr, yr, rb, rm);
     if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
   }
 }
