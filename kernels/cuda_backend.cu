@@ -375,8 +375,17 @@ class CudaBackend final : public Backend {
     }
     if (launch(want ? &pq : nullptr)) lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
-  // Tests and benchmarks: producer-side quantization on/off (off: every GEMM quantizes its
-  // operands itself), and how many GEMM operands were taken from producers, over all lanes.
+  void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) override {
+    ctx();
+    if (!produce_on_ || n == 0) return;
+    int64_t most = 0;
+    for (size_t i = 0; i < n; ++i) most = std::max(most, rows[i] * cols[i]);
+    if (!capturing_) reserve_gemm(most);
+    lanes_[cur_].gemm->prequantize(ops, rows, cols, static_cast<int>(n), &d_step_->step);
+  }
+  // Tests and benchmarks: producer-side quantization and prequantize() on/off (off: every GEMM
+  // quantizes its operands itself), and how many GEMM operands were taken from producers or
+  // prequantize(), over all lanes.
   void set_producer_quant(bool on) { produce_on_ = on; }
   int64_t producer_quant_hits() const {
     int64_t n = 0;

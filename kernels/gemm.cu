@@ -89,6 +89,7 @@ GemmRunner::~GemmRunner() {
   if (handle_) cublasDestroy(handle_);
   if (workspace_) cudaFree(workspace_);
   if (scratch_) cudaFree(scratch_);
+  if (ahead_buf_) cudaFree(ahead_buf_);
   if (d_inexact_) cudaFree(d_inexact_);
 }
 
@@ -133,6 +134,8 @@ bool same_operand(const GemmOperand& a, const GemmOperand& b) {
 
 bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq) {
   held_armed_ = false;  // the producer overwrites the tensor: whatever was held is stale
+  for (Ahead& e : ahead_)
+    if (e.op.p == op.p) e.armed = false;
   if (verify_bf16_ || op.stats_slot >= 0 || !op.k_contiguous || !op.p || !is_mx(op.q.fmt) ||
       op.q.block != kProducedBlock || !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact ||
       rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_)
@@ -149,12 +152,60 @@ void GemmRunner::hold(const GemmOperand& op, int64_t rows, int64_t cols) {
 }
 
 const __nv_bfloat16* GemmRunner::take_produced(const GemmOperand& op, int64_t rows, int64_t cols) {
-  if (!op.prequantized || !held_armed_ || verify_bf16_ || rows != held_rows_ || cols != held_cols_ ||
-      !same_operand(op, held_op_))
-    return nullptr;
-  held_armed_ = false;
-  ++produced_hits_;
-  return held();
+  if (!op.prequantized || verify_bf16_) return nullptr;
+  if (held_armed_ && rows == held_rows_ && cols == held_cols_ && same_operand(op, held_op_)) {
+    held_armed_ = false;
+    ++produced_hits_;
+    return held();
+  }
+  for (Ahead& e : ahead_) {
+    if (e.armed && rows == e.rows && cols == e.cols && same_operand(op, e.op)) {
+      e.armed = false;
+      ++produced_hits_;
+      return e.q;
+    }
+  }
+  return nullptr;
+}
+
+int GemmRunner::prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, int n,
+                            const uint32_t* d_step) {
+  ahead_.clear();
+  if (verify_bf16_ || n <= 0) return 0;
+  // What qualifies, and where each goes in the buffer (256-byte aligned slices).
+  std::vector<size_t> offset;
+  std::vector<int> which;
+  size_t need = 0;
+  for (int i = 0; i < n; ++i) {
+    const GemmOperand& op = ops[i];
+    if (!op.p || op.stats_slot >= 0 || rows[i] <= 0 || cols[i] <= 0 || !is_mx(op.q.fmt) ||
+        !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact)
+      continue;
+    which.push_back(i);
+    offset.push_back(need);
+    need += (static_cast<size_t>(rows[i] * cols[i]) + 127) / 128 * 128;
+  }
+  if (which.empty()) return 0;
+  if (need > ahead_elems_) {
+    if (capturing(stream_)) return 0;  // the GEMMs quantize their operands themselves
+    MXLAB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier GEMMs may still read the old buffer
+    ResourceSection rs;
+    if (ahead_buf_) MXLAB_CUDA_CHECK(cudaFree(ahead_buf_));
+    ahead_buf_ = nullptr;
+    ahead_elems_ = 0;
+    MXLAB_CUDA_CHECK(cudaMalloc(&ahead_buf_, need * sizeof(__nv_bfloat16)));
+    ahead_elems_ = need;
+  }
+  std::vector<QuantLaunch> L;
+  std::vector<__nv_bfloat16*> out;
+  for (size_t j = 0; j < which.size(); ++j) {
+    const int i = which[j];
+    L.push_back(operand_launch(ops[i], rows[i], cols[i], d_step, nullptr));
+    out.push_back(ahead_buf_ + offset[j]);
+    ahead_.push_back(Ahead{ops[i], rows[i], cols[i], out.back(), true});
+  }
+  quantize_bf16_batch(L.data(), out.data(), static_cast<int>(L.size()), stream_);
+  return static_cast<int>(ahead_.size());
 }
 
 const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch,
@@ -239,9 +290,10 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
         MXLAB_CUDA_CHECK(cudaMemsetAsync(d_inexact_, 0, sizeof(unsigned long long), stream_));
         La.d_inexact = Lb.d_inexact = d_inexact_;
       }
-      // Operands a producer already quantized into the held buffer (batch 1 only).
+      // Operands a producer already quantized into the held buffer, or prequantize() into the
+      // ahead buffer (batch 1 only; each is taken once, so a and b never get the same one).
       const __nv_bfloat16* qa = batch == 1 ? take_produced(a, a_rows, a_cols) : nullptr;
-      const __nv_bfloat16* qb = batch == 1 && !qa ? take_produced(b, b_rows, b_cols) : nullptr;
+      const __nv_bfloat16* qb = batch == 1 ? take_produced(b, b_rows, b_cols) : nullptr;
       if (!qa) quantize_bf16(La, sa, stream_);
       if (!qb) quantize_bf16(Lb, sb, stream_);
       unsigned long long inexact = 0;
@@ -268,6 +320,8 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
   }
   if (out.bf16) round_bf16_inplace(C, batch * M * N, out.mode, stream_);
   if (held_armed_ && C == held_op_.p) held_armed_ = false;  // the held operand's tensor was overwritten
+  for (Ahead& e : ahead_)
+    if (e.armed && C == e.op.p) e.armed = false;
 }
 
 }  // namespace mxlab::cuda

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/mx_produce.cuh"
 #include "kernels/quantize.cuh"
@@ -84,7 +85,15 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   bool produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq);
   // The producer has been launched with produce_target's *pq: the buffer now holds `op`.
   void hold(const GemmOperand& op, int64_t rows, int64_t cols);
-  // GEMM operands taken from the held buffer so far (tests and benchmarks).
+  // Operands quantized ahead (Backend::prequantize; issue 16, v24): every ops[i] (stored
+  // [rows[i] x cols[i]]) that takes the bf16 path with a deterministic rounding and no
+  // statistics slot is quantized now, all of them in as few launches as quantize_bf16_batch
+  // allows, into the runner's ahead buffer, and taken once by the next run() whose operand
+  // equals it and carries `prequantized`. Replaces what was kept ahead before. The buffer grows
+  // here outside graph capture only; inside, operands that do not fit are left to their GEMMs.
+  // Returns how many are kept.
+  int prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, int n, const uint32_t* d_step);
+  // GEMM operands taken from the held buffer or the ahead buffer so far (tests and benchmarks).
   int64_t produced_hits() const { return produced_hits_; }
   // Reserve scratch for operands of up to max_operand_elems elements each, up front: no
   // cudaMalloc may happen while a CUDA graph is captured (run() throws then instead).
@@ -101,8 +110,8 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   // The held buffer (producer-side quantization): scratch_elems_ bf16 values after the two
   // operand regions of scratch_.
   __nv_bfloat16* held() const { return reinterpret_cast<__nv_bfloat16*>(scratch_ + 2 * scratch_elems_); }
-  // The held buffer if it holds exactly `op` (stored [rows x cols]) and op is marked
-  // prequantized; it is then released (taken once). Null otherwise.
+  // The held buffer, or an ahead entry, if it holds exactly `op` (stored [rows x cols]) and op
+  // is marked prequantized; it is then released (taken once). Null otherwise.
   const __nv_bfloat16* take_produced(const GemmOperand& op, int64_t rows, int64_t cols);
   const float* prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch, const uint32_t* d_step,
                            unsigned long long* d_stats_base, bool count_stats);
@@ -120,6 +129,15 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
                                         // the held buffer (scratch_elems_ bf16 values)
   bool held_armed_ = false;
   GemmOperand held_op_;
+  struct Ahead {  // an operand quantized by prequantize(), until taken or its tensor is written
+    GemmOperand op;
+    int64_t rows = 0, cols = 0;
+    __nv_bfloat16* q = nullptr;
+    bool armed = false;
+  };
+  std::vector<Ahead> ahead_;
+  __nv_bfloat16* ahead_buf_ = nullptr;
+  size_t ahead_elems_ = 0;
   int64_t held_rows_ = 0, held_cols_ = 0;
   int64_t produced_hits_ = 0;
   int64_t scratch_elems_ = 0;

@@ -27,7 +27,9 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/mx_produce.cuh"
@@ -76,6 +78,14 @@ struct KParams {
   Rounding bf16_mode;
   unsigned long long* stats;    // kStatWords counters or null
   unsigned long long* inexact;  // bf16-inexact counter or null
+};
+
+// Up to kMaxQuantBatch tensors quantized by one launch of the contiguous or the strided tile
+// kernel (quantize_bf16_batch): blockIdx.y picks the tensor, grid.x covers the largest. A single
+// quantization is a batch of one. Passed as a __grid_constant__ parameter (read in place).
+constexpr int kMaxQuantBatch = 8;
+struct KBatch {
+  KParams p[kMaxQuantBatch];
 };
 
 // Per-thread counts are 32-bit (registers are the scarce resource here): a thread sees at most
@@ -233,7 +243,9 @@ __device__ __forceinline__ void store8(const KParams& p, int64_t idx, const floa
 // 32 bytes in flight while it computes. kCount: statistics are wanted (p.stats != null); the
 // instances without them skip the lastbin/clamped bookkeeping.
 template <Elem E, Rounding R, bool kCount>
-__global__ void __launch_bounds__(kThreads, kContigMinCtas) mx_contiguous_kernel(KParams p, bool vec, bool flat) {
+__global__ void __launch_bounds__(kThreads, kContigMinCtas)
+    mx_contiguous_kernel(const __grid_constant__ KBatch batch, bool vec, bool flat) {
+  const KParams p = batch.p[blockIdx.y];
   const ElemSpec es = device_elem_spec<E>();
   const int G = p.block / kLaneElems;  // lanes per block: a power of two <= 32 (checked by the launcher)
   const int lane = threadIdx.x & 31;
@@ -410,7 +422,8 @@ __device__ __forceinline__ void load_tile(const KParams& p, const TileSlice& ts,
 }
 
 template <Elem E, Rounding R, bool kCount>
-__global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel(KParams p) {
+__global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel(const __grid_constant__ KBatch batch) {
+  const KParams p = batch.p[blockIdx.y];
   const ElemSpec es = device_elem_spec<E>();
   const int lane = threadIdx.x & 31;
   const int64_t nbands = (p.rows + kTileBlock - 1) / kTileBlock;
@@ -669,18 +682,24 @@ KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind
     default: throw Error("quantize: unknown rounding mode");                     \
   }
 
+// The batch's tensors share the kernel instance: its element format, rounding, statistics or
+// not (b.p[0]'s), and vec / flat.
 template <Elem E>
-void launch_contiguous(const KParams& p, unsigned grid, cudaStream_t s, bool vec, bool flat) {
+void launch_contiguous(const KBatch& b, int n, unsigned grid, cudaStream_t s, bool vec, bool flat) {
+  const KParams& p = b.p[0];
   const bool count = p.stats != nullptr;
-#define MXLAB_CASE(R, C) mx_contiguous_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p, vec, flat)
+  const dim3 g(grid, static_cast<unsigned>(n));
+#define MXLAB_CASE(R, C) mx_contiguous_kernel<E, R, C><<<g, kThreads, 0, s>>>(b, vec, flat)
   MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
 #undef MXLAB_CASE
 }
 
 template <Elem E>
-void launch_strided_tile(const KParams& p, unsigned grid, cudaStream_t s) {
+void launch_strided_tile(const KBatch& b, int n, unsigned grid, cudaStream_t s) {
+  const KParams& p = b.p[0];
   const bool count = p.stats != nullptr;
-#define MXLAB_CASE(R, C) mx_strided_tile_kernel<E, R, C><<<grid, kThreads, 0, s>>>(p)
+  const dim3 g(grid, static_cast<unsigned>(n));
+#define MXLAB_CASE(R, C) mx_strided_tile_kernel<E, R, C><<<g, kThreads, 0, s>>>(b)
   MXLAB_FOR_EACH_ROUNDING_COUNT(MXLAB_CASE)
 #undef MXLAB_CASE
 }
@@ -692,6 +711,50 @@ void launch_strided(const KParams& p, unsigned grid, size_t smem, cudaStream_t s
 #undef MXLAB_CASE
 }
 
+// Which MX kernel quantizes L under q (and its grid and flags): the two tuned ones, which can
+// also take a batch, or another.
+enum class MxPath : uint8_t { contiguous, tile, other };
+struct MxPlan {
+  MxPath path = MxPath::other;
+  unsigned grid = 1;  // for contiguous / tile
+  bool vec = false, flat = false;
+};
+
+MxPlan plan_mx(const QuantLaunch& L, const QuantSpec& q, const void* out, OutKind kind) {
+  MxPlan m;
+  const int k = q.block;
+  const int G = k / kLaneElems;
+  const bool lanes_ok = k % kLaneElems == 0 && G >= 1 && G <= 32 && (32 % G) == 0;
+  const bool writes = out != nullptr && kind != OutKind::none;
+  if (L.axis == Axis::contiguous && lanes_ok) {
+    const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
+    m.path = MxPath::contiguous;
+    m.vec = L.cols % kVec == 0 && aligned(L.in, 16) && (!writes || aligned(out, out_align));
+    m.flat = L.cols % k == 0;
+    const int64_t units = L.rows * ((L.cols + k - 1) / k);
+    m.grid = grid_for(units, (kThreads / 32) * (32 / G), kContigMinCtas);
+  } else if (L.axis == Axis::strided && k == kTileBlock && L.cols % kTileCols == 0 && aligned(L.in, 16) &&
+             (!writes || aligned(out, kind == OutKind::f32 ? 16 : 8))) {
+    m.path = MxPath::tile;
+    const int64_t witems = ((L.rows + k - 1) / k) * ((L.cols + kTileWarpCols - 1) / kTileWarpCols);
+    m.grid = grid_for(witems, kThreads / 32, kTileMinCtas);
+  }
+  return m;
+}
+
+// Launches the contiguous or tile kernel over b.p[0..n) (same instance, same vec / flat).
+void launch_tuned(const MxPlan& m, const KBatch& b, int n, unsigned grid, Elem elem, cudaStream_t s) {
+  if (m.path == MxPath::contiguous) {
+#define MXLAB_LAUNCH_CONTIG(E) launch_contiguous<E>(b, n, grid, s, m.vec, m.flat)
+    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_CONTIG)
+#undef MXLAB_LAUNCH_CONTIG
+  } else {
+#define MXLAB_LAUNCH_TILE(E) launch_strided_tile<E>(b, n, grid, s)
+    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_TILE)
+#undef MXLAB_LAUNCH_TILE
+  }
+}
+
 // One MX pass over the tensor under spec q (quantization and/or statistics).
 void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
                unsigned long long* inexact, cudaStream_t s) {
@@ -699,24 +762,11 @@ void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind
   const KParams p = make_params(L, q, out, kind, stats, inexact);
   const Elem elem = mx_elem(q.fmt);
   const int k = q.block;
-  const int G = k / kLaneElems;
-  const bool lanes_ok = k % kLaneElems == 0 && G >= 1 && G <= 32 && (32 % G) == 0;
-  if (L.axis == Axis::contiguous && lanes_ok) {
-    const uintptr_t out_align = kind == OutKind::f32 ? 16 : 8;
-    const bool vec = L.cols % kVec == 0 && aligned(L.in, 16) && (p.out_kind == OutKind::none || aligned(out, out_align));
-    const bool flat = L.cols % k == 0;
-    const int64_t units = L.rows * ((L.cols + k - 1) / k);
-    const unsigned grid = grid_for(units, (kThreads / 32) * (32 / G), kContigMinCtas);
-#define MXLAB_LAUNCH_CONTIG(E) launch_contiguous<E>(p, grid, s, vec, flat)
-    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_CONTIG)
-#undef MXLAB_LAUNCH_CONTIG
-  } else if (L.axis == Axis::strided && k == kTileBlock && L.cols % kTileCols == 0 && aligned(L.in, 16) &&
-             (p.out_kind == OutKind::none || aligned(out, kind == OutKind::f32 ? 16 : 8))) {
-    const int64_t witems = ((L.rows + k - 1) / k) * ((L.cols + kTileWarpCols - 1) / kTileWarpCols);
-    const unsigned grid = grid_for(witems, kThreads / 32, kTileMinCtas);
-#define MXLAB_LAUNCH_TILE(E) launch_strided_tile<E>(p, grid, s)
-    MXLAB_FOR_EACH_ELEM(MXLAB_LAUNCH_TILE)
-#undef MXLAB_LAUNCH_TILE
+  const MxPlan m = plan_mx(L, q, out, kind);
+  if (m.path != MxPath::other) {
+    KBatch b{};
+    b.p[0] = p;
+    launch_tuned(m, b, 1, m.grid, elem, s);
   } else if (L.axis == Axis::strided && k <= kMaxStridedBlock) {
     const int64_t items = ((L.rows + k - 1) / k) * ((L.cols + kStridedThreads - 1) / kStridedThreads);
     const unsigned grid = grid_for(items, 1);
@@ -786,6 +836,54 @@ void quantize_f32(const QuantLaunch& L, float* out, cudaStream_t s) {
 void quantize_bf16(const QuantLaunch& L, __nv_bfloat16* out, cudaStream_t s) {
   if (!out && L.rows * L.cols > 0) throw Error("quantize_bf16: null output pointer");
   launch(L, out, OutKind::bf16, s);
+}
+
+int quantize_bf16_batch(const QuantLaunch* Ls, __nv_bfloat16* const* outs, int n, cudaStream_t s) {
+  // Launches that can share a grid: deterministic MX roundings through one of the two tuned
+  // kernels, without statistics (those always take their own launch, as quantize_bf16 would).
+  struct Item {
+    int i;
+    MxPlan m;
+    Elem elem;
+  };
+  std::vector<Item> items;
+  int launches = 0;
+  for (int i = 0; i < n; ++i) {
+    const QuantLaunch& L = Ls[i];
+    if (!outs[i] && L.rows * L.cols > 0) throw Error("quantize_bf16_batch: null output pointer");
+    validate(L);
+    if (L.rows == 0 || L.cols == 0) continue;
+    const MxPlan m = is_mx(L.q.fmt) ? plan_mx(L, L.q, outs[i], OutKind::bf16) : MxPlan{};
+    if (m.path == MxPath::other || L.d_stats || !fast_rounding(L.q.rounding)) {
+      launch(L, outs[i], OutKind::bf16, s);
+      ++launches;
+      continue;
+    }
+    items.push_back({i, m, mx_elem(L.q.fmt)});
+  }
+  // Greedy grouping in order: an item joins the first open group of its kernel instance.
+  std::vector<bool> done(items.size(), false);
+  for (size_t a = 0; a < items.size(); ++a) {
+    if (done[a]) continue;
+    KBatch b{};
+    int count = 0;
+    unsigned grid = 1;
+    for (size_t c = a; c < items.size() && count < kMaxQuantBatch; ++c) {
+      const Item& x = items[c];
+      const Item& h = items[a];
+      if (done[c] || x.m.path != h.m.path || x.elem != h.elem || Ls[x.i].q.rounding != Ls[h.i].q.rounding ||
+          x.m.vec != h.m.vec || x.m.flat != h.m.flat)
+        continue;
+      const QuantLaunch& L = Ls[x.i];
+      b.p[count++] = make_params(L, L.q, outs[x.i], OutKind::bf16, nullptr, L.d_inexact);
+      grid = std::max(grid, x.m.grid);
+      done[c] = true;
+    }
+    launch_tuned(items[a].m, b, count, grid, items[a].elem, s);
+    MXLAB_CUDA_LAUNCH_CHECK();
+    ++launches;
+  }
+  return launches;
 }
 
 void quant_stats(const QuantLaunch& L, cudaStream_t s) {

@@ -373,7 +373,8 @@ void run_bench(const Args& a) {
     cuda::set_producer_quant(*be, !a.no_producer_quant);
     std::printf("  producer-side quantization: %s\n",
                 a.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
-                                    : "on (layernorm / activation kernels write the next GEMM's MX operand)");
+                                    : "on (layernorm / activation / add kernels write the next GEMM's MX operand; "
+                                      "each pass's weights are quantized together, ahead)");
   }
 #endif
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
@@ -636,7 +637,8 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
   sub->add_flag("--no-producer-quant", args->no_producer_quant,
                 "CUDA: every GEMM quantizes its operands itself, instead of taking the MX operand its producer "
-                "(layernorm / activation kernel) wrote in the same pass (same bits; for comparisons)");
+                "(layernorm / activation / add kernel) wrote in the same pass or the pass quantized ahead "
+                "(its weights) (same bits; for comparisons)");
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
                   "experiment's own arms: are used)")

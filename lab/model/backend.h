@@ -145,6 +145,16 @@ class Backend {
   // flags and statistics slot) and carries `prequantized`. That gemm takes it, once. Nothing
   // may write the tensor in between. Results are bit-identical with and without
   // (kernels/gemm.cuh, "Producer-side quantization").
+  //
+  // Operands quantized ahead (issue 16, v24): prequantize(ops, rows, cols, n) says that the
+  // next gemm() calls on this lane will read ops[i] (stored [rows[i] x cols[i]]; the step's
+  // weights, which nothing writes during a pass): the backend may quantize them all now, in
+  // one pass where it can, and let each such gemm() whose operand equals ops[i] and carries
+  // `prequantized` take its copy, once. Nothing may write those tensors before their gemm().
+  // Replaces the previous call's operands. Bit-identical with and without; the CPU ignores it.
+  virtual void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) {
+    (void)ops, (void)rows, (void)cols, (void)n;
+  }
 
   // ---- vector ops (all round their outputs per `r`) ----
   // Layernorm over the last axis of x[rows x d]: y = xhat * gamma + beta, with xhat =

@@ -477,6 +477,32 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
   ws.h_round = R;
+  // The weights' operands, built the same way for prequantize and for their gemm() calls: the
+  // pass hands them all over first, so that a backend may quantize them in one go (issue 16,
+  // v24; bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
+  // the pass itself writes.
+  auto w1_op = [&](int k) {
+    return ops.make(params + group(s, k, ParamGroup::w1).offset, true, p.weight, Role::weight, k, OpId::fc1_w);
+  };
+  auto w2_op = [&](int k) {
+    return ops.make(params + group(s, k, ParamGroup::w2).offset, true, p.weight, Role::weight, k, OpId::fc2_w);
+  };
+  const bool w1_ahead = s.norm != NormKind::mxnorm;
+  {
+    std::vector<GemmOperand> w;
+    std::vector<int64_t> rows, cols;
+    for (int k = 0; k < s.depth; ++k) {
+      if (w1_ahead) {
+        w.push_back(w1_op(k));
+        rows.push_back(H1);
+        cols.push_back(d);
+      }
+      w.push_back(w2_op(k));
+      rows.push_back(d);
+      cols.push_back(H);
+    }
+    be.prequantize(w.data(), rows.data(), cols.data(), w.size());
+  }
   // A0 = R(x)
   be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
   if (R.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), R.mode);
@@ -500,8 +526,10 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     // h [B x H1] = y [B x d] . W1 [H1 x d]^T, stored unrounded: its readers, act_fwd here and
     // act_bwd in the backward pass, round it per R as they read it (bit-identical to rounding it
     // here, one pass over h fewer; kernels/PERF.md).
-    be.gemm(B, H1, d, y_op, ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w), ws.h[k], 0.0f,
-            ElementwiseRound{});
+    GemmOperand w1 = ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w);
+    w1.prequantized = w1_ahead;
+    MXLAB_ASSERT(!w1_ahead || w1.p == w1_op(k).p, "fc1 reads the weight handed to prequantize");
+    be.gemm(B, H1, d, y_op, w1, ws.h[k], 0.0f, ElementwiseRound{});
     GemmOperand a_op =
         ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out));
     be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round, &a_op);
@@ -510,8 +538,9 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     // residual_add (its only reader) rounds it per R as it reads it, writing A_{k+1} from A_k
     // and o in one pass (bit-identical to rounding o here and adding into a copy of A_k).
     float* o = s.residual ? ws.y : next;
-    be.gemm(B, d, H, a_op, ops.make(W2, true, p.weight, Role::weight, k, OpId::fc2_w), o, 0.0f,
-            s.residual ? ElementwiseRound{} : R);
+    GemmOperand w2 = w2_op(k);
+    w2.prequantized = true;
+    be.gemm(B, d, H, a_op, w2, o, 0.0f, s.residual ? ElementwiseRound{} : R);
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
       be.residual_add(next, A, ws.y, b2 ? params + b2->offset : nullptr, B, d, R, R);
@@ -558,11 +587,29 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     return ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out));
   };
   bool dA_handed = false;  // the add before handed over da_dy_op(k) as its q_out
+  // The weights' operands of the two dgrad GEMMs, handed over first (as in forward()).
+  auto w2_op = [&](int k) {
+    return ops.make(params + group(s, k, ParamGroup::w2).offset, false, w_bwd, Role::weight, k, OpId::da_w);
+  };
+  auto w1_op = [&](int k) {
+    return ops.make(params + group(s, k, ParamGroup::w1).offset, false, w_bwd, Role::weight, k, OpId::dy_w);
+  };
+  {
+    std::vector<GemmOperand> w;
+    std::vector<int64_t> rows, cols;
+    for (int k = s.depth - 1; k >= 0; --k) {
+      w.push_back(w2_op(k));
+      rows.push_back(d);
+      cols.push_back(H);
+      w.push_back(w1_op(k));
+      rows.push_back(H1);
+      cols.push_back(d);
+    }
+    be.prequantize(w.data(), rows.data(), cols.data(), w.size());
+  }
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
-    const float* W1 = params + g1.offset;
-    const float* W2 = params + g2.offset;
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
     be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x),
@@ -571,8 +618,9 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // reader) rounds both as it reads them.
     GemmOperand dA_op = da_dy_op(k);
     dA_op.prequantized = dA_handed;
-    be.gemm(B, H, d, dA_op, ops.make(W2, false, w_bwd, Role::weight, k, OpId::da_w), ws.d_a, 0.0f,
-            ElementwiseRound{});
+    GemmOperand w2 = w2_op(k);
+    w2.prequantized = true;
+    be.gemm(B, H, d, dA_op, w2, ws.d_a, 0.0f, ElementwiseRound{});
     // dh's operand of the dy GEMM below (k-contiguous), handed to act_bwd as its q_out.
     GemmOperand dh_op =
         ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
@@ -588,8 +636,9 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]). Under layernorm its backward is
     // dy's only reader and rounds it as it reads it, so the GEMM leaves it unrounded.
     const bool defer_dy = norm_rounds_dy_as_read(s);
-    be.gemm(B, d, H1, dh_op, ops.make(W1, false, w_bwd, Role::weight, k, OpId::dy_w), ws.d_ln, 0.0f,
-            defer_dy ? ElementwiseRound{} : R);
+    GemmOperand w1 = w1_op(k);
+    w1.prequantized = true;
+    be.gemm(B, d, H1, dh_op, w1, ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
     const GemmOperand next_op = k > 0 ? da_dy_op(k - 1) : GemmOperand{};
     dA_handed = k > 0 && s.residual && !s.attention();
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,

@@ -447,6 +447,11 @@ class NaiveGemmBackend final : public Backend {
     in->residual_add(o, x, y, b, r, d, R, Ry);
   }
   void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
+  int prequantize_calls = 0;
+  void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) override {
+    ++prequantize_calls;
+    for (size_t i = 0; i < n; ++i) produced(ops[i].p, rows[i], cols[i], &ops[i]);
+  }
   void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R, const GemmOperand* q,
            int64_t qc) override {
     if (q && (qc <= 0 || static_cast<int64_t>(n) % qc != 0)) breaches.push_back("an add q_out with a bad row length");
@@ -888,15 +893,18 @@ TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
     NaiveMxPass t(layernorm);
     NaiveGemmBackend& be = t.be;
     t.forward_pass();
-    const int per_fwd = layernorm ? 2 : 1;  // y (only when a norm writes it) and a
+    // y (only when a norm writes it) and a, and the weights W1 and W2 handed to prequantize
+    const int per_fwd = (layernorm ? 2 : 1) + 2;
     EXPECT_EQ(be.q_out_given, per_fwd * t.s.depth);
     EXPECT_EQ(be.prequantized_found, per_fwd * t.s.depth);
     t.loss_and_backward();
-    // + dh per layer, + dA from every block's add but the first's (block 0's dA feeds no GEMM)
-    const int handed = (per_fwd + 1) * t.s.depth + (t.s.depth - 1);
+    // + dh and the dgrad GEMMs' W1 and W2 per layer, + dA from every block's add but the first's
+    // (block 0's dA feeds no GEMM)
+    const int handed = (per_fwd + 3) * t.s.depth + (t.s.depth - 1);
     EXPECT_EQ(be.q_out_given, handed);
     EXPECT_EQ(be.prequantized_found, handed);
     EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
+    EXPECT_EQ(be.prequantize_calls, 2);  // one in the forward, one in the backward
     for (const std::string& b : be.breaches) ADD_FAILURE() << b;
   }
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -517,6 +518,100 @@ TEST(QuantizeGpu, Bf16InexactCornerIsCounted) {
     const double g = bits_f32(static_cast<uint32_t>(out[i]) << 16);
     EXPECT_LE(std::fabs(g - static_cast<double>(want[i])), std::ldexp(1.0, -134)) << i;
   }
+}
+
+// quantize_bf16_batch (issue 16, v24: a step's weights quantized together) against quantize_bf16
+// one by one: the same bf16 bits for every tensor of a mixed list (both tuned kernels, several
+// shapes, formats and roundings, tensors that do not fill a whole band or block row), with the
+// ones that cannot share a launch (stochastic rounding, statistics, other block sizes, non-MX
+// formats, strided rows that are not 16-byte multiples) taking their own; and fewer launches
+// than tensors where they can share.
+TEST(QuantizeGpu, BatchEqualsOneByOne) {
+  MXLAB_REQUIRE_GPU();
+  struct Spec {
+    int64_t rows, cols;
+    Axis axis;
+    NumFmt fmt;
+    Rounding rounding;
+    int block;
+    bool first;
+    bool stats;
+  };
+  const Spec specs[] = {
+      {256, 512, Axis::contiguous, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {512, 256, Axis::contiguous, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {70, 192, Axis::contiguous, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {256, 512, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {512, 256, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {70, 48, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+      {256, 512, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_even, 32, false, false},
+      {96, 64, Axis::contiguous, NumFmt::mxfp4_e2m1, Rounding::nearest_even, 32, false, false},
+      {96, 64, Axis::strided, NumFmt::mxfp6_e3m2, Rounding::toward_zero, 32, true, false},
+      {64, 512, Axis::contiguous, NumFmt::mxfp8_e4m3, Rounding::stochastic, 32, true, false},
+      {64, 512, Axis::contiguous, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, true},
+      {64, 512, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 16, true, false},
+      {64, 512, Axis::contiguous, NumFmt::bf16, Rounding::nearest_even, 32, false, false},
+      {64, 30, Axis::strided, NumFmt::mxfp8_e4m3, Rounding::nearest_away, 32, true, false},
+  };
+  constexpr int n = sizeof(specs) / sizeof(specs[0]);
+  std::vector<std::unique_ptr<DevBuf<float>>> in;
+  std::vector<std::unique_ptr<DevBuf<__nv_bfloat16>>> one, batch;
+  DevBuf<unsigned long long> stats(2 * kStatWords);
+  ASSERT_EQ(cudaMemset(stats.p, 0, stats.n * sizeof(unsigned long long)), cudaSuccess);
+  std::vector<QuantLaunch> L(n);
+  std::vector<__nv_bfloat16*> out(n);
+  int shareable = 0;
+  for (int i = 0; i < n; ++i) {
+    const Spec& sp = specs[i];
+    const size_t count = static_cast<size_t>(sp.rows * sp.cols);
+    const auto host = make_input(sp.rows, sp.cols, 900 + i);
+    in.push_back(std::make_unique<DevBuf<float>>(count));
+    one.push_back(std::make_unique<DevBuf<__nv_bfloat16>>(count));
+    batch.push_back(std::make_unique<DevBuf<__nv_bfloat16>>(count));
+    ASSERT_EQ(cudaMemcpy(in.back()->p, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(one.back()->p, 0xFF, count * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(batch.back()->p, 0xEE, count * 2), cudaSuccess);
+    QuantLaunch& l = L[i];
+    l.in = in.back()->p;
+    l.rows = sp.rows;
+    l.cols = sp.cols;
+    l.axis = sp.axis;
+    l.q.fmt = sp.fmt;
+    l.q.block = sp.block;
+    l.q.rounding = sp.rounding;
+    l.q.seed = 77 + i;
+    l.q.salt = 3;
+    l.round_bf16_first = sp.first;
+    l.bf16_mode = Rounding::nearest_away;
+    if (sp.stats) {
+      l.d_stats = stats.p;
+      l.stats_q = l.q;
+    }
+    out[i] = batch.back()->p;
+    shareable += is_mx(sp.fmt) && fast_rounding(sp.rounding) && !sp.stats && sp.block == 32 &&
+                 (sp.axis == Axis::contiguous || sp.cols % 4 == 0);
+  }
+  for (int i = 0; i < n; ++i) mxlab::cuda::quantize_bf16(L[i], one[i]->p, nullptr);
+  for (int i = 0; i < n; ++i)
+    if (L[i].d_stats) L[i].d_stats = stats.p + kStatWords;  // the batch's statistics go elsewhere
+  const int launches = mxlab::cuda::quantize_bf16_batch(L.data(), out.data(), n, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The 9 shareable tensors form 5 groups (one per kernel instance: e4m3 away contiguous x3, tile
+  // x3; e4m3 even tile; e2m1 contiguous; e3m2 tile), the other 5 take a launch each.
+  EXPECT_EQ(shareable, 9);
+  EXPECT_EQ(launches, 10);
+  for (int i = 0; i < n; ++i) {
+    const size_t count = static_cast<size_t>(specs[i].rows * specs[i].cols);
+    std::vector<uint16_t> a(count), b(count);
+    ASSERT_EQ(cudaMemcpy(a.data(), one[i]->p, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.data(), batch[i]->p, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(a, b) << "tensor " << i << " (" << specs[i].rows << " x " << specs[i].cols << ")";
+  }
+  // Statistics counted by the batch's own launch equal the single one's.
+  std::vector<unsigned long long> st(2 * kStatWords);
+  ASSERT_EQ(cudaMemcpy(st.data(), stats.p, st.size() * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int w = 0; w < kStatWords; ++w) EXPECT_EQ(st[w], st[kStatWords + w]) << "statistics word " << w;
+  std::printf("[quantize batch] %d tensors (%d shareable) in %d launches, bit for bit\n", n, shareable, launches);
 }
 
 TEST(QuantizeGpu, RejectsBadArguments) {
