@@ -587,24 +587,30 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     return ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out));
   };
   bool dA_handed = false;  // the add before handed over da_dy_op(k) as its q_out
-  // The weights' operands of the two dgrad GEMMs, handed over first (as in forward()).
+  // Operands that nothing writes during the backward, handed over first (as in forward()): the
+  // dgrad GEMMs' weights, and the forward's saved y as the dW1 GEMM reads it (strided: blocks
+  // down the batch; 1 M elements each, like the weights). Not a (4 M elements): one launch over
+  // tensors of two sizes was slower than their own launches (kernels/PERF.md v25).
   auto w2_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w2).offset, false, w_bwd, Role::weight, k, OpId::da_w);
   };
   auto w1_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w1).offset, false, w_bwd, Role::weight, k, OpId::dy_w);
   };
+  auto y_op = [&](int k) { return ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x); };
   {
     std::vector<GemmOperand> w;
     std::vector<int64_t> rows, cols;
+    auto hand = [&](const GemmOperand& op, int64_t r, int64_t c) {
+      w.push_back(op);
+      rows.push_back(r);
+      cols.push_back(c);
+    };
     for (int k = s.depth - 1; k >= 0; --k) {
-      w.push_back(w2_op(k));
-      rows.push_back(d);
-      cols.push_back(H);
-      w.push_back(w1_op(k));
-      rows.push_back(H1);
-      cols.push_back(d);
+      hand(w2_op(k), d, H);
+      hand(w1_op(k), H1, d);
     }
+    for (int k = s.depth - 1; k >= 0; --k) hand(y_op(k), B, d);
     be.prequantize(w.data(), rows.data(), cols.data(), w.size());
   }
   for (int k = s.depth - 1; k >= 0; --k) {
@@ -612,8 +618,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
-    be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy), ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x),
-            grads + g2.offset, 0.0f, R);
+    be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy),
+            ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R);
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
     // reader) rounds both as it reads them.
     GemmOperand dA_op = da_dy_op(k);
@@ -627,8 +633,9 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
     dh_op.prequantized = true;
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy),
-            ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x), grads + g1.offset, 0.0f, R);
+    GemmOperand y_t = y_op(k);
+    y_t.prequantized = true;
+    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f, R);
     // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
     // through to the FP32 masters.
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);

@@ -898,9 +898,9 @@ TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
     EXPECT_EQ(be.q_out_given, per_fwd * t.s.depth);
     EXPECT_EQ(be.prequantized_found, per_fwd * t.s.depth);
     t.loss_and_backward();
-    // + dh and the dgrad GEMMs' W1 and W2 per layer, + dA from every block's add but the first's
-    // (block 0's dA feeds no GEMM)
-    const int handed = (per_fwd + 3) * t.s.depth + (t.s.depth - 1);
+    // + dh, the dgrad GEMMs' W1 and W2 and the dW1 GEMM's y per layer, + dA from every block's add
+    // but the first's (block 0's dA feeds no GEMM)
+    const int handed = (per_fwd + 4) * t.s.depth + (t.s.depth - 1);
     EXPECT_EQ(be.q_out_given, handed);
     EXPECT_EQ(be.prequantized_found, handed);
     EXPECT_TRUE(be.pending.empty()) << be.pending.size() << " handed-over operands were never read";
