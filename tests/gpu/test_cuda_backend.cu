@@ -128,7 +128,7 @@ TEST(CudaBackend, RoundBf16MatchesCpu) {
 TEST(CudaBackend, RoundBf16ManyMatchesCpu) {
   MXLAB_REQUIRE_GPU();
   Twin t;
-  auto v = normal(200000, 4, 3.0f);
+  auto v = normal(300000, 4, 3.0f);
   const float specials[] = {1.00390625f, 1.01171875f, -1.00390625f, 1e-40f, 3.4e38f,
                             std::numeric_limits<float>::infinity(), kNaN, -0.0f};
   for (size_t i = 0; i < sizeof specials / sizeof specials[0]; ++i) v[7 + i] = specials[i];
