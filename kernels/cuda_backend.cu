@@ -319,10 +319,6 @@ class CudaBackend final : public Backend {
     ctx();
     launch_round_bf16(x, static_cast<int64_t>(n), mode, cur());
   }
-  void round_bf16_many(float* const* xs, const size_t* ns, size_t count, Rounding mode) override {
-    ctx();
-    launch_round_bf16_many(xs, ns, count, mode, cur());
-  }
 
   // ---- GEMM ----
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,

@@ -323,56 +323,6 @@ void launch_round_bf16(float* x, int64_t n, Rounding mode, cudaStream_t s) {
   launch_ew(RoundOp{x, mode}, n, aligned16(x), s);
 }
 
-namespace {
-struct RoundSegments {
-  float* x[kMaxRoundSegments];
-  int64_t n[kMaxRoundSegments];
-  bool vec[kMaxRoundSegments];
-};
-
-// Blocks of kBlock threads the current device holds at once (2048 threads per SM).
-int resident_blocks() {
-  int dev = 0, sms = 0;
-  MXLAB_CUDA_CHECK(cudaGetDevice(&dev));
-  MXLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms * (2048 / kBlock);
-}
-
-// Tensor blockIdx.y of the batch, grid-stride over its elements like ew_kernel<RoundOp>.
-__global__ void __launch_bounds__(kBlock) round_many_kernel(const __grid_constant__ RoundSegments seg, Rounding mode) {
-  const RoundOp op{seg.x[blockIdx.y], mode};
-  const int64_t n = seg.n[blockIdx.y];
-  const int64_t nvec = seg.vec[blockIdx.y] ? n / 4 : 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t v = t; v < nvec; v += stride) op.vec(v);
-  for (int64_t i = nvec * 4 + t; i < n; i += stride) op.one(i);
-}
-}  // namespace
-
-void launch_round_bf16_many(float* const* xs, const size_t* ns, size_t count, Rounding mode, cudaStream_t s) {
-  for (size_t first = 0; first < count; first += kMaxRoundSegments) {
-    RoundSegments seg{};
-    int k = 0;
-    int64_t most = 0;
-    for (size_t i = first; i < count && k < kMaxRoundSegments; ++i) {
-      if (ns[i] == 0) continue;
-      seg.x[k] = xs[i];
-      seg.n[k] = static_cast<int64_t>(ns[i]);
-      seg.vec[k] = aligned16(xs[i]);
-      most = std::max(most, seg.vec[k] ? std::max<int64_t>(seg.n[k] / 4, seg.n[k] % 4) : seg.n[k]);
-      ++k;
-    }
-    if (k == 0) continue;
-    // About one resident wave over all of them (as quantize_bf16_batch): each CTA strides through
-    // its tensor.
-    const int wave = std::max(1, resident_blocks() / k);
-    round_many_kernel<<<dim3(static_cast<unsigned>(std::min(grid_for(most), wave)), static_cast<unsigned>(k)), kBlock,
-                        0, s>>>(seg, mode);
-    MXLAB_CUDA_LAUNCH_CHECK();
-  }
-}
-
 void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float scale, bool accumulate,
                   const StepScalars* d_step, cudaStream_t s) {
   launch_ew(RandnOp{out, seed, stream, scale, accumulate, d_step}, n, aligned16(out), s);

@@ -42,11 +42,6 @@ bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
 void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                          const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s);
 
-// round_bf16 of each xs[i][0..ns[i]), i < count: one launch per kMaxRoundSegments tensors
-// (blockIdx.y picks the tensor), the float4 path for the aligned ones.
-constexpr int kMaxRoundSegments = 16;
-void launch_round_bf16_many(float* const* xs, const size_t* ns, size_t count, Rounding mode, cudaStream_t s);
-
 // dst = R(a + b). pq: as launch_act_fwd's, with dst seen as rows of 32-multiple length (the
 // caller checked); returns whether it wrote pq's operand (n % 32 == 0, aligned pointers).
 bool launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s,

@@ -128,11 +128,6 @@ class Backend {
                         const QuantSpec& q, int stats_slot = -1) = 0;
   // Element-wise bf16 rounding in place.
   virtual void round_bf16(float* x, size_t n, Rounding mode) = 0;
-  // round_bf16 of each xs[i][0..ns[i]); a backend may do them in one pass (the CUDA backend does:
-  // one launch for up to 16 tensors; issue 16, v26).
-  virtual void round_bf16_many(float* const* xs, const size_t* ns, size_t count, Rounding mode) {
-    for (size_t i = 0; i < count; ++i) round_bf16(xs[i], ns[i], mode);
-  }
 
   // ---- GEMM ----
   // C[M x N] = beta * C + A * B^T, with operands quantized as described above, FP32

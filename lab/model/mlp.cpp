@@ -613,24 +613,13 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     for (int k = s.depth - 1; k >= 0; --k) hand(y_op(k), B, d);
     be.prequantize(w.data(), rows.data(), cols.data(), w.size());
   }
-  // The weight gradients' bf16 rounding (per R), deferred from their GEMMs to one pass over all
-  // of them after the loop: nothing reads them before (bit-identical; issue 16, v26). Not under
-  // MXNorm, whose weight-gradient scaling reads dW1 in the loop.
-  const bool defer_dw = R.bf16 && s.norm != NormKind::mxnorm;
-  const ElementwiseRound R_dw = defer_dw ? ElementwiseRound{} : R;
-  std::vector<float*> dw;
-  std::vector<size_t> dw_n;
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
     be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy),
-            ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R_dw);
-    if (defer_dw) {
-      dw.push_back(grads + g2.offset);
-      dw_n.push_back(static_cast<size_t>(d * H));
-    }
+            ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R);
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
     // reader) rounds both as it reads them.
     GemmOperand dA_op = da_dy_op(k);
@@ -646,12 +635,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     GemmOperand y_t = y_op(k);
     y_t.prequantized = true;
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f,
-            R_dw);
-    if (defer_dw) {
-      dw.push_back(grads + g1.offset);
-      dw_n.push_back(static_cast<size_t>(H1 * d));
-    }
+    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f, R);
     // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
     // through to the FP32 masters.
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);
@@ -668,7 +652,6 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
                                 defer_dy ? R : ElementwiseRound{}, dA_handed ? &next_op : nullptr);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
-  if (defer_dw) be.round_bf16_many(dw.data(), dw_n.data(), dw.size(), R.mode);
 }
 
 ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
