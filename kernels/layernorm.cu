@@ -4,12 +4,13 @@
 // aligned pointers the warp moves float4s; the summation order is the same either way
 // (lane l owns the same elements), so the results do not depend on alignment.
 //
-// Rows of up to kLnRegGroups * 32 float4s (d <= 512) take the register-resident kernels (v22):
-// each lane loads all its float4s at once and keeps them in registers for the three passes,
-// instead of a loop that waits on one load per iteration. With B = 2048 rows there are only
-// ~16 warps per SM, too few to hide that latency (ncu: 23 % occupancy, 42 % issue, 8 % of DRAM
-// bandwidth). Same elements per lane, same order of every sum and operation: the same bits
-// (tests/gpu/test_cuda_backend.cu, CudaBackend.LayernormRegisterKernelsEqualLoopKernels).
+// The backward's rows of up to kLnRegGroups * 32 float4s (d <= 512) take a register-resident
+// kernel (v22): each lane loads all its float4s of dy, xhat and gamma at once and keeps g and
+// xhat in registers for both passes, instead of a loop that waits on one load per iteration. With
+// B = 2048 rows there are only ~16 warps per SM, too few to hide that latency (ncu: 10.3 -> 8.1 us
+// per layer). Same elements per lane, same order of every sum and operation: the same bits
+// (tests/gpu/test_layernorm_gpu.cu). The forward's register variant gave nothing (11.5 -> 11.4 us:
+// its dependent chain, not its loads, bounds it) and was removed.
 #include "kernels/layernorm.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -39,31 +40,6 @@ __device__ __forceinline__ void for_row(const float* xr, int64_t d, int lane, F 
   } else {
     for (int64_t j = lane; j < d; j += kWarp) f(j, xr[j]);
   }
-}
-
-// One float4 group v of the forward's output from its inputs q: xhat = R(R(x - mean) rstd) and
-// y = R(R(xhat gamma) + beta) (y = xhat without the affine parameters), both stored; returns y.
-__device__ __forceinline__ float4 ln_fwd_group(const float4& q, float mean, float rs, const float* gamma,
-                                               const float* beta, int64_t v, float* hr, float* yr, bool rb,
-                                               Rounding rm) {
-  float4 h, o;
-  h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
-  h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
-  h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
-  h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
-  if (gamma) {
-    const float4 g = reinterpret_cast<const float4*>(gamma)[v];
-    const float4 b = reinterpret_cast<const float4*>(beta)[v];
-    o.x = ln_affine(h.x, g.x, b.x, rb, rm);
-    o.y = ln_affine(h.y, g.y, b.y, rb, rm);
-    o.z = ln_affine(h.z, g.z, b.z, rb, rm);
-    o.w = ln_affine(h.w, g.w, b.w, rb, rm);
-  } else {
-    o = h;
-  }
-  reinterpret_cast<float4*>(hr)[v] = h;
-  reinterpret_cast<float4*>(yr)[v] = o;
-  return o;
 }
 
 // pq.out (VEC only; d % 32 == 0): y's MX quantization is written too (kernels/mx_produce.cuh).
@@ -96,9 +72,26 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     for (int64_t v0 = 0; v0 < d / 4; v0 += kWarp) {
       const int64_t v = v0 + lane;
       const bool active = v < d / 4;
-      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (active)
-        o = ln_fwd_group(reinterpret_cast<const float4*>(xr)[v], mean, rs, gamma, beta, v, hr, yr, rb, rm);
+      float4 h, o = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (active) {
+        const float4 q = reinterpret_cast<const float4*>(xr)[v];
+        h.x = ln_xhat(ln_center(q.x, mean, rb, rm), rs, rb, rm);
+        h.y = ln_xhat(ln_center(q.y, mean, rb, rm), rs, rb, rm);
+        h.z = ln_xhat(ln_center(q.z, mean, rb, rm), rs, rb, rm);
+        h.w = ln_xhat(ln_center(q.w, mean, rb, rm), rs, rb, rm);
+        if (gamma) {
+          const float4 g = reinterpret_cast<const float4*>(gamma)[v];
+          const float4 b = reinterpret_cast<const float4*>(beta)[v];
+          o.x = ln_affine(h.x, g.x, b.x, rb, rm);
+          o.y = ln_affine(h.y, g.y, b.y, rb, rm);
+          o.z = ln_affine(h.z, g.z, b.z, rb, rm);
+          o.w = ln_affine(h.w, g.w, b.w, rb, rm);
+        } else {
+          o = h;
+        }
+        reinterpret_cast<float4*>(hr)[v] = h;
+        reinterpret_cast<float4*>(yr)[v] = o;
+      }
       if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
     }
   } else {
@@ -175,70 +168,11 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
-// ---- register-resident kernels (d % 4 == 0, d / 4 <= G * 32, aligned) ----
-// Lane l owns the float4 groups l, l + 32, ..., l + 32 (G - 1) that are < d / 4, as for_row<true>
-// visits them, and every sum runs over them in that order, element x, y, z, w within a group.
+// ---- the register-resident backward (d % 4 == 0, d / 4 <= G * 32, aligned) ----
+// Lane l owns the float4 groups l, l + 32, ..., l + 32 (G - 1) that are < d / 4, as ln_bwd_kernel's
+// VEC loop visits them, and every sum runs over them in that order, element x, y, z, w within a group.
 
 constexpr int kLnRegGroups = 4;  // float4 groups per lane: d <= 512
-
-__device__ __forceinline__ void add_sum(double& s, const float4& v) {
-  s += static_cast<double>(v.x);
-  s += static_cast<double>(v.y);
-  s += static_cast<double>(v.z);
-  s += static_cast<double>(v.w);
-}
-
-template <int G, int kElem>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
-    ln_fwd_reg_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xhat, float* rstd,
-                      int64_t rows, int64_t d, float eps, bool rb, Rounding rm, ProducedQuant pq) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (row >= rows) return;  // whole warp
-  const int64_t nv = d / 4;
-  const float4* xr = reinterpret_cast<const float4*>(x + row * d);
-  float4 q[G];
-#pragma unroll
-  for (int k = 0; k < G; ++k) {
-    const int64_t v = lane + k * kWarp;
-    q[k] = v < nv ? xr[v] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  double sum = 0.0;
-#pragma unroll
-  for (int k = 0; k < G; ++k)
-    if (lane + k * kWarp < nv) add_sum(sum, q[k]);
-  sum = warp_sum(sum);
-  const float mean = ew_round(mean_from_sum(sum, d), rb, rm);
-  double sq = 0.0;
-  auto add_sq = [&](float v) {
-    const float xc = ln_center(v, mean, rb, rm);
-    sq += dot_term(xc, xc);
-  };
-#pragma unroll
-  for (int k = 0; k < G; ++k) {
-    if (lane + k * kWarp < nv) {
-      add_sq(q[k].x);
-      add_sq(q[k].y);
-      add_sq(q[k].z);
-      add_sq(q[k].w);
-    }
-  }
-  sq = warp_sum(sq);
-  const float var = ew_round(mean_from_sum(sq, d), rb, rm);
-  const float rs = ln_rstd(var, eps, rb, rm);
-  if (lane == 0) rstd[row] = rs;
-  float* yr = y + row * d;
-  float* hr = xhat + row * d;
-#pragma unroll
-  for (int k = 0; k < G; ++k) {
-    if (k * kWarp >= nv) break;  // warp-uniform, as ln_fwd_kernel's trip count
-    const int64_t v = lane + k * kWarp;
-    const bool active = v < nv;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (active) o = ln_fwd_group(q[k], mean, rs, gamma, beta, v, hr, yr, rb, rm);
-    if (pq.out) produce_quant4<kElem>(pq, o, row * d + 4 * v, active);
-  }
-}
 
 template <int G>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
@@ -309,21 +243,14 @@ bool layernorm_register_kernels_cover(int64_t d) { return d % 4 == 0 && d / 4 <=
 
 bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
                           float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
-                          const ProducedQuant* pq, LnKernel kernel) {
+                          const ProducedQuant* pq) {
   if (rows <= 0 || d <= 0) return false;
   const bool vec = d % 4 == 0 && aligned16(x) && aligned16(gamma) && aligned16(beta) && aligned16(y) &&
                    aligned16(xhat);
   const bool produce = vec && pq && pq->out && d % kProducedBlock == 0 &&
                        (reinterpret_cast<uintptr_t>(pq->out) & 7u) == 0;
   const ProducedQuant none{};
-  const bool reg = vec && kernel == LnKernel::automatic && layernorm_register_kernels_cover(d);
-  if (reg && produce && pq->elem == static_cast<Elem>(kProducedFolded))
-    ln_fwd_reg_kernel<kLnRegGroups, kProducedFolded><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
-        x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, *pq);
-  else if (reg)
-    ln_fwd_reg_kernel<kLnRegGroups, -1><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
-        x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, produce ? *pq : none);
-  else if (produce && pq->elem == static_cast<Elem>(kProducedFolded))
+  if (produce && pq->elem == static_cast<Elem>(kProducedFolded))
     ln_fwd_kernel<true, kProducedFolded><<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(
         x, gamma, beta, y, xhat, rstd, rows, d, eps, r.bf16, r.mode, *pq);
   else if (vec)

@@ -14,10 +14,10 @@
 
 namespace mxlab::cuda {
 
-// Which kernel: automatic picks the register-resident one for d <= 512 (layernorm.cu, v22);
-// loop forces the row loop (for tests: both must give the same bits).
+// Which backward kernel: automatic picks the register-resident one for d <= 512 (layernorm.cu,
+// v22); loop forces the row loop (for tests: both must give the same bits).
 enum class LnKernel { automatic, loop };
-// Whether automatic takes the register-resident kernels for rows of d (given d % 4 == 0 and
+// Whether automatic takes the register-resident backward for rows of d (given d % 4 == 0 and
 // 16-byte aligned pointers).
 bool layernorm_register_kernels_cover(int64_t d);
 
@@ -26,7 +26,7 @@ bool layernorm_register_kernels_cover(int64_t d);
 // Returns whether it did: only for d % 32 == 0 and 16-byte aligned x, gamma, beta, y, xhat.
 bool launch_layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xhat,
                           float* rstd, int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s,
-                          const ProducedQuant* pq = nullptr, LnKernel kernel = LnKernel::automatic);
+                          const ProducedQuant* pq = nullptr);
 
 // dx (rows, d); dgamma, dbeta (d) written (not accumulated), either may be null.
 // Scratch: layernorm_bwd_scratch_doubles(rows, d) doubles.
