@@ -375,13 +375,13 @@ class CudaBackend final : public Backend {
     }
     if (launch(want ? &pq : nullptr)) lanes_[cur_].gemm->hold(*q_out, rows, cols);
   }
-  void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) override {
+  void prequantize(const AheadOperand* ops, size_t n) override {
     ctx();
     if (!produce_on_ || n == 0) return;
     int64_t most = 0;
-    for (size_t i = 0; i < n; ++i) most = std::max(most, rows[i] * cols[i]);
+    for (size_t i = 0; i < n; ++i) most = std::max(most, ops[i].rows * ops[i].cols);
     if (!capturing_) reserve_gemm(most);
-    lanes_[cur_].gemm->prequantize(ops, rows, cols, static_cast<int>(n), &d_step_->step);
+    lanes_[cur_].gemm->prequantize(ops, static_cast<int>(n), &d_step_->step);
   }
   // Tests and benchmarks: producer-side quantization and prequantize() on/off (off: every GEMM
   // quantizes its operands itself), and how many GEMM operands were taken from producers or

@@ -132,13 +132,17 @@ bool same_operand(const GemmOperand& a, const GemmOperand& b) {
 }
 }  // namespace
 
+bool GemmRunner::quantizable_before(const GemmOperand& op, int64_t rows, int64_t cols) const {
+  return !verify_bf16_ && op.p && op.stats_slot < 0 && is_mx(op.q.fmt) && fast_rounding(op.q.rounding) &&
+         operand_path(op) == OperandPath::bf16_exact && rows > 0 && cols > 0;
+}
+
 bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq) {
   held_armed_ = false;  // the producer overwrites the tensor: whatever was held is stale
   for (Ahead& e : ahead_)
     if (e.op.p == op.p) e.armed = false;
-  if (verify_bf16_ || op.stats_slot >= 0 || !op.k_contiguous || !op.p || !is_mx(op.q.fmt) ||
-      op.q.block != kProducedBlock || !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact ||
-      rows <= 0 || cols <= 0 || cols % kProducedBlock != 0 || rows * cols > scratch_elems_)
+  if (!quantizable_before(op, rows, cols) || !op.k_contiguous || op.q.block != kProducedBlock ||
+      cols % kProducedBlock != 0 || rows * cols > scratch_elems_)
     return false;
   *pq = produced_quant(op.q, op.round_bf16_first, op.bf16_mode, reinterpret_cast<uint16_t*>(held()));
   return true;
@@ -168,22 +172,17 @@ const __nv_bfloat16* GemmRunner::take_produced(const GemmOperand& op, int64_t ro
   return nullptr;
 }
 
-int GemmRunner::prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, int n,
-                            const uint32_t* d_step) {
+int GemmRunner::prequantize(const AheadOperand* ops, int n, const uint32_t* d_step) {
   ahead_.clear();
-  if (verify_bf16_ || n <= 0) return 0;
   // What qualifies, and where each goes in the buffer (256-byte aligned slices).
   std::vector<size_t> offset;
   std::vector<int> which;
   size_t need = 0;
   for (int i = 0; i < n; ++i) {
-    const GemmOperand& op = ops[i];
-    if (!op.p || op.stats_slot >= 0 || rows[i] <= 0 || cols[i] <= 0 || !is_mx(op.q.fmt) ||
-        !fast_rounding(op.q.rounding) || operand_path(op) != OperandPath::bf16_exact)
-      continue;
+    if (!quantizable_before(ops[i].op, ops[i].rows, ops[i].cols)) continue;
     which.push_back(i);
     offset.push_back(need);
-    need += (static_cast<size_t>(rows[i] * cols[i]) + 127) / 128 * 128;
+    need += (static_cast<size_t>(ops[i].rows * ops[i].cols) + 127) / 128 * 128;
   }
   if (which.empty()) return 0;
   if (need > ahead_elems_) {
@@ -199,10 +198,10 @@ int GemmRunner::prequantize(const GemmOperand* ops, const int64_t* rows, const i
   std::vector<QuantLaunch> L;
   std::vector<__nv_bfloat16*> out;
   for (size_t j = 0; j < which.size(); ++j) {
-    const int i = which[j];
-    L.push_back(operand_launch(ops[i], rows[i], cols[i], d_step, nullptr));
+    const AheadOperand& a = ops[which[j]];
+    L.push_back(operand_launch(a.op, a.rows, a.cols, d_step, nullptr));
     out.push_back(ahead_buf_ + offset[j]);
-    ahead_.push_back(Ahead{ops[i], rows[i], cols[i], out.back(), true});
+    ahead_.push_back(Ahead{a.op, a.rows, a.cols, out.back(), true});
   }
   quantize_bf16_batch(L.data(), out.data(), static_cast<int>(L.size()), stream_);
   return static_cast<int>(ahead_.size());

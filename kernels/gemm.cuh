@@ -85,14 +85,14 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   bool produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq);
   // The producer has been launched with produce_target's *pq: the buffer now holds `op`.
   void hold(const GemmOperand& op, int64_t rows, int64_t cols);
-  // Operands quantized ahead (Backend::prequantize; issue 16, v24): every ops[i] (stored
-  // [rows[i] x cols[i]]) that takes the bf16 path with a deterministic rounding and no
+  // Operands quantized ahead (Backend::prequantize; issue 16, v24): every ops[i] that takes the
+  // bf16 path with a deterministic rounding and no
   // statistics slot is quantized now, all of them in as few launches as quantize_bf16_batch
   // allows, into the runner's ahead buffer, and taken once by the next run() whose operand
   // equals it and carries `prequantized`. Replaces what was kept ahead before. The buffer grows
   // here outside graph capture only; inside, operands that do not fit are left to their GEMMs.
   // Returns how many are kept.
-  int prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, int n, const uint32_t* d_step);
+  int prequantize(const AheadOperand* ops, int n, const uint32_t* d_step);
   // GEMM operands taken from the held buffer or the ahead buffer so far (tests and benchmarks).
   int64_t produced_hits() const { return produced_hits_; }
   // Reserve scratch for operands of up to max_operand_elems elements each, up front: no
@@ -107,6 +107,10 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
 
  private:
   void ensure_scratch(int64_t elems_per_operand);
+  // What a producer and prequantize() both require of an operand stored [rows x cols] that is
+  // quantized before its GEMM: the bf16 path, MX with a deterministic rounding, no statistics
+  // slot, the bytes check off.
+  bool quantizable_before(const GemmOperand& op, int64_t rows, int64_t cols) const;
   // The held buffer (producer-side quantization): scratch_elems_ bf16 values after the two
   // operand regions of scratch_.
   __nv_bfloat16* held() const { return reinterpret_cast<__nv_bfloat16*>(scratch_ + 2 * scratch_elems_); }

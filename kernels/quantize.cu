@@ -81,8 +81,8 @@ struct KParams {
 };
 
 // Up to kMaxQuantBatch tensors quantized by one launch of the contiguous or the strided tile
-// kernel (quantize_bf16_batch): blockIdx.y picks the tensor, grid.x covers the largest. A single
-// quantization is a batch of one. Passed as a __grid_constant__ parameter (read in place).
+// kernel (quantize_bf16_batch): blockIdx.y picks the tensor, and each tensor's CTAs stride
+// through it. A single quantization is a batch of one. Passed as a __grid_constant__ parameter (read in place).
 constexpr int kMaxQuantBatch = 8;
 struct KBatch {
   KParams p[kMaxQuantBatch];
@@ -716,7 +716,8 @@ void launch_strided(const KParams& p, unsigned grid, size_t smem, cudaStream_t s
 enum class MxPath : uint8_t { contiguous, tile, other };
 struct MxPlan {
   MxPath path = MxPath::other;
-  unsigned grid = 1;  // for contiguous / tile
+  unsigned grid = 1;    // for contiguous / tile
+  int ctas_per_sm = 1;  // the kernel's resident CTAs per SM (the cap of grid)
   bool vec = false, flat = false;
 };
 
@@ -732,12 +733,14 @@ MxPlan plan_mx(const QuantLaunch& L, const QuantSpec& q, const void* out, OutKin
     m.vec = L.cols % kVec == 0 && aligned(L.in, 16) && (!writes || aligned(out, out_align));
     m.flat = L.cols % k == 0;
     const int64_t units = L.rows * ((L.cols + k - 1) / k);
-    m.grid = grid_for(units, (kThreads / 32) * (32 / G), kContigMinCtas);
+    m.ctas_per_sm = kContigMinCtas;
+    m.grid = grid_for(units, (kThreads / 32) * (32 / G), m.ctas_per_sm);
   } else if (L.axis == Axis::strided && k == kTileBlock && L.cols % kTileCols == 0 && aligned(L.in, 16) &&
              (!writes || aligned(out, kind == OutKind::f32 ? 16 : 8))) {
     m.path = MxPath::tile;
     const int64_t witems = ((L.rows + k - 1) / k) * ((L.cols + kTileWarpCols - 1) / kTileWarpCols);
-    m.grid = grid_for(witems, kThreads / 32, kTileMinCtas);
+    m.ctas_per_sm = kTileMinCtas;
+    m.grid = grid_for(witems, kThreads / 32, m.ctas_per_sm);
   }
   return m;
 }
@@ -883,8 +886,7 @@ int quantize_bf16_batch(const QuantLaunch* Ls, __nv_bfloat16* const* outs, int n
     // CTA then strides through several units of its tensor, and the next unit's loads overlap the
     // current one's arithmetic. (grid.x = the largest tensor's own grid would oversubscribe the SMs
     // n times over, with about one unit per warp: measured 28 µs for 8 x 1 M elements.)
-    const int per_sm = items[a].m.path == MxPath::contiguous ? kContigMinCtas : kTileMinCtas;
-    const unsigned wave = static_cast<unsigned>(std::max(1, sm_count() * per_sm / count));
+    const unsigned wave = static_cast<unsigned>(std::max(1, sm_count() * items[a].m.ctas_per_sm / count));
     launch_tuned(items[a].m, b, count, std::min(grid, wave), items[a].elem, s);
     MXLAB_CUDA_LAUNCH_CHECK();
     ++launches;

@@ -67,6 +67,12 @@ struct GemmOperand {
   bool prequantized = false;
 };
 
+// A GEMM operand and its stored shape [rows x cols], handed to Backend::prequantize.
+struct AheadOperand {
+  GemmOperand op;
+  int64_t rows = 0, cols = 0;
+};
+
 // A dot-product style reduction over n floats, accumulated in double in a fixed order.
 struct Reduction {
   enum Kind : uint8_t { dot = 0, diff_sq };  // sum a*b ; sum (a-b)^2
@@ -146,15 +152,13 @@ class Backend {
   // may write the tensor in between. Results are bit-identical with and without
   // (kernels/gemm.cuh, "Producer-side quantization").
   //
-  // Operands quantized ahead (issue 16, v24): prequantize(ops, rows, cols, n) says that the
-  // next gemm() calls on this lane will read ops[i] (stored [rows[i] x cols[i]]; the step's
-  // weights, which nothing writes during a pass): the backend may quantize them all now, in
-  // one pass where it can, and let each such gemm() whose operand equals ops[i] and carries
+  // Operands quantized ahead (issue 16, v24): prequantize(ops, n) says that the next gemm()
+  // calls on this lane will read ops[i].op (stored [ops[i].rows x ops[i].cols]; a pass's weights,
+  // which nothing writes during the pass): the backend may quantize them all now, in one pass
+  // where it can, and let each such gemm() whose operand equals ops[i].op and carries
   // `prequantized` take its copy, once. Nothing may write those tensors before their gemm().
   // Replaces the previous call's operands. Bit-identical with and without; the CPU ignores it.
-  virtual void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) {
-    (void)ops, (void)rows, (void)cols, (void)n;
-  }
+  virtual void prequantize(const AheadOperand* ops, size_t n) { (void)ops, (void)n; }
 
   // ---- vector ops (all round their outputs per `r`) ----
   // Layernorm over the last axis of x[rows x d]: y = xhat * gamma + beta, with xhat =

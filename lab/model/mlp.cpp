@@ -489,19 +489,12 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   };
   const bool w1_ahead = s.norm != NormKind::mxnorm;
   {
-    std::vector<GemmOperand> w;
-    std::vector<int64_t> rows, cols;
+    std::vector<AheadOperand> ahead;
     for (int k = 0; k < s.depth; ++k) {
-      if (w1_ahead) {
-        w.push_back(w1_op(k));
-        rows.push_back(H1);
-        cols.push_back(d);
-      }
-      w.push_back(w2_op(k));
-      rows.push_back(d);
-      cols.push_back(H);
+      if (w1_ahead) ahead.push_back({w1_op(k), H1, d});
+      ahead.push_back({w2_op(k), d, H});
     }
-    be.prequantize(w.data(), rows.data(), cols.data(), w.size());
+    be.prequantize(ahead.data(), ahead.size());
   }
   // A0 = R(x)
   be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
@@ -514,7 +507,6 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
       A = ws.z[k];
     }
     const float* W1 = params + group(s, k, ParamGroup::w1).offset;
-    const float* W2 = params + group(s, k, ParamGroup::w2).offset;
     // The GEMM operands written by the op just before their GEMM (y by the norm, a by act_fwd)
     // are handed to that op as q_out: a backend may quantize them as it writes them
     // (producer-side quantization, lab/model/backend.h; bit-identical either way).
@@ -528,7 +520,8 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     // here, one pass over h fewer; kernels/PERF.md).
     GemmOperand w1 = ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w);
     w1.prequantized = w1_ahead;
-    MXLAB_ASSERT(!w1_ahead || w1.p == w1_op(k).p, "fc1 reads the weight handed to prequantize");
+    MXLAB_ASSERT(!w1_ahead || W1 == params + group(s, k, ParamGroup::w1).offset,
+                 "fc1 reads the weight handed to prequantize");
     be.gemm(B, H1, d, y_op, w1, ws.h[k], 0.0f, ElementwiseRound{});
     GemmOperand a_op =
         ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out));
@@ -599,19 +592,13 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   };
   auto y_op = [&](int k) { return ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x); };
   {
-    std::vector<GemmOperand> w;
-    std::vector<int64_t> rows, cols;
-    auto hand = [&](const GemmOperand& op, int64_t r, int64_t c) {
-      w.push_back(op);
-      rows.push_back(r);
-      cols.push_back(c);
-    };
+    std::vector<AheadOperand> ahead;
     for (int k = s.depth - 1; k >= 0; --k) {
-      hand(w2_op(k), d, H);
-      hand(w1_op(k), H1, d);
+      ahead.push_back({w2_op(k), d, H});
+      ahead.push_back({w1_op(k), H1, d});
     }
-    for (int k = s.depth - 1; k >= 0; --k) hand(y_op(k), B, d);
-    be.prequantize(w.data(), rows.data(), cols.data(), w.size());
+    for (int k = s.depth - 1; k >= 0; --k) ahead.push_back({y_op(k), B, d});
+    be.prequantize(ahead.data(), ahead.size());
   }
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);

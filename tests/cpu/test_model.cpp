@@ -448,9 +448,9 @@ class NaiveGemmBackend final : public Backend {
   }
   void col_sum(const float* x, float* o, int64_t r, int64_t d) override { in->col_sum(x, o, r, d); }
   int prequantize_calls = 0;
-  void prequantize(const GemmOperand* ops, const int64_t* rows, const int64_t* cols, size_t n) override {
+  void prequantize(const AheadOperand* ops, size_t n) override {
     ++prequantize_calls;
-    for (size_t i = 0; i < n; ++i) produced(ops[i].p, rows[i], cols[i], &ops[i]);
+    for (size_t i = 0; i < n; ++i) produced(ops[i].op.p, ops[i].rows, ops[i].cols, &ops[i].op);
   }
   void add(float* d, const float* a, const float* b, size_t n, const ElementwiseRound& R, const GemmOperand* q,
            int64_t qc) override {
