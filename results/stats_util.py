@@ -1,7 +1,13 @@
 """Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
 two-sided Fisher exact tests, exact McNemar tests of paired outcomes, the Poisson-binomial tail of an exchangeability test,
 the exact power of a Fisher comparison, Holm's step-down
-correction, and when a summarized trajectory counts as diverged. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree)."""
+correction, and when a summarized trajectory counts as diverged. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree).
+
+Loss-trajectory events, one definition each, twins of lab/train/summary.cpp (analysis/tests run
+`mxlab summarize --csv` and check both give the same numbers):
+  excursion_step   the primary event, known W steps after it happens (no look into the future);
+  spike_steps      first_spike_step / spike_count: the recurrent spike events;
+  tail_log_ratio   the paired continuous outcome of an arm against its FP32 reference."""
 import math
 
 Z95 = 1.959963984540054
@@ -99,3 +105,114 @@ def holm(pvalues):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted
+
+
+def _loss_value(x):
+    """A loss as the event rules read it: non-finite (NaN, +-inf) counts as +inf ("above")."""
+    x = float(x)
+    return x if math.isfinite(x) else math.inf
+
+
+def excursion_step(loss, factor=10.0, window=500, block=100, first_step=0):
+    """(event, step) of the excursion event of a loss trajectory whose loss[i] is that of step
+    first_step + i.
+
+    Block b covers steps [first_step + b*block, first_step + (b+1)*block); a trailing partial
+    block is not used. Its value is the minimum of its losses, non-finite losses counting as +inf.
+    The event happens at block b >= 1 when each of the window/block consecutive blocks
+    b, b+1, ... has a minimum above factor x the minimum of all blocks before b; it is reported
+    at b's first step t = first_step + b*block and is known at t + window, once those blocks are
+    complete. Nothing after t + window is read, so truncating the trajectory at any horizon
+    H >= t + window leaves the event unchanged.
+    A trajectory whose last loss is non-finite counts as non-finite from then on (the run stopped
+    there, or its parameters are no longer finite), so a blow-up near the end is an event.
+    Without an event: (False, censoring step) = (False, first_step + len(loss) - window), floored
+    at first_step. `window` must be a positive multiple of `block` (ValueError otherwise)."""
+    block, window = int(block), int(window)
+    if block < 1 or window < block or window % block:
+        raise ValueError(f"excursion window {window} must be a positive multiple of the block {block}")
+    if not factor > 0:
+        raise ValueError(f"excursion factor {factor} must be > 0")
+    vals = [_loss_value(x) for x in loss]
+    n = len(vals)
+    run = window // block
+    if n and vals[-1] == math.inf:
+        n_blocks = -(-n // block) + run  # absorbing: the partial block and `run` more blocks are +inf
+    else:
+        n_blocks = n // block
+    mins = [min(vals[b * block:(b + 1) * block], default=math.inf) for b in range(n_blocks)]
+    before = math.inf  # minimum of blocks 0 .. b-1
+    for b in range(n_blocks - run + 1):
+        if b >= 1 and all(m > factor * before for m in mins[b:b + run]):
+            return True, first_step + b * block
+        before = min(before, mins[b])
+    return False, first_step + max(len(vals) - window, 0)
+
+
+def spike_steps(loss, factor=100.0, first_step=0):
+    """The steps at which the loss spikes (lab/train/summary.cpp, the run's spike_count): step
+    first_step + i, i >= 1, is a spike when loss[i - 1] is finite and loss[i] > factor x loss[i - 1],
+    a non-finite loss[i] counting as +inf. first_spike_step is the first of them (-1 if none),
+    spike_count their number: the recurrent events of a trajectory."""
+    out = []
+    for i in range(1, len(loss)):
+        prev = float(loss[i - 1])
+        if math.isfinite(prev) and _loss_value(loss[i]) > factor * prev:
+            out.append(first_step + i)
+    return out
+
+
+def first_spike_step(loss, factor=100.0, first_step=0):
+    """First step of spike_steps, -1 when there is none."""
+    s = spike_steps(loss, factor, first_step)
+    return s[0] if s else -1
+
+
+def spike_count(loss, factor=100.0, first_step=0):
+    """Number of spike_steps."""
+    return len(spike_steps(loss, factor, first_step))
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    if n == 0:
+        return math.nan
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def tail_log_ratio(loss_arm, loss_ref, last=2000, first_arm=0, first_ref=0):
+    """Median over the last `last` steps both trajectories cover of log(loss_arm / loss_ref) at the
+    same step: the paired continuous outcome of an arm against its FP32 reference.
+    loss_arm[i] is the loss of step first_arm + i (loss_ref likewise). Non-finite losses count as
+    +inf (log ratio +inf, or -inf when only the reference's is; 0 when both are), and a trajectory
+    whose last loss is non-finite counts as non-finite from then on, up to the other's last step.
+    The median of an even count is the mean of the middle two. NaN when no step is shared."""
+    def span(loss, first):
+        n = len(loss)
+        absorbing = n > 0 and not math.isfinite(float(loss[-1]))
+        return first, first + n, absorbing
+
+    a0, a1, a_abs = span(loss_arm, first_arm)
+    r0, r1, r_abs = span(loss_ref, first_ref)
+    end = min(math.inf if a_abs else a1, math.inf if r_abs else r1)
+    if end == math.inf:
+        end = max(a1, r1)
+    begin = max(a0, r0, end - int(last))
+
+    def at(loss, first, step):
+        i = step - first
+        return _loss_value(loss[i]) if i < len(loss) else math.inf
+
+    ratios = []
+    for step in range(begin, end):
+        a, r = at(loss_arm, first_arm, step), at(loss_ref, first_ref, step)
+        if a == math.inf and r == math.inf:
+            ratios.append(0.0)
+        elif a == math.inf:
+            ratios.append(math.inf)
+        elif r == math.inf:
+            ratios.append(-math.inf)
+        else:
+            ratios.append(math.log(a / r))
+    return _median(ratios)
