@@ -47,7 +47,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import holm, outcome  # noqa: E402
+from stats_util import diverged_to_end, holm  # noqa: E402
 
 QUANTITIES = (("cross_ratio_sq_avg", "ζ² running average (Fig. 5)"),
               ("gamma_lastbin_max", "γ last-bin fraction, worst layer (Fig. 3)"))
@@ -98,7 +98,7 @@ def load(dirs, trajectory, sustained, event_kind="divergence", spike_factor=10.0
                 spike = first_spike(sorted(losses), spike_factor)
                 event, time = (True, spike) if spike is not None else (False, int(r["steps_run"]))
             else:
-                event, time = outcome(r, sustained)
+                event, time = diverged_to_end(r, sustained)
             subjects.append((r["run_id"], r["lr"], event, time, series))
     if not subjects:
         raise SystemExit(f"precursors: no trajectory named {trajectory!r} in {', '.join(dirs)}")

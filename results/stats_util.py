@@ -74,19 +74,27 @@ def fisher_power(p1, p2, n, alpha=0.05):
     return total
 
 
+def diverged_to_end_column(row):
+    """A `mxlab summarize --csv` row's diverged-to-end step: the column `diverged_to_end_step`,
+    or `divergence_step` in CSVs written before it was renamed (the committed results tables)."""
+    return row["diverged_to_end_step"] if "diverged_to_end_step" in row else row["divergence_step"]
+
+
 def diverged_at(row):
-    """The step at which a trajectory of a `mxlab summarize --csv` row counts as diverged, as the
-    run's status has it (lab/train/summary.h diverged_at): the earlier of divergence_step and
-    first_nonfinite_step that are >= 0; -1 when neither is."""
-    steps = [s for s in (int(row["divergence_step"]), int(row["first_nonfinite_step"])) if s >= 0]
+    """The step at which a trajectory of a `mxlab summarize --csv` row counts as diverged to the
+    end, as the run's status has it (lab/train/summary.h diverged_at): the earlier of its
+    diverged-to-end step and first_nonfinite_step that are >= 0; -1 when neither is."""
+    steps = [s for s in (int(diverged_to_end_column(row)), int(row["first_nonfinite_step"])) if s >= 0]
     return min(steps) if steps else -1
 
 
-def outcome(row, sustained=0):
-    """(diverged, step): the divergence step when the trajectory diverged for at least `sustained`
-    steps before its last, else (False, the step it is censored at: steps_run - sustained).
-    A trajectory's divergence step is the first step after which its loss stays above the
-    criterion until the last step, so "lasted W steps" is "diverged by steps_run - W"."""
+def diverged_to_end(row, sustained=0):
+    """(diverged, step) under the old rule, which looks into the future (the primary event is
+    excursion_step): the diverged-to-end step when the trajectory diverged for at least
+    `sustained` steps before its last, else (False, the step it is censored at: steps_run -
+    sustained). A trajectory's diverged-to-end step is the first step after which its loss stays
+    above the criterion until the last step, so "lasted W steps" is "diverged by steps_run - W":
+    whether and when it happens depends on the run's length."""
     d = diverged_at(row)
     cut = int(row["steps_run"]) - sustained
     if 0 <= d <= cut:
@@ -141,12 +149,23 @@ def excursion_step(loss, factor=10.0, window=500, block=100, first_step=0):
     else:
         n_blocks = n // block
     mins = [min(vals[b * block:(b + 1) * block], default=math.inf) for b in range(n_blocks)]
+    b = excursion_block(mins, factor, run)
+    if b >= 0:
+        return True, first_step + b * block
+    return False, first_step + max(n - window, 0)
+
+
+def excursion_block(block_mins, factor=10.0, run=5):
+    """The block rule of excursion_step on a list of block minima (+inf for a block without a
+    finite loss, as results/extract_loss_blocks.py's CSV gives them with `min` empty): the first
+    block b >= 1 such that block_mins[b], ..., block_mins[b + run - 1] all exceed factor x
+    min(block_mins[:b]); -1 when there is none."""
     before = math.inf  # minimum of blocks 0 .. b-1
-    for b in range(n_blocks - run + 1):
-        if b >= 1 and all(m > factor * before for m in mins[b:b + run]):
-            return True, first_step + b * block
-        before = min(before, mins[b])
-    return False, first_step + max(len(vals) - window, 0)
+    for b in range(len(block_mins) - run + 1):
+        if b >= 1 and all(m > factor * before for m in block_mins[b:b + run]):
+            return b
+        before = min(before, block_mins[b])
+    return -1
 
 
 def spike_steps(loss, factor=100.0, first_step=0):
@@ -174,11 +193,15 @@ def spike_count(loss, factor=100.0, first_step=0):
 
 
 def _median(xs):
+    """As lab/train/stats.cpp median: the mean of the middle two of an even count."""
     xs = sorted(xs)
     n = len(xs)
     if n == 0:
         return math.nan
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    if n % 2:
+        return xs[n // 2]
+    a, b = xs[n // 2 - 1], xs[n // 2]
+    return b if a == b else (a + b) / 2
 
 
 def tail_log_ratio(loss_arm, loss_ref, last=2000, first_arm=0, first_ref=0):
@@ -216,3 +239,114 @@ def tail_log_ratio(loss_arm, loss_ref, last=2000, first_arm=0, first_ref=0):
         else:
             ratios.append(math.log(a / r))
     return _median(ratios)
+
+
+def log_rank(a, b):
+    """(observed_a, expected_a, variance) of the log-rank test of two samples of (time, event)
+    observations, summed over the distinct event times in ascending order exactly as
+    lab/train/stats.cpp log_rank does (at risk at t: time >= t)."""
+    times = sorted({t for t, e in list(a) + list(b) if e})
+    o = e_a = v = 0.0
+    for t in times:
+        na = sum(1 for ti, _ in a if ti >= t)
+        da = sum(1 for ti, ei in a if ti == t and ei)
+        nb = sum(1 for ti, _ in b if ti >= t)
+        db = sum(1 for ti, ei in b if ti == t and ei)
+        n, d = float(na + nb), float(da + db)
+        fa = na / n
+        o += float(da)
+        e_a += d * fa
+        if n > 1:
+            v += d * fa * (1 - fa) * (n - d) / (n - 1)
+    return o, e_a, v
+
+
+PERMUTATION_MAX_EXACT = 1 << 16
+PERMUTATION_DRAWS = 10000
+PERMUTATION_SEED = 0x6d786c6162  # "mxlab"
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(state):
+    """One step of splitmix64: (new state, output), as lab/train/stats.cpp draws them."""
+    state = (state + 0x9e3779b97f4a7c15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def permutation_log_rank(strata, max_exact=PERMUTATION_MAX_EXACT, draws=PERMUTATION_DRAWS,
+                         seed=PERMUTATION_SEED):
+    """Stratified log-rank with a within-stratum label-permutation p, the twin of
+    lab/train/stats.cpp permutation_log_rank (`mxlab summarize --by ... --compare`).
+
+    strata: a list of strata, each a list of (time, event, in_a) subjects (a seed stratum: the
+    trajectories of one seed). Per stratum u = O_a - E_a and v its variance (log_rank over the
+    stratum alone); U = sum u, V = sum v, chi2 = U^2 / V. Under the null every choice of which
+    k_s of a stratum's n_s subjects carry label a is equally likely; p = P(|U*| >= |U|)
+    (relative tolerance 1e-9) over every labeling when there are at most max_exact, else
+    (1 + hits) / (1 + draws) from `draws` labelings drawn with splitmix64 seeded with `seed`
+    (each informative stratum in order: labeling index = output % its number of labelings, in
+    itertools.combinations order). Strata whose labelings all give the same u are left out.
+
+    Returns a dict: strata, u, variance, chi2, p_asymptotic, p, exact, labelings."""
+    from itertools import combinations
+    options, observed, variance = [], [], 0.0
+    for s in strata:
+        k = sum(1 for _, _, in_a in s if in_a)
+        if k == 0 or k == len(s):
+            continue
+        us, obs_index, obs_v = [], 0, 0.0
+        for c in combinations(range(len(s)), k):
+            chosen = set(c)
+            a = [(t, e) for i, (t, e, _) in enumerate(s) if i in chosen]
+            b = [(t, e) for i, (t, e, _) in enumerate(s) if i not in chosen]
+            o, e_a, v = log_rank(a, b)
+            if all((i in chosen) == bool(s[i][2]) for i in range(len(s))):
+                obs_index, obs_v = len(us), v
+            us.append(o - e_a)
+        if all(u == us[0] for u in us):
+            continue
+        options.append(us)
+        observed.append(obs_index)
+        variance += obs_v
+    out = {"strata": len(options), "u": 0.0, "variance": variance, "chi2": math.nan,
+           "p_asymptotic": math.nan, "p": math.nan, "exact": False, "labelings": 0}
+    if not options:
+        return out
+    u_obs = 0.0
+    for us, i in zip(options, observed):
+        u_obs += us[i]
+    out["u"] = u_obs
+    if variance > 0:
+        out["chi2"] = u_obs * u_obs / variance
+        out["p_asymptotic"] = math.erfc(math.sqrt(out["chi2"] / 2)) if out["chi2"] > 0 else 1.0
+    bar = abs(u_obs) * (1 - 1e-9)
+    total = 1
+    for us in options:
+        total = max_exact + 1 if total > max_exact // len(us) else total * len(us)
+    hits = 0
+    if total <= max_exact:
+        idx = [0] * len(options)
+        for _ in range(total):
+            u = 0.0
+            for us, i in zip(options, idx):
+                u += us[i]
+            hits += abs(u) >= bar
+            for j, us in enumerate(options):
+                idx[j] += 1
+                if idx[j] < len(us):
+                    break
+                idx[j] = 0
+        out.update(exact=True, labelings=total, p=hits / total)
+    else:
+        state = seed
+        for _ in range(draws):
+            u = 0.0
+            for us in options:
+                state, z = _splitmix64(state)
+                u += us[z % len(us)]
+            hits += abs(u) >= bar
+        out.update(labelings=draws, p=(1 + hits) / (1 + draws))
+    return out
