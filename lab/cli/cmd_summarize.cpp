@@ -4,7 +4,8 @@
 // DIR/index.csv.
 // `mxlab summarize DIR --by KEY[,KEY...] [--compare]`: the trajectories grouped by those keys,
 // with excursion and survival statistics per group and tests per pair (group_stats.h).
-// --excursion-factor/-window/-block: the excursion rule the events are read with (summary.h).
+// --excursion-factor/-window/-block: the excursion rule the events are read with (summary.h);
+// --tail-steps: the tail of tail_log_ratio.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -110,6 +111,10 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--excursion-block", ex.block, "excursion: steps per loss block (its minimum is its value)")
       ->capture_default_str();
+  c->add_option("--tail-steps", a->grouping.events.tail_steps,
+                "tail_log_ratio: median of log(loss / FP32 loss) over this many last shared steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   c->add_flag("--branches", a->grouping.branches, "with --by: also the intervention branches (arm = branch name)")
       ->needs(by);
   c->add_option("--degraded-factor", a->grouping.degraded_factor,
