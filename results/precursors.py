@@ -11,7 +11,7 @@ seen (issue 17, part M: `results/code_faithful_20k/series_*`).
 Design (a nested case-control on the risk set, stratified by learning rate):
   - Subjects: the trajectories named by --trajectory (default mx) in runs.csv of each series
     directory (results/extract_series.py). An event is a divergence that lasted at least
-    --sustained W steps (stats_util.outcome; default 500, the window §10 found the end-of-run
+    --sustained W steps (stats_util.diverged_to_end; default 500, the window §10 found the end-of-run
     effect gone by); other trajectories are censored at steps_run - W.
   - For each event at step D: the window [D - gap - length, D - gap) (--gap 500, --length 1000);
     the quantity's median over the window's logged steps, for the event's trajectory and for every

@@ -11,7 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "results"))
 
-from stats_util import excursion_step, first_spike_step, spike_count, spike_steps, tail_log_ratio  # noqa: E402
+from stats_util import (excursion_block, excursion_step, first_spike_step, log_rank, permutation_log_rank,  # noqa: E402
+                        spike_count, spike_steps, tail_log_ratio)
 
 
 def blocks(*mins, block=100):
@@ -152,3 +153,66 @@ def test_excursion_truncation_property(seed):
                     assert t > t_h  # censored at H - W: the event happens after it
         events += event
     assert events > 20  # the generator makes excursions
+
+
+def test_permutation_log_rank_hand_worked():
+    """The case of tests/cpu/test_stats.cpp PermutationLogRankHandWorkedPairs: per seed
+    (time, event, in_a); seeds 0, 1, 4 have u = +1/2, v = 1/4; seed 2 (both censored) and seed 3
+    (both events at one step) carry nothing. U = 3/2, chi2 = 3, 2 of the 8 labelings as extreme."""
+    pairs = [[(100, True, True), (500, False, False)], [(200, True, True), (300, True, False)],
+             [(500, False, True), (500, False, False)], [(250, True, True), (250, True, False)],
+             [(400, True, True), (500, False, False)]]
+    r = permutation_log_rank(pairs)
+    assert (r["strata"], r["u"], r["variance"], r["chi2"]) == (3, 1.5, 0.75, 3.0)
+    assert r["p_asymptotic"] == pytest.approx(math.erfc(math.sqrt(1.5)), rel=1e-15)
+    assert (r["exact"], r["labelings"], r["p"]) == (True, 8, 0.25)
+    flipped = pairs[:4] + [[(400, True, False), (500, False, True)]]
+    assert permutation_log_rank(flipped)["p"] == 1.0
+    none = permutation_log_rank(pairs[2:4])
+    assert none["strata"] == 0 and math.isnan(none["p"]) and math.isnan(none["chi2"])
+    # log_rank itself, seed 1: at 200 both at risk (E_a 1/2, V 1/4), at 300 only b.
+    assert log_rank([(200, True)], [(300, True)]) == (1.0, 0.5, 0.25)
+
+
+def test_permutation_log_rank_general_strata_and_draws():
+    """Strata of 2-4 subjects against a brute-force enumeration; the draws path against the
+    values lab/train/stats.cpp gives (tests/cpu/test_stats.cpp pins the same numbers)."""
+    def st(rows):
+        return [(t, bool(e), bool(a)) for t, e, a in rows]
+    strata = [st([(100, 1, 1), (200, 1, 0), (300, 0, 0)]), st([(150, 1, 0), (150, 1, 1), (400, 0, 1), (120, 1, 0)]),
+              st([(50, 1, 1), (60, 0, 0)]), st([(70, 1, 0), (80, 1, 1), (90, 1, 0)])]
+
+    def u_of(s, labels):
+        o, e, _ = log_rank([(t, ev) for (t, ev, _), a in zip(s, labels) if a],
+                           [(t, ev) for (t, ev, _), a in zip(s, labels) if not a])
+        return o - e
+
+    from itertools import product
+    per = []
+    for s in strata:
+        k = sum(a for _, _, a in s)
+        per.append([u_of(s, lab) for lab in product([False, True], repeat=len(s)) if sum(lab) == k])
+    u_obs = sum(u_of(s, [a for _, _, a in s]) for s in strata)
+    totals = [sum(c) for c in product(*per)]
+    want = sum(abs(u) >= abs(u_obs) - 1e-9 for u in totals) / len(totals)
+    r = permutation_log_rank(strata)
+    assert r["exact"] and r["labelings"] == len(totals) == 108
+    assert r["p"] == pytest.approx(want, abs=1e-15) and r["p"] == pytest.approx(84 / 108)
+    assert r["u"] == pytest.approx(u_obs, abs=1e-12)
+    d = permutation_log_rank(strata, max_exact=50, draws=20000)
+    assert not d["exact"] and d["labelings"] == 20000
+    assert d["p"] == 0.7712614369281536
+    assert abs(d["p"] - r["p"]) < 0.015
+    assert permutation_log_rank(strata, 50, 20000, seed=7)["p"] != d["p"]
+
+
+def test_excursion_block_on_block_minima():
+    """The block rule alone, as results/extract_loss_blocks.py's CSV gives the minima (+inf for
+    a block without a finite loss): the same event as excursion_step on the losses."""
+    assert excursion_block([1.0, 0.5, 6, 6, 6, 6, 6]) == 2
+    assert excursion_block([1.0, 0.5, 6, 6, 6, 6]) == -1
+    assert excursion_block([1.0, 0.5, 6, math.inf, 6, 6, 6]) == 2
+    # block 1 has no finite reference (block 0 has no finite loss); block 2 has block 1's
+    assert excursion_block([math.inf, 1.0, 100.0, 100.0], run=2) == 2
+    assert excursion_block([math.inf, math.inf, math.inf], run=1) == -1
+    assert excursion_block([1.0, 0.5, 4.0, 6, 6], factor=10.0, run=2) == 3

@@ -42,17 +42,19 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-// The seed stratum of a trajectory: its run's configuration without the --by keys and `name`
-// (and without `arms` when the arm is a key: runs that differ only in the arm pair up), plus
-// the trajectory's name when the arm is not a key. One run's arms share it, and so do the runs
-// of one seed that differ only in the --by keys. A run whose configuration could not be read
-// is a stratum of its own.
+// The seed stratum of a trajectory: its run's configuration without the --by keys and the keys
+// that do not change what is trained (`name`, `device`, `log.*`, `checkpoint_every`), and
+// without `arms` when the arm is a key (runs that differ only in the arm pair up); plus the
+// trajectory's name when the arm is not a key. One run's arms share it, and so do the runs of
+// one seed that differ only in the --by keys. A run whose configuration could not be read is a
+// stratum of its own.
 std::string stratum_of(const RunRecord& r, const GroupRecord& g, const std::vector<std::string>& keys) {
   if (r.config.empty()) return "run " + r.run_id + "\n" + g.h5_path;
   const bool by_arm = contains(keys, kArmKey);
   std::string s;
   for (const auto& [k, v] : r.config) {
-    if (k == "name" || contains(keys, k)) continue;
+    if (k == "name" || k == "device" || k == "checkpoint_every" || k.rfind("log.", 0) == 0 || contains(keys, k))
+      continue;
     if (by_arm && (k == "arms" || k.rfind("arms.", 0) == 0)) continue;
     s += k + "=" + v + "\n";
   }

@@ -382,4 +382,9 @@ TEST(Stats, PermutationLogRankGeneralStrataMatchNaiveEnumeration) {
   EXPECT_EQ(permutation_log_rank(strata, 50, 20000).p, d.p);
   EXPECT_NE(permutation_log_rank(strata, 50, 20000, 7).p, d.p);
   EXPECT_DOUBLE_EQ(d.u, r.u);
+  // The values results/stats_util.py permutation_log_rank gives (analysis/tests/test_events.py
+  // pins the same): exact 84/108, and the draws of the fixed seed, bit for bit.
+  EXPECT_EQ(r.labelings, 108);
+  EXPECT_DOUBLE_EQ(r.p, 84.0 / 108.0);
+  EXPECT_EQ(d.p, 0.7712614369281536);
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -61,12 +62,13 @@ std::vector<float> losses(const Traj& t) {
 
 // A run file with the root attributes and per-trajectory summary attributes of SCHEMA.md.
 void write_run(const std::string& dir, const std::string& id, const std::string& status, uint64_t seed, float lr,
-               const std::vector<Traj>& trajs) {
+               const std::vector<Traj>& trajs, const std::function<void(RunConfig&)>& tweak = nullptr) {
   RunConfig c;
   c.name = "by";
   c.seed = seed;
   c.steps = static_cast<int>(kSteps);
   c.optimizer.lr = lr;
+  if (tweak) tweak(c);
   h5::H5File f(dir + "/" + id + ".h5", h5::H5File::Mode::create);
   f.set_attr("/", "schema_version", int64_t{1});
   f.set_attr("/", "run_id", id);
@@ -324,6 +326,51 @@ TEST(SummarizeBy, NoFp32TrajectoryGivesUnknownRatioNotAnError) {
   EXPECT_NEAR(std::stod(row[9]), 0.05407343, 1e-8);
   EXPECT_NEAR(std::stod(row[10]), 0.94520639, 1e-8);
   EXPECT_EQ(std::vector<std::string>(row.begin() + 11, row.end()), (std::vector<std::string>{"1", "0", "0", "", ""}));
+}
+
+// Runs of one seed that differ only in their arm (one arm each) and in what does not change the
+// training (name, log.*) pair up by seed; the FP32 trajectories of two runs of a seed make a
+// stratum of three with one arm: no McNemar pair, but a stratum of the permutation log-rank.
+TEST(SummarizeBy, SeedStrataPairRunsThatDifferOnlyInTheArm) {
+  TempDir dir;
+  for (uint64_t s = 0; s < 3; ++s) {
+    Traj ta = healthy("ta");
+    if (s == 0) ta = diverged("ta", 480);
+    if (s == 1) ta = diverged("ta", 870);
+    write_run(dir.str(), "x" + std::to_string(s), "diverged", s, 5e-4f, {fp32(), ta},
+              [](RunConfig& c) { c.arms = {ArmConfig{"ta", {}, {}}}; });
+    write_run(dir.str(), "y" + std::to_string(s), "complete", s, 5e-4f, {fp32(), healthy("ne")}, [](RunConfig& c) {
+      c.arms = {ArmConfig{"ne", {}, {}}};
+      c.name = "other";
+      c.log.flush_every = 7;
+    });
+  }
+  // Another seed's run does not pair, nor does a run with another learning rate.
+  write_run(dir.str(), "z", "complete", 9, 5e-4f, {fp32(), healthy("ne")},
+            [](RunConfig& c) { c.arms = {ArmConfig{"ne", {}, {}}}; });
+  write_run(dir.str(), "w", "complete", 0, 3e-4f, {fp32(), healthy("ne")},
+            [](RunConfig& c) { c.arms = {ArmConfig{"ne", {}, {}}}; });
+  const GroupedOutcomes g = group_outcomes(scan(dir.str()), {{"arm"}});
+  ASSERT_EQ(g.groups.size(), 3u);  // fp32, ne, ta
+  const OutcomePair& ne_ta = g.pairs[2];
+  ASSERT_EQ(g.groups[ne_ta.a].values[0] + g.groups[ne_ta.b].values[0], "neta");
+  EXPECT_EQ(ne_ta.paired_n, 3);
+  EXPECT_EQ(ne_ta.only_b, 2);
+  // Seeds 0, 1: ta's excursion first, u = -1/2 each; seed 2 carries nothing. U = -1; of the 4
+  // labelings 2 are as extreme.
+  EXPECT_EQ(ne_ta.permutation.strata, 2);
+  EXPECT_DOUBLE_EQ(ne_ta.permutation.u, -1.0);
+  EXPECT_DOUBLE_EQ(ne_ta.permutation.p, 0.5);
+  const OutcomePair& fp32_ta = g.pairs[1];
+  ASSERT_EQ(g.groups[fp32_ta.b].values[0], "ta");
+  EXPECT_EQ(fp32_ta.paired_n, 0);  // two FP32 trajectories per seed
+  // Seeds 0, 1: ta's excursion comes first among three at risk, the two FP32 (label a) at risk
+  // with it: u = 0 - 2/3 each, U = -4/3. A stratum's 3 labelings give u = -2/3 once, +1/3 twice
+  // (ta labelled a): of the 9, only (-2/3, -2/3) is as extreme.
+  EXPECT_EQ(fp32_ta.permutation.strata, 2);
+  EXPECT_NEAR(fp32_ta.permutation.u, -4.0 / 3.0, 1e-15);
+  EXPECT_EQ(fp32_ta.permutation.labelings, 9);
+  EXPECT_NEAR(fp32_ta.permutation.p, 1.0 / 9.0, 1e-15);
 }
 
 TEST(SummarizeBy, BranchesWithTheFlagOnly) {

@@ -663,3 +663,35 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
             (std::vector<std::string>{"run_id", "group", "at", "seed", "model.depth", "optimizer.lr", "status"}));
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), static_cast<long>(3 * kSweepRuns + 1)) << text;
 }
+
+// The report's columns: the earliest excursion over the MX arms beside the earliest divergence
+// to the end, each with the arm it happened in when that is not `mx`.
+TEST(SweepReport, ExcursionAndDivergedToEndColumns) {
+  SweepResult result;
+  SweepRunResult a;
+  a.index = 0;
+  a.run_id = "r0";
+  a.status = "complete";
+  a.excursion_step = 1200;
+  a.excursion_arm = "floor_away";
+  SweepRunResult b;
+  b.index = 1;
+  b.run_id = "r1";
+  b.status = "diverged";
+  b.divergence_step = 19950;
+  b.divergence_arm = "mx";
+  result.runs = {a, b};
+  const std::string report = format_sweep_report(result);
+  std::istringstream lines(report);
+  std::string header, row0, row1;
+  std::getline(lines, header);
+  std::getline(lines, row0);
+  std::getline(lines, row1);
+  auto words = [](const std::string& s) {
+    std::istringstream in(s);
+    return std::vector<std::string>{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+  };
+  EXPECT_EQ(words(header), (std::vector<std::string>{"index", "run_id", "status", "excursion_step", "diverged_to_end_step", "note"}));
+  EXPECT_EQ(words(row0), (std::vector<std::string>{"0", "r0", "complete", "1200", "-", "first", "excursion:", "arm", "floor_away"}));
+  EXPECT_EQ(words(row1), (std::vector<std::string>{"1", "r1", "diverged", "-", "19950"}));
+}
