@@ -1,7 +1,10 @@
 """Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
 two-sided Fisher exact tests, exact McNemar tests of paired outcomes, the Poisson-binomial tail of an exchangeability test,
 the exact power of a Fisher comparison, Holm's step-down
-correction, and when a summarized trajectory counts as diverged. The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree).
+correction, when a summarized trajectory counts as diverged to the end (the old rule, which looks
+into the future), the log-rank test and its seed-stratified form with a within-stratum
+label-permutation p (permutation_log_rank, the primary paired test of `mxlab summarize --compare`).
+The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree).
 
 Loss-trajectory events, one definition each, twins of lab/train/summary.cpp (analysis/tests run
 `mxlab summarize --csv` and check both give the same numbers):
