@@ -11,7 +11,7 @@ seen (issue 17, part M: `results/code_faithful_20k/series_*`).
 Design (a nested case-control on the risk set, stratified by learning rate):
   - Subjects: the trajectories named by --trajectory (default mx) in runs.csv of each series
     directory (results/extract_series.py). An event is a divergence that lasted at least
-    --sustained W steps (stats_util.outcome; default 500, the window §10 found the end-of-run
+    --sustained W steps (stats_util.diverged_to_end; default 500, the window §10 found the end-of-run
     effect gone by); other trajectories are censored at steps_run - W.
   - For each event at step D: the window [D - gap - length, D - gap) (--gap 500, --length 1000);
     the quantity's median over the window's logged steps, for the event's trajectory and for every
@@ -47,7 +47,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import holm, outcome  # noqa: E402
+from stats_util import diverged_to_end, holm  # noqa: E402
 
 QUANTITIES = (("cross_ratio_sq_avg", "ζ² running average (Fig. 5)"),
               ("gamma_lastbin_max", "γ last-bin fraction, worst layer (Fig. 3)"))
@@ -98,7 +98,7 @@ def load(dirs, trajectory, sustained, event_kind="divergence", spike_factor=10.0
                 spike = first_spike(sorted(losses), spike_factor)
                 event, time = (True, spike) if spike is not None else (False, int(r["steps_run"]))
             else:
-                event, time = outcome(r, sustained)
+                event, time = diverged_to_end(r, sustained)
             subjects.append((r["run_id"], r["lr"], event, time, series))
     if not subjects:
         raise SystemExit(f"precursors: no trajectory named {trajectory!r} in {', '.join(dirs)}")

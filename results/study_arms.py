@@ -46,7 +46,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stats_util import fisher_two_sided, holm, mcnemar_exact, outcome, poisson_binomial_cdf, wilson  # noqa: E402
+from stats_util import (diverged_to_end, diverged_to_end_column, fisher_two_sided, holm, mcnemar_exact,  # noqa: E402
+                        poisson_binomial_cdf, wilson)
 
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "analysis"))
 
@@ -83,8 +84,8 @@ def load_all(directory, prefix=PREFIX):
                 rid, group = row["run_id"], row["group"]
                 prev = runs.setdefault(rid, {}).get(group)
                 if prev is not None and (prev["status"] in FINISHED and row["status"] in FINISHED and
-                                         (prev["divergence_step"], prev["final_loss"]) !=
-                                         (row["divergence_step"], row["final_loss"])):
+                                         (diverged_to_end_column(prev), prev["final_loss"]) !=
+                                         (diverged_to_end_column(row), row["final_loss"])):
                     raise SystemExit(f"study_arms: run {rid} {group} differs between shards ({path})")
                 if prev is None or row["status"] in FINISHED:
                     runs[rid][group] = row
@@ -94,7 +95,7 @@ def load_all(directory, prefix=PREFIX):
 def per_arm(runs, sustained=0):
     """{arm: {'n', 'div', 'deg', 'steps', 'seeds_div', 'seed': {seed: (diverged, degraded)}}} over
     the finished runs; 'seed' pairs the arms' outcomes by seed (same initial weights and batches).
-    Diverged: for at least `sustained` steps (outcome)."""
+    Diverged: for at least `sustained` steps (diverged_to_end)."""
     out = {}
     for rid, groups in sorted(runs.items(), key=lambda kv: int(kv[1]["fp32"]["seed"])):
         fmin = float(groups["fp32"]["min_loss"])
@@ -103,7 +104,7 @@ def per_arm(runs, sustained=0):
                                      "horizon": 0})
             a["n"] += 1
             a["horizon"] = max(a["horizon"], int(row["steps_run"]))
-            div, d = outcome(row, sustained)
+            div, d = diverged_to_end(row, sustained)
             deg = float(row["final_loss"]) > DEGRADED_FACTOR * fmin
             if div:
                 a["div"] += 1
@@ -230,11 +231,11 @@ def tables(stats, reference=REFERENCE):
 def subjects(runs, sustained=0):
     """{arm: (times, events)} over every trajectory of `runs` (finished or not): the event is its
     divergence (stats_util.diverged_at) lasting `sustained` steps, else it is censored at
-    steps_run - sustained (outcome)."""
+    steps_run - sustained (diverged_to_end)."""
     out = {}
     for groups in runs.values():
         for arm, row in groups.items():
-            e, step = outcome(row, sustained)
+            e, step = diverged_to_end(row, sustained)
             t, ev = out.setdefault(arm, ([], []))
             t.append(step)
             ev.append(e)

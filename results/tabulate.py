@@ -47,7 +47,8 @@ def read(name):
 
 
 def _step(row):
-    return int(row["divergence_step"]) if row["divergence_step"] not in ("", None) else NO_STEP
+    step = row.get("diverged_to_end_step", row.get("divergence_step"))
+    return int(step) if step not in ("", None) else NO_STEP
 
 
 def pairs(files, where):

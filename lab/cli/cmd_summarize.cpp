@@ -1,8 +1,11 @@
 // `mxlab summarize DIR [--csv]`: one row per run and branch of a results directory (status,
-// divergence, spikes, losses, bias, last-bin; the keys that differ between runs as columns),
-// the C++ twin of `python -m mxlab_analysis summary`. Also rebuilds DIR/index.csv.
+// events, divergence to the end, spikes, losses, bias, last-bin; the keys that differ between
+// runs as columns), the C++ twin of `python -m mxlab_analysis summary`. Also rebuilds
+// DIR/index.csv.
 // `mxlab summarize DIR --by KEY[,KEY...] [--compare]`: the trajectories grouped by those keys,
-// with divergence and survival statistics per group and tests per pair (group_stats.h).
+// with excursion and survival statistics per group and tests per pair (group_stats.h).
+// --excursion-factor/-window/-block: the excursion rule the events are read with (summary.h);
+// --tail-steps: the tail of tail_log_ratio.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,6 +15,7 @@
 #include "lab/core/error.h"
 #include "lab/train/group_stats.h"
 #include "lab/train/index.h"
+#include "lab/train/run_events.h"
 #include "lab/train/summary_table.h"
 
 namespace mxlab::cli {
@@ -54,6 +58,8 @@ std::string grouped(const std::vector<RunRecord>& runs, const Args& a) {
 }
 
 int do_summarize(const Args& a) {
+  const std::string problem = excursion_rule_problem(a.grouping.events.excursion);
+  if (!problem.empty()) throw Error("--excursion-factor/--excursion-window/--excursion-block: " + problem);
   // Read without HDF5's file lock, as the Python side does: a run in progress holds its file
   // open for writing, and a locked open would refuse to read it. This process writes no HDF5.
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);
@@ -70,6 +76,7 @@ int do_summarize(const Args& a) {
     }
   }
   if (runs.empty()) throw Error(msg(a.dir, ": no .h5 run files in this directory (give the --out directory of mxlab run)"));
+  read_events(runs, a.grouping.events);
   const std::string table = !a.by_given ? summary_table(runs, a.csv) : grouped(runs, a);
   std::fwrite(table.data(), 1, table.size(), stdout);
   std::fflush(stdout);
@@ -86,14 +93,28 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   CLI::Option* by =
       c->add_option("--by", a->by,
                     "group the trajectories of the finished runs by these keys (comma-separated: arm = the "
-                    "trajectory's name, or configuration keys such as optimizer.lr): per group n, diverged with a "
-                    "Wilson 95% interval, degraded, median divergence step and final-loss ratio to FP32, Kaplan-Meier "
-                    "survival of steps to divergence (lab/train/README.md)")
+                    "trajectory's name, or configuration keys such as optimizer.lr): per group n, excursions with a "
+                    "Wilson 95% interval, median excursion step and Kaplan-Meier survival of steps to excursion, "
+                    "diverged to the end, degraded, final-loss and tail log-ratio to FP32 (lab/train/README.md)")
           ->type_name("KEY[,KEY...]");
   c->add_flag("--compare", a->compare,
-              "with --by: a second table, every pair of groups: Fisher's exact test of the diverged counts, "
-              "log-rank test of steps to divergence, exact McNemar test over the runs both share (arms paired by seed)")
+              "with --by: a second table, every pair of groups: Fisher's exact test of the excursion counts, "
+              "log-rank test of steps to excursion, paired by seed: exact McNemar test and the stratified log-rank "
+              "with its within-seed label-permutation p")
       ->needs(by);
+  ExcursionRule& ex = a->grouping.events.excursion;
+  c->add_option("--excursion-factor", ex.factor,
+                "excursion: a loss block's minimum above this x the minimum of the blocks before (lab/train/README.md)")
+      ->capture_default_str();
+  c->add_option("--excursion-window", ex.window,
+                "excursion: for this many steps (a multiple of --excursion-block); known this many steps after it")
+      ->capture_default_str();
+  c->add_option("--excursion-block", ex.block, "excursion: steps per loss block (its minimum is its value)")
+      ->capture_default_str();
+  c->add_option("--tail-steps", a->grouping.events.tail_steps,
+                "tail_log_ratio: median of log(loss / FP32 loss) over this many last shared steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   c->add_flag("--branches", a->grouping.branches, "with --by: also the intervention branches (arm = branch name)")
       ->needs(by);
   c->add_option("--degraded-factor", a->grouping.degraded_factor,

@@ -210,10 +210,13 @@ std::string peek(const std::string& path, const std::string& attr) {
 }
 
 // Earliest divergence over the MX arms recorded in a finished file, counted as the run's status
-// counts it (diverged_at); ties go to the arm listed first: (step, arm); (-1, "") if none.
-std::pair<int64_t, std::string> recorded_divergence(const std::string& path) {
+// counts it (diverged_at); ties go to the arm listed first: (step, arm); (-1, "") if none. The
+// same for the excursion (its `excursion_step` attribute; files written before it have none).
+std::pair<int64_t, std::string> recorded_divergence(const std::string& path,
+                                                    std::pair<int64_t, std::string>* excursion) {
   std::lock_guard<std::mutex> g(hdf5_mutex());
   std::pair<int64_t, std::string> best{-1, ""};
+  *excursion = {-1, ""};
   try {
     h5::H5File f(path, h5::H5File::Mode::read);
     std::vector<std::string> arms{"mx"};
@@ -227,6 +230,8 @@ std::pair<int64_t, std::string> recorded_divergence(const std::string& path) {
       const int64_t d = diverged_at(f.get_attr_int64(grp, "divergence_step"),
                                     f.has_attr(grp, "first_nonfinite_step") ? f.get_attr_int64(grp, "first_nonfinite_step") : -1);
       if (d >= 0 && (best.first < 0 || d < best.first)) best = {d, arm};
+      const int64_t x = f.has_attr(grp, "excursion_step") ? f.get_attr_int64(grp, "excursion_step") : -1;
+      if (x >= 0 && (excursion->first < 0 || x < excursion->first)) *excursion = {x, arm};
     }
   } catch (const Error&) {
   }
@@ -354,7 +359,9 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
       out.status = "skipped";
-      std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path);
+      std::pair<int64_t, std::string> excursion;
+      std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
+      std::tie(out.excursion_step, out.excursion_arm) = excursion;
       return out;
     }
   }
@@ -475,10 +482,15 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     out.steps_run = trainer.step() - first;
     // The earliest divergence over the arms (a non-finite loss counts at its step).
     for (size_t a = 1; a <= trainer.num_arms(); ++a) {
-      const int64_t d = diverged_at(trainer.summary(a));
+      const LossSummary s = trainer.summary(a);
+      const int64_t d = diverged_at(s);
       if (d >= 0 && (out.divergence_step < 0 || d < out.divergence_step)) {
         out.divergence_step = d;
         out.divergence_arm = trainer.trajectory(a).name;
+      }
+      if (s.excursion.event && (out.excursion_step < 0 || s.excursion.step < out.excursion_step)) {
+        out.excursion_step = s.excursion.step;
+        out.excursion_arm = trainer.trajectory(a).name;
       }
     }
   } catch (const std::exception& e) {

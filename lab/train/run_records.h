@@ -26,6 +26,14 @@ struct GroupRecord {
   double final_loss = 0.0, min_loss = 0.0;  // NaN when no finite loss
   double max_bias_ratio = 0.0;              // NaN for fp32 or when never logged
   double max_gamma_lastbin = 0.0;           // NaN when not logged
+  // The events of lab/train/summary.h, from the per-step losses (loss_all) by read_events
+  // (run_events.h) under the rules it is given; has_events is false until then, or when the
+  // file holds no per-step losses for the group (a run killed before it ended).
+  bool has_events = false;
+  bool excursion = false;
+  int64_t excursion_step = -1;    // the event's step, or the step it is censored at when !excursion
+  int64_t first_spike_step = -1;  // spike_count's first step, -1 when none
+  double tail_log_ratio = 0.0;    // against the run's FP32 trajectory; NaN for it or when unknown
   // "file": the loss summaries are the group's attributes (written when the run ended);
   // "computed": recomputed from loss_all (or the logged losses) of a run that did not end.
   // max_bias_ratio and max_gamma_lastbin are always the maxima of their datasets.

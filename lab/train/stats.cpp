@@ -157,4 +157,112 @@ LogRank log_rank(const std::vector<SurvivalObs>& a, const std::vector<SurvivalOb
   return r;
 }
 
+namespace {
+
+// splitmix64 (Steele, Lea & Flood 2014): a small generator that Python reproduces exactly.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+};
+
+// Every choice of k indices of n, in lexicographic order.
+std::vector<std::vector<size_t>> combinations(size_t n, size_t k) {
+  std::vector<std::vector<size_t>> out;
+  std::vector<size_t> c(k);
+  for (size_t i = 0; i < k; ++i) c[i] = i;
+  while (true) {
+    out.push_back(c);
+    size_t i = k;
+    while (i > 0 && c[i - 1] == n - k + i - 1) --i;
+    if (i == 0) return out;
+    ++c[i - 1];
+    for (size_t j = i; j < k; ++j) c[j] = c[j - 1] + 1;
+  }
+}
+
+}  // namespace
+
+PermutationLogRank permutation_log_rank(const std::vector<std::vector<LabelledObs>>& strata, int64_t max_exact,
+                                        int64_t draws, uint64_t seed) {
+  PermutationLogRank r;
+  std::vector<std::vector<double>> options;  // per informative stratum: u of each labeling
+  std::vector<size_t> observed;              // the index of the observed labeling
+  for (const auto& s : strata) {
+    size_t k = 0;
+    for (const LabelledObs& o : s) k += o.in_a ? 1 : 0;
+    if (k == 0 || k == s.size()) continue;
+    std::vector<double> us;
+    size_t obs_index = 0;
+    double obs_v = 0;
+    for (const std::vector<size_t>& c : combinations(s.size(), k)) {
+      std::vector<bool> in_a(s.size(), false);
+      for (size_t i : c) in_a[i] = true;
+      std::vector<SurvivalObs> a, b;
+      bool is_observed = true;
+      for (size_t i = 0; i < s.size(); ++i) {
+        (in_a[i] ? a : b).push_back(s[i].obs);
+        is_observed = is_observed && in_a[i] == s[i].in_a;
+      }
+      const LogRank lr = log_rank(a, b);
+      if (is_observed) {
+        obs_index = us.size();
+        obs_v = lr.variance;
+      }
+      us.push_back(lr.observed_a - lr.expected_a);
+    }
+    if (std::all_of(us.begin(), us.end(), [&](double u) { return u == us[0]; })) continue;
+    options.push_back(std::move(us));
+    observed.push_back(obs_index);
+    r.variance += obs_v;
+  }
+  r.strata = static_cast<int64_t>(options.size());
+  if (options.empty()) {
+    r.u = 0;
+    r.chi2 = r.p_asymptotic = r.p = kNaN;
+    return r;
+  }
+  for (size_t i = 0; i < options.size(); ++i) r.u += options[i][observed[i]];
+  r.chi2 = r.variance > 0 ? r.u * r.u / r.variance : kNaN;
+  r.p_asymptotic = chi2_1df_sf(r.chi2);
+  const double bar = std::fabs(r.u) * (1 - 1e-9);
+  // The number of labelings, capped (saturating) just above max_exact.
+  int64_t total = 1;
+  for (const auto& o : options) {
+    const int64_t n = static_cast<int64_t>(o.size());
+    total = total > max_exact / n ? max_exact + 1 : total * n;
+  }
+  int64_t hits = 0;
+  if (total <= max_exact) {
+    std::vector<size_t> idx(options.size(), 0);
+    for (int64_t it = 0; it < total; ++it) {
+      double u = 0;
+      for (size_t i = 0; i < options.size(); ++i) u += options[i][idx[i]];
+      hits += std::fabs(u) >= bar ? 1 : 0;
+      for (size_t i = 0; i < options.size(); ++i) {  // next labeling (mixed radix)
+        if (++idx[i] < options[i].size()) break;
+        idx[i] = 0;
+      }
+    }
+    r.exact = true;
+    r.labelings = total;
+    r.p = static_cast<double>(hits) / static_cast<double>(total);
+  } else {
+    MXLAB_ASSERT(draws > 0);
+    SplitMix64 rng{seed};
+    for (int64_t it = 0; it < draws; ++it) {
+      double u = 0;
+      for (const auto& o : options) u += o[static_cast<size_t>(rng.next() % o.size())];
+      hits += std::fabs(u) >= bar ? 1 : 0;
+    }
+    r.labelings = draws;
+    r.p = static_cast<double>(1 + hits) / static_cast<double>(1 + draws);
+  }
+  return r;
+}
+
 }  // namespace mxlab

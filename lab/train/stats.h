@@ -82,4 +82,40 @@ struct LogRank {
 };
 LogRank log_rank(const std::vector<SurvivalObs>& a, const std::vector<SurvivalObs>& b);
 
+// One subject of a stratified two-sample comparison: its time to event, and its label (sample a
+// or b).
+struct LabelledObs {
+  SurvivalObs obs;
+  bool in_a = false;
+};
+
+// The stratified log-rank test with a within-stratum label-permutation p-value (a paired
+// design: one stratum per seed, holding the trajectories that share its initial weights and
+// batches). Per stratum s, u_s = O_a - E_a and v_s the hypergeometric variance of log_rank over
+// the stratum's subjects alone; U = sum u_s, V = sum v_s, chi2 = U^2 / V (1 df, asymptotic p).
+// The permutation null keeps every stratum's subjects and its number of a labels and permutes
+// which subjects carry them: every labeling of a stratum (its C(n_s, k_s) choices of the a
+// subjects, in lexicographic order of their indices) is equally likely, independently across
+// strata. p = P(|U*| >= |U|) (up to a relative 1e-9, so that ties in exact arithmetic count)
+// over the product of the strata's labelings: enumerated exactly when there are at most
+// max_exact of them, else estimated from `draws` random labelings, (1 + #{|U*| >= |U|}) /
+// (1 + draws), each stratum's labeling drawn as splitmix64() % C(n_s, k_s) from a generator
+// seeded with `seed` (results/stats_util.py permutation_log_rank draws the same ones).
+// Strata where every labeling gives the same u (no event, or one label only) are left out: they
+// change no U. p and chi2 are NaN when no stratum is left.
+constexpr int64_t kPermutationMaxExact = int64_t{1} << 16;
+constexpr int64_t kPermutationDraws = 10000;
+constexpr uint64_t kPermutationSeed = 0x6d786c6162ULL;  // "mxlab"
+struct PermutationLogRank {
+  int64_t strata = 0;       // informative strata
+  double u = 0, variance = 0;
+  double chi2 = 0, p_asymptotic = 0;
+  double p = 0;             // permutation p
+  bool exact = false;       // p from every labeling (else from `labelings` random ones)
+  int64_t labelings = 0;    // labelings counted
+};
+PermutationLogRank permutation_log_rank(const std::vector<std::vector<LabelledObs>>& strata,
+                                        int64_t max_exact = kPermutationMaxExact, int64_t draws = kPermutationDraws,
+                                        uint64_t seed = kPermutationSeed);
+
 }  // namespace mxlab

@@ -200,6 +200,10 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     else if (r.status == "interrupted") detail = msg("stopped at step ", stopped_at, ", checkpoint saved");
     else if (r.status == "failed") detail = "error: " + r.error;
     else if (r.status == "busy") detail = "being run by another process (" + r.error + ")";
+    if (r.excursion_step >= 0 && (r.status == "complete" || r.status == "diverged")) {
+      detail += msg(r.status == "complete" ? ", " : "; ", "excursion at step ", r.excursion_step);
+      if (!r.excursion_arm.empty() && r.excursion_arm != "mx") detail += " (arm " + r.excursion_arm + ")";
+    }
     if (r.resumed) detail += msg(", resumed from step ", r.resumed_from);
     if (r.status != "skipped" && r.status != "busy") detail += msg(", ", format_duration(r.seconds));
     if (!r.device.empty() && r.status != "skipped" && r.status != "busy") detail += ", " + r.device;
@@ -259,6 +263,8 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       r.resumed_from = o.resumed_from;
       r.divergence_step = o.divergence_step;
       r.divergence_arm = o.divergence_arm;
+      r.excursion_step = o.excursion_step;
+      r.excursion_arm = o.excursion_arm;
       r.device = device.empty() ? run.cfg.device : device;
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       {
@@ -325,17 +331,20 @@ std::string format_sweep_report(const SweepResult& result) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> header = {"index", "run_id"};
   for (const auto& kv : result.runs.front().swept) header.push_back(kv.first);
-  for (const char* h : {"status", "divergence_step", "note"}) header.push_back(h);
+  for (const char* h : {"status", "excursion_step", "diverged_to_end_step", "note"}) header.push_back(h);
   rows.push_back(header);
   std::map<std::string, int> counts;
   for (const SweepRunResult& r : result.runs) {
     std::vector<std::string> row = {std::to_string(r.index), r.run_id};
     for (const auto& kv : r.swept) row.push_back(kv.second);
     row.push_back(r.status);
+    row.push_back(r.excursion_step >= 0 ? std::to_string(r.excursion_step) : "-");
     row.push_back(r.divergence_step >= 0 ? std::to_string(r.divergence_step) : "-");
     std::string note = r.error;
     if (!r.divergence_arm.empty() && r.divergence_arm != "mx")
       note = "first diverged: arm " + r.divergence_arm + (note.empty() ? "" : "; " + note);
+    if (!r.excursion_arm.empty() && r.excursion_arm != "mx")
+      note = "first excursion: arm " + r.excursion_arm + (note.empty() ? "" : "; " + note);
     if (r.resumed) note = msg("resumed from step ", r.resumed_from) + (note.empty() ? "" : "; " + note);
     row.push_back(note);
     rows.push_back(row);

@@ -772,7 +772,7 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
   return "complete";
 }
 
-LossSummary Trainer::summary(size_t i) {
+std::vector<float> Trainer::history(size_t i) {
   Trajectory& tr = *traj_[i];
   const int64_t first = tr.start_step;
   const int64_t n = std::max<int64_t>(0, step_ - first);
@@ -783,7 +783,11 @@ LossSummary Trainer::summary(size_t i) {
     if (hist.size() >= 2 && std::isnan(hist[hist.size() - 2])) hist.pop_back();
     else break;
   }
-  return summarize_losses(hist, first, cfg_.log.divergence_factor, cfg_.log.spike_factor);
+  return hist;
+}
+
+LossSummary Trainer::summary(size_t i) {
+  return summarize_losses(history(i), traj_[i]->start_step, cfg_.log.divergence_factor, cfg_.log.spike_factor);
 }
 
 std::vector<float> Trainer::download(const float* p, size_t n) {
@@ -870,6 +874,12 @@ void Trainer::finish(const std::string& status) {
     a.ints["first_nonfinite_step"] = s.first_nonfinite_step;
     a.ints["divergence_step"] = s.divergence_step;
     a.ints["spike_count"] = s.spike_count;
+    // The events of lab/train/SCHEMA.md "Event attributes" (default rules).
+    a.ints["excursion_step"] = s.excursion.event ? s.excursion.step : -1;
+    a.ints["excursion_censored_at"] = s.excursion.event ? -1 : s.excursion.step;
+    a.ints["first_spike_step"] = s.first_spike_step;
+    if (i > 0 && traj_[0]->started)
+      a.num["tail_log_ratio"] = tail_log_ratio(history(i), tr.start_step, history(0), traj_[0]->start_step);
     a.num["spike_score"] = s.spike_score;
     a.num["final_loss"] = s.final_loss;
     a.num["min_loss"] = s.min_loss;

@@ -60,6 +60,9 @@ class Trainer {
   Trajectory& trajectory(size_t i) { return *traj_[i]; }
   Trajectory* find_trajectory(const std::string& name);
   LossSummary summary(size_t i);
+  // Trajectory i's per-step losses from its first step (a stopped one's up to its first
+  // non-finite loss).
+  std::vector<float> history(size_t i);
   // Steps at which the run wants a checkpoint saved (intervention steps, checkpoint_every).
   bool checkpoint_due(int64_t step) const;
 

@@ -121,7 +121,8 @@ TEST_F(InterventionRuns, UnchangedPolicyBranchReproducesTheBaselineBitForBit) {
   // design (at, patch, summaries over the branch's own steps), its policy does not.
   expect_same_group(f, "trajectories/mx", f, "branches/same", 37,
                     {"at", "arm", "from", "patch", "min_loss", "steps_run", "spike_score", "spike_count",
-                     "divergence_step", "first_nonfinite_step"});
+                     "divergence_step", "first_nonfinite_step", "excursion_step", "excursion_censored_at",
+                     "first_spike_step", "tail_log_ratio"});
   EXPECT_EQ(f.get_attr_string("branches/same", "from"), "mx");
   EXPECT_EQ(f.get_attr_string("trajectories/mx", "arm"), "mx");
   EXPECT_EQ(f.get_attr_string("branches/same", "policy"), f.get_attr_string("trajectories/mx", "policy"));

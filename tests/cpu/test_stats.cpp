@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "lab/train/stats.h"
@@ -267,4 +268,123 @@ TEST(Stats, LargerCensoredSampleMatchesScipyAndNaive) {
     for (const auto& s : km->steps)
       EXPECT_NEAR(s.survival, naive_survival(km == &ka ? a : b, s.time), 1e-13) << "t=" << s.time;
   EXPECT_NEAR(r.chi2, naive_log_rank_chi2(a, b, 2000), 1e-10);
+}
+
+namespace {
+
+// Subjects of one stratum written as {time, 1 = event / 0 = censored, 1 = sample a / 0 = b}.
+std::vector<LabelledObs> stratum(std::initializer_list<std::tuple<int64_t, int, int>> list) {
+  std::vector<LabelledObs> v;
+  for (const auto& [t, e, a] : list) v.push_back({{t, e != 0}, a != 0});
+  return v;
+}
+
+// Naive O_a - E_a of one labeling: every step up to `last`, counts by full passes.
+double naive_u(const std::vector<LabelledObs>& s, const std::vector<bool>& in_a, int64_t last) {
+  double o = 0, e = 0;
+  for (int64_t u = 0; u <= last; ++u) {
+    double na = 0, n = 0, da = 0, d = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      n += s[i].obs.time >= u;
+      d += s[i].obs.time == u && s[i].obs.event;
+      if (in_a[i]) {
+        na += s[i].obs.time >= u;
+        da += s[i].obs.time == u && s[i].obs.event;
+      }
+    }
+    if (d == 0) continue;
+    o += da;
+    e += d * na / n;
+  }
+  return o - e;
+}
+
+}  // namespace
+
+TEST(Stats, PermutationLogRankHandWorkedPairs) {
+  // Five seeds, one trajectory of each arm:
+  //   seed 0: a event 100, b censored 500: both at risk at 100, O_a 1, E_a 1/2: u = +1/2, v = 1/4
+  //   seed 1: a event 200, b event 300: at 200 u = +1/2, v = 1/4; at 300 only b is at risk
+  //   seed 2: both censored: nothing (left out)
+  //   seed 3: both events at 250: O_a 1 = E_a 1, v 0 whatever the labels: left out
+  //   seed 4: a event 400, b censored 500: u = +1/2, v = 1/4
+  // U = 3/2, V = 3/4, chi2 = 3; swapping the labels of a seed flips its u: U* = +-1/2 +-1/2
+  // +-1/2, |U*| >= 3/2 in 2 of the 8 labelings: p = 1/4.
+  const std::vector<std::vector<LabelledObs>> strata = {
+      stratum({{100, 1, 1}, {500, 0, 0}}), stratum({{200, 1, 1}, {300, 1, 0}}), stratum({{500, 0, 1}, {500, 0, 0}}),
+      stratum({{250, 1, 1}, {250, 1, 0}}), stratum({{400, 1, 1}, {500, 0, 0}})};
+  const PermutationLogRank r = permutation_log_rank(strata);
+  EXPECT_EQ(r.strata, 3);
+  EXPECT_DOUBLE_EQ(r.u, 1.5);
+  EXPECT_DOUBLE_EQ(r.variance, 0.75);
+  EXPECT_DOUBLE_EQ(r.chi2, 3.0);
+  EXPECT_DOUBLE_EQ(r.p_asymptotic, std::erfc(std::sqrt(1.5)));
+  EXPECT_TRUE(r.exact);
+  EXPECT_EQ(r.labelings, 8);
+  EXPECT_DOUBLE_EQ(r.p, 0.25);
+  // Flipping seed 4 gives U = 1/2: every labeling is as extreme.
+  std::vector<std::vector<LabelledObs>> flipped = strata;
+  for (LabelledObs& o : flipped[4]) o.in_a = !o.in_a;
+  EXPECT_DOUBLE_EQ(permutation_log_rank(flipped).p, 1.0);
+  // Nothing informative: NaN.
+  const PermutationLogRank none = permutation_log_rank({strata[2], strata[3]});
+  EXPECT_EQ(none.strata, 0);
+  EXPECT_TRUE(std::isnan(none.p));
+  EXPECT_TRUE(std::isnan(none.chi2));
+  EXPECT_TRUE(std::isnan(permutation_log_rank({}).p));
+}
+
+TEST(Stats, PermutationLogRankGeneralStrataMatchNaiveEnumeration) {
+  // Strata of 3 and 4 subjects (a stratum's labelings: which k of its n carry label a), ties
+  // and censoring between events.
+  const std::vector<std::vector<LabelledObs>> strata = {
+      stratum({{100, 1, 1}, {200, 1, 0}, {300, 0, 0}}),
+      stratum({{150, 1, 0}, {150, 1, 1}, {400, 0, 1}, {120, 1, 0}}),
+      stratum({{50, 1, 1}, {60, 0, 0}}),
+      stratum({{70, 1, 0}, {80, 1, 1}, {90, 1, 0}})};
+  // Naive: every assignment of labels that keeps each stratum's count of a (bit masks).
+  std::vector<std::vector<double>> us(strata.size());
+  double u_obs = 0;
+  for (size_t s = 0; s < strata.size(); ++s) {
+    const size_t n = strata[s].size();
+    size_t k = 0;
+    std::vector<bool> observed(n);
+    for (size_t i = 0; i < n; ++i) k += (observed[i] = strata[s][i].in_a);
+    u_obs += naive_u(strata[s], observed, 500);
+    for (unsigned m = 0; m < (1u << n); ++m) {
+      std::vector<bool> in_a(n);
+      size_t c = 0;
+      for (size_t i = 0; i < n; ++i) c += (in_a[i] = (m >> i) & 1u);
+      if (c == k) us[s].push_back(naive_u(strata[s], in_a, 500));
+    }
+  }
+  int64_t total = 0, hits = 0;
+  for (double a : us[0])
+    for (double b : us[1])
+      for (double c : us[2])
+        for (double d : us[3]) {
+          ++total;
+          hits += std::fabs(a + b + c + d) >= std::fabs(u_obs) - 1e-9;
+        }
+  EXPECT_EQ(total, 3 * 6 * 2 * 3);
+  const PermutationLogRank r = permutation_log_rank(strata);
+  EXPECT_NEAR(r.u, u_obs, 1e-12);
+  EXPECT_TRUE(r.exact);
+  EXPECT_EQ(r.labelings, total);
+  EXPECT_DOUBLE_EQ(r.p, static_cast<double>(hits) / static_cast<double>(total));
+  EXPECT_LT(r.p, 1.0);
+  // Above max_exact: random labelings from the fixed seed, (1 + hits) / (1 + draws), close to
+  // the exact p, the same every time, and another seed draws others.
+  const PermutationLogRank d = permutation_log_rank(strata, 50, 20000);
+  EXPECT_FALSE(d.exact);
+  EXPECT_EQ(d.labelings, 20000);
+  EXPECT_NEAR(d.p, r.p, 0.015);
+  EXPECT_EQ(permutation_log_rank(strata, 50, 20000).p, d.p);
+  EXPECT_NE(permutation_log_rank(strata, 50, 20000, 7).p, d.p);
+  EXPECT_DOUBLE_EQ(d.u, r.u);
+  // The values results/stats_util.py permutation_log_rank gives (analysis/tests/test_events.py
+  // pins the same): exact 84/108, and the draws of the fixed seed, bit for bit.
+  EXPECT_EQ(r.labelings, 108);
+  EXPECT_DOUBLE_EQ(r.p, 84.0 / 108.0);
+  EXPECT_EQ(d.p, 0.7712614369281536);
 }

@@ -35,6 +35,7 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
 #include "lab/train/index.h"
+#include "lab/train/run_events.h"
 #include "lab/train/summary_table.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/sweep.h"
@@ -597,7 +598,8 @@ sweep: {seeds: [0, 1]}
 
 TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   const std::string dir = reference_->str();
-  const std::vector<RunRecord> recs = scan_run_dir(dir);
+  std::vector<RunRecord> recs = scan_run_dir(dir);
+  read_events(recs, EventRules{});
   ASSERT_EQ(recs.size(), kSweepRuns);
   EXPECT_EQ(swept_keys(recs), (std::vector<std::string>{"seed", "model.depth", "optimizer.lr"}));
 
@@ -606,7 +608,8 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   std::string header;
   std::getline(in, header);
   EXPECT_EQ(header,
-            "run_id,group,at,seed,model.depth,optimizer.lr,status,divergence_step,first_nonfinite_step,spike_count,"
+            "run_id,group,at,seed,model.depth,optimizer.lr,status,excursion_step,excursion_censored_at,"
+            "first_spike_step,tail_log_ratio,diverged_to_end_step,first_nonfinite_step,spike_count,"
             "spike_score,final_loss,min_loss,max_bias_ratio,max_gamma_lastbin,steps_run,source,file,error");
   std::map<std::string, const ExpandedRun*> by_id;
   const std::vector<ExpandedRun> runs = sweep_runs();
@@ -620,7 +623,7 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
     std::string cell;
     while (std::getline(ls, cell, ',')) cells.push_back(cell);
     if (!line.empty() && line.back() == ',') cells.push_back("");
-    ASSERT_EQ(cells.size(), 19u) << line;
+    ASSERT_EQ(cells.size(), 23u) << line;
     ASSERT_TRUE(by_id.count(cells[0])) << line;
     EXPECT_LE(last_id, cells[0]) << "rows sorted by run id";
     last_id = cells[0];
@@ -630,11 +633,16 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
     EXPECT_EQ(cells[4], std::to_string(r.cfg.model.depth)) << line;
     EXPECT_EQ(cells[5], r.cfg.optimizer.lr == 3.0e-3f ? "0.003" : "0.01") << line;
     EXPECT_EQ(cells[6], "complete") << line;
-    EXPECT_EQ(cells[16], "file") << line;
+    EXPECT_EQ(cells[20], "file") << line;
+    // The excursion: its step or where it is censored, the other -1 (the runs are shorter than
+    // the default window: censored at their first step).
+    EXPECT_EQ(cells[7], "-1") << line;
+    EXPECT_EQ(cells[8], cells[2].empty() ? "0" : cells[2]) << line;
+    EXPECT_EQ(cells[10].empty(), cells[1] == "fp32") << line;  // tail_log_ratio: arms and branches
     // final_loss reads back to the attribute exactly.
     const std::string group = cells[1] == "to32" ? "branches/to32" : "trajectories/" + cells[1];
     h5::H5File f(dir + "/" + r.id + ".h5", h5::H5File::Mode::read);
-    EXPECT_EQ(std::strtod(cells[11].c_str(), nullptr), f.get_attr_double(group, "final_loss")) << line;
+    EXPECT_EQ(std::strtod(cells[15].c_str(), nullptr), f.get_attr_double(group, "final_loss")) << line;
     EXPECT_EQ(cells[2], cells[1] == "to32" ? "20" : "") << line;
     ++rows;
   }
@@ -654,4 +662,36 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   EXPECT_EQ(std::vector<std::string>(head.begin(), head.begin() + 7),
             (std::vector<std::string>{"run_id", "group", "at", "seed", "model.depth", "optimizer.lr", "status"}));
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), static_cast<long>(3 * kSweepRuns + 1)) << text;
+}
+
+// The report's columns: the earliest excursion over the MX arms beside the earliest divergence
+// to the end, each with the arm it happened in when that is not `mx`.
+TEST(SweepReport, ExcursionAndDivergedToEndColumns) {
+  SweepResult result;
+  SweepRunResult a;
+  a.index = 0;
+  a.run_id = "r0";
+  a.status = "complete";
+  a.excursion_step = 1200;
+  a.excursion_arm = "floor_away";
+  SweepRunResult b;
+  b.index = 1;
+  b.run_id = "r1";
+  b.status = "diverged";
+  b.divergence_step = 19950;
+  b.divergence_arm = "mx";
+  result.runs = {a, b};
+  const std::string report = format_sweep_report(result);
+  std::istringstream lines(report);
+  std::string header, row0, row1;
+  std::getline(lines, header);
+  std::getline(lines, row0);
+  std::getline(lines, row1);
+  auto words = [](const std::string& s) {
+    std::istringstream in(s);
+    return std::vector<std::string>{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+  };
+  EXPECT_EQ(words(header), (std::vector<std::string>{"index", "run_id", "status", "excursion_step", "diverged_to_end_step", "note"}));
+  EXPECT_EQ(words(row0), (std::vector<std::string>{"0", "r0", "complete", "1200", "-", "first", "excursion:", "arm", "floor_away"}));
+  EXPECT_EQ(words(row1), (std::vector<std::string>{"1", "r1", "diverged", "-", "19950"}));
 }
