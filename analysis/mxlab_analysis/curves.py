@@ -32,10 +32,10 @@ def _arms(run):
 
 def build(files, row=None, color=("model.depth", "model.width"), where=()):
     where = sweep.parse_where(where)
-    runs = []
+    runs, skipped = [], []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            print(f"curves: skipped {path}: {error}")
+            skipped.append(path)  # the CLI's closing line says why
             continue
         for key in ([row] if row else []) + list(color):
             if key not in run.config:
@@ -117,5 +117,6 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     axes[0, 0].legend(handles=handles, loc="lower left", fontsize=7)
     fig.suptitle(f"training loss, {len(runs)} runs" + (f", rows: {row}" if row else "") +
                  f", colour: {', '.join(color)}" +
-                 (f"\nall MX runs: {', '.join(common)}" if common else ""), fontsize=10)
+                 (f"\nall MX runs: {', '.join(common)}" if common else "") +
+                 (f"\nleft out (unreadable): {', '.join(skipped)}" if skipped else ""), fontsize=10)
     return fig

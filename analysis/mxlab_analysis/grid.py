@@ -30,6 +30,7 @@ AGGREGATES = {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max
 LOG_NORM_RANGE = 20.0  # log colour scale for losses spanning more than this factor
 MISSING_COLOR = "0.85"
 CELL_INCHES = 1.6
+SKIPPED = "left out "  # the note of a file that could not be read
 
 
 @dataclass
@@ -62,7 +63,7 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
     runs = []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            notes.append(f"skipped {path}: {error}")
+            notes.append(f"{SKIPPED}{error}")
             continue
         for key in (xkey, ykey):
             if key not in run.config:
@@ -197,7 +198,8 @@ def build(files, xkey, ykey, metric, where=(), agg=None, arms=None):
     if notes:
         title += "\n" + "; ".join(notes)
         for n in notes:
-            print(f"grid: {n}", file=sys.stderr)
+            if not n.startswith(SKIPPED):  # an unreadable file: the CLI's closing line says so
+                print(f"grid: {n}", file=sys.stderr)
     fig.suptitle(title, fontsize=10)
     return fig
 
