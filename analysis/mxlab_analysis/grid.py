@@ -77,6 +77,7 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
                           "such arm in these runs")
     cells = {name: {} for name in [S.TRAJ_FP32] + found}
     titles = {S.TRAJ_FP32: "FP32"}
+    labels = {}  # arm name -> the labels (name and patch) it has in the runs
     for run in runs:
         cell = (run.config[xkey], run.config[ykey])
         for name in cells:
@@ -84,8 +85,16 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
             if traj is None:
                 continue
             cells[name].setdefault(cell, []).append(_value(metrics.summarize(traj, run.config), metric))
-            if name not in titles and not C.single_mx(run):
-                titles[name] = C.arm_label(run, traj)
+            if name != S.TRAJ_FP32 and not C.single_mx(run):
+                labels.setdefault(name, [])
+                if C.arm_label(run, traj) not in labels[name]:
+                    labels[name].append(C.arm_label(run, traj))
+    for name, seen in labels.items():
+        titles[name] = seen[0]
+        if len(seen) > 1:  # one name, different recipes: the panel pools them, and says so
+            titles[name] = f"arm {name} (patch differs between runs)"
+            notes.append(f"arm {name} is patched differently in different runs "
+                         f"({'; '.join(seen)}): pooled in one panel")
     others = [k for k in sweep.swept_keys(runs) if k not in (xkey, ykey)]
     shared = any(len(v) > 1 for by_cell in cells.values() for v in by_cell.values())
     if others and shared:
