@@ -1,5 +1,8 @@
 """Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary|warn|survival> ...`
-(or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2."""
+(or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2. A command over
+a directory keeps going past a file it cannot read (summary gives it an `unreadable` row, the
+figures and reports leave it out with a note), writes its output and then exits 2 with one
+line naming the unreadable file(s)."""
 
 import argparse
 import os
@@ -12,6 +15,7 @@ matplotlib.use("Agg")  # files only; never open a window (CI and ssh sessions ha
 from . import AnalysisError  # noqa: E402
 from . import common as C  # noqa: E402
 from . import schema as S  # noqa: E402
+from . import sweep  # noqa: E402
 
 PROG = "mxlab-plot"
 
@@ -19,6 +23,14 @@ PROG = "mxlab-plot"
 def _default_out(path, kind):
     stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
     return f"{stem}-{kind}.png"
+
+
+def _load_dir(args):
+    """Every run file of args.dir, loaded once (sweep.Loaded); the unreadable ones are kept on
+    args for main's closing line."""
+    loaded = sweep.load_all(S.find_runs(args.dir))
+    args.unreadable, args.files = sweep.unreadable(loaded), len(loaded)
+    return loaded
 
 
 def _cmd_panel(args):
@@ -38,7 +50,7 @@ def _cmd_interventions(args):
 def _cmd_grid(args):
     from . import grid
     out = args.out or _default_out(args.dir[0], f"grid-{args.metric}")
-    fig = grid.build(S.find_runs(args.dir), args.x, args.y, args.metric,
+    fig = grid.build(_load_dir(args), args.x, args.y, args.metric,
                      where=args.where, agg=args.agg, arms=args.arm)
     return C.save(fig, out, args.pdf)
 
@@ -46,14 +58,14 @@ def _cmd_grid(args):
 def _cmd_curves(args):
     from . import curves
     out = args.out or _default_out(args.dir[0], "curves")
-    fig = curves.build(S.find_runs(args.dir), row=args.row, color=args.color or
+    fig = curves.build(_load_dir(args), row=args.row, color=args.color or
                        ["model.depth", "model.width"], where=args.where)
     return C.save(fig, out, args.pdf)
 
 
 def _cmd_summary(args):
     from . import summary
-    rows, columns = summary.collect(S.find_runs(args.dir))
+    rows, columns = summary.collect(_load_dir(args))
     text = summary.to_csv(rows, columns) if args.csv else summary.to_text(rows, columns)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
@@ -66,7 +78,7 @@ def _cmd_summary(args):
 def _cmd_warn(args):
     from . import warn
     signals = [s.strip() for s in args.signals.split(",") if s.strip()] if args.signals else None
-    return warn.run_command(S.find_runs(args.dir), out=args.out, csv_path=args.csv, pdf=args.pdf,
+    return warn.run_command(_load_dir(args), out=args.out, csv_path=args.csv, pdf=args.pdf,
                             signals=signals, fp32=args.fp32, branches=not args.no_branches,
                             max_fpr=args.max_fpr, where=args.where)
 
@@ -74,7 +86,7 @@ def _cmd_warn(args):
 def _cmd_survival(args):
     from . import survival
     out = args.out or _default_out(args.dir[0], "survival")
-    return survival.run_command(S.find_runs(args.dir), args.by, out=out, csv_path=args.csv,
+    return survival.run_command(_load_dir(args), args.by, out=out, csv_path=args.csv,
                                 pdf=args.pdf, band=args.band, where=args.where,
                                 fp32=not args.no_fp32, branches=not args.no_branches)
 
@@ -180,15 +192,28 @@ def make_parser():
     return p
 
 
+def _unreadable_text(args):
+    """`k of n run files could not be read (...)`: the first one's reason, and how many more."""
+    bad = args.unreadable
+    what = "their rows say 'unreadable'" if args.command == "summary" else "left out"
+    text = f"{len(bad)} of {args.files} run files could not be read ({what}): {bad[0].error}"
+    return text + (f"; and {len(bad) - 1} more" if len(bad) > 1 else "")
+
+
 def main(argv=None):
     args = make_parser().parse_args(argv)
+    args.unreadable, args.files = [], 0
     try:
         written = args.func(args)
     except AnalysisError as e:
-        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        more = f" [{_unreadable_text(args)}]" if args.unreadable else ""
+        print(f"{PROG} {args.command}: error: {e}{more}", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
+    if args.unreadable:
+        print(f"{PROG} {args.command}: error: {_unreadable_text(args)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -23,43 +23,99 @@ def cfg(run, key, default="?"):
     return yamlcfg.format_value(run.config.get(key, default))
 
 
-def precision_text(run):
-    """`MX mxfp8_e4m3 (W/A/G), LN affine mxfp8_e4m3, scale floor` - the policy in a line."""
-    c = run.config
-    w, a, g = (c.get(f"precision.{k}", "?") for k in ("weight", "activation", "grad"))
-    fmts = f"{w} (W/A/G)" if w == a == g else f"W {w} / A {a} / G {g}"
-    bwd = [f"{k.split('_')[0][0].upper()}bwd {c[f'precision.{k}']}"
-           for k in ("weight_bwd", "activation_bwd")
-           if c.get(f"precision.{k}", "same") not in ("same", None)]
-    if bwd:
-        fmts += " [" + ", ".join(bwd) + "]"
-    parts = [fmts]
-    if c.get("precision.backward") is False:
-        parts.append("forward only")
-    if "precision.ln_affine" in c:
-        parts.append(f"LN affine {c['precision.ln_affine']}")
-    parts.append(f"scale rule {c.get('precision.scale_rule', '?')}")
-    return ", ".join(parts)
+NO_PRESET = "none"  # what the trainer stores as `apply:` of a patch made of `set:` items only
 
 
-PATCH_CHARS = 48  # legend/title room for a patch's text
-
-
-def config_patch(run, section, name):
-    """What the config's `section` list (interventions, arms) applies for the entry called
-    `name`: its preset (`apply`) or its `set:` items as `k=v, ...`; None if not listed."""
+def config_entry(run, section, name):
+    """The entry called `name` in the config's `section` list (interventions, arms) as
+    (preset or None, {precision field: value}); None if not listed. The trainer stores
+    `apply: none` for an entry without a preset: that is no preset."""
     for i in range(1000):
         entry = run.config.get(f"{section}.{i}.name")
         if entry is None:
             return None
         if entry == name:
             apply = run.config.get(f"{section}.{i}.apply")
-            if apply:
-                return str(apply)
+            apply = None if apply in (None, "", NO_PRESET) else str(apply)
             prefix = f"{section}.{i}.set."
-            sets = sorted((k[len(prefix):], v) for k, v in run.config.items() if k.startswith(prefix))
-            return ", ".join(f"{k}={yamlcfg.format_value(v)}" for k, v in sets)
+            sets = {k[len(prefix):]: v for k, v in run.config.items() if k.startswith(prefix)}
+            return apply, sets
     return None
+
+
+def _parse_policy(text):
+    """The group attribute `policy` (`weight=mxfp8_e4m3 activation=... scale_rule=floor ...`,
+    every field of the precision policy the trainer resolved) as {field: value}; {} for none."""
+    out = {}
+    for token in str(text or "").split():
+        key, sep, value = token.partition("=")
+        if sep and key:
+            out[key] = yamlcfg.scalar(value)
+    return out
+
+
+def policy_fields(run, traj=None):
+    """{field: value} of the precision policy `traj` ran (field names of `precision:`): the
+    config's `precision`, with the `set:` items of the group's arms/interventions entry over it,
+    and over both the group's `policy` attribute (what the trainer resolved, presets included)
+    where the file has one. A branch starts from the policy of the arm it forks from. `traj`
+    None: the config's `precision` (the base policy)."""
+    if traj is not None and traj.kind == "branch" and run.parent(traj) is not None:
+        fields = policy_fields(run, run.parent(traj))
+    else:
+        fields = {k[len("precision."):]: v for k, v in run.config.items()
+                  if k.startswith("precision.")}
+    if traj is None or traj.is_fp32:
+        return fields
+    entry = config_entry(run, "interventions" if traj.kind == "branch" else "arms", traj.name)
+    if entry is not None:
+        fields.update(entry[1])
+    fields.update(_parse_policy(traj.attrs.get(S.ATTR_POLICY)))
+    return fields
+
+
+def precision_text(run, traj=None):
+    """`MX mxfp8_e4m3 (W/A/G), LN affine mxfp8_e4m3, scale rule floor` - the policy of `traj`
+    (an arm or branch, see policy_fields; None: the config's base `precision`) in a line."""
+    c = policy_fields(run, traj)
+    w, a, g = (c.get(k, "?") for k in ("weight", "activation", "grad"))
+    fmts = f"{w} (W/A/G)" if w == a == g else f"W {w} / A {a} / G {g}"
+    bwd = [f"{k.split('_')[0][0].upper()}bwd {c[k]}"
+           for k, fwd in (("weight_bwd", w), ("activation_bwd", a))
+           if c.get(k, "same") not in ("same", None, fwd)]
+    if bwd:
+        fmts += " [" + ", ".join(bwd) + "]"
+    parts = [fmts]
+    if c.get("backward") is False:
+        parts.append("forward only")
+    if "ln_affine" in c:
+        parts.append(f"LN affine {c['ln_affine']}")
+    parts.append(f"scale rule {c.get('scale_rule', '?')}")
+    return ", ".join(parts)
+
+
+PATCH_CHARS = 48  # legend/title room for a patch's text
+GEMM_ROLES = ("weight", "activation", "grad")  # a patch setting all three to one format: W/A/G=
+
+
+def config_patch(run, section, name):
+    """What the config's `section` list (interventions, arms) applies for the entry called
+    `name`: its preset and its `set:` items, `to_fp32, activation=bf16`; "" for neither; None
+    if not listed."""
+    entry = config_entry(run, section, name)
+    if entry is None:
+        return None
+    apply, sets = entry
+    sets = dict(sets)
+    roles = [sets.get(k) for k in GEMM_ROLES]
+    merged = []
+    if roles[0] is not None and roles.count(roles[0]) == len(roles):  # one format for W, A, G
+        merged = [f"W/A/G={yamlcfg.format_value(roles[0])}"]
+        for k in GEMM_ROLES:
+            del sets[k]
+    parts = ([apply] if apply else []) + merged + [f"{k}={yamlcfg.format_value(v)}"
+                                                   for k, v in sorted(sets.items())]
+    return ", ".join(parts)
 
 
 def patch_text(run, traj):
@@ -74,8 +130,11 @@ def patch_text(run, traj):
 
 
 def single_mx(run):
-    """A file before arms, or one whose only arm is `mx`: figures say "MX" as they always did."""
-    return run.arms == [S.TRAJ_MX]
+    """A file before arms, or one whose only arm is `mx` with no patch: figures say "MX" as
+    they always did."""
+    if run.arms != [S.TRAJ_MX]:
+        return False
+    return patch_text(run, run.trajectories[S.TRAJ_MX]) == ""
 
 
 def arm_label(run, traj):
@@ -104,12 +163,20 @@ def model_text(run):
             f"lr={cfg(run, 'optimizer.lr')} {cfg(run, 'optimizer.name')}")
 
 
-def run_title(run):
+def run_title(run, traj=None):
+    """Run id, status, model and precision in two lines: the precision of `traj` (the arm a
+    figure draws), else of the file's one arm, else the base policy, said so, that its arms
+    patch."""
     status = f"status: {run.status}"
     if run.truncated or run.status == S.STATUS_RUNNING:
         last = max((int(g.step[-1]) for g in run.groups() if g.n), default=0)
         status += f" - unfinished file, logged up to step {last}"
-    return (f"run {run.run_id}  [{status}]\n{model_text(run)}  |  {precision_text(run)}"
+    if traj is None and len(run.arms) == 1:
+        traj = run.trajectories[run.arms[0]]
+    precision = precision_text(run, traj)
+    if traj is None:
+        precision = f"base policy {precision} (each arm patches it)"
+    return (f"run {run.run_id}  [{status}]\n{model_text(run)}  |  {precision}"
             f"  |  {cfg(run, 'steps')} steps")
 
 

@@ -4,8 +4,10 @@ the runs (a recipe: the run's precision and, in files with arms, the arm), one r
 of `--row` (e.g. optimizer.lr or model.activation), one colour per value of the `--color`
 keys (e.g. model size: model.depth and model.width).
 
-Runs that differ only in their MX recipe share one FP32 trajectory (same seed, same
-batches), so the FP32 column draws each (row, colour) curve once.
+Runs whose configurations differ only in their MX recipe (`precision`, `arms`,
+`interventions`, `name`) train the same FP32 trajectory (same seed, same batches), so the FP32
+column draws that trajectory once; runs that differ in anything else - the seed above all -
+each get their own FP32 line.
 """
 
 import numpy as np
@@ -30,12 +32,24 @@ def _arms(run):
     return [run.trajectories[a] for a in run.arms]
 
 
+# Config keys that do not change the FP32 trajectory: the MX recipe and the run's name.
+NOT_FP32_PREFIXES = ("precision.", "arms.", "interventions.")
+NOT_FP32_KEYS = ("name", "precision", "arms", "interventions")
+
+
+def fp32_identity(run):
+    """What decides a run's FP32 trajectory: every config value but the MX recipe's. Two runs
+    with the same identity (same seed, model, data, optimizer, steps, ...) share it."""
+    return tuple(sorted((k, repr(v)) for k, v in run.config.items()
+                        if k not in NOT_FP32_KEYS and not k.startswith(NOT_FP32_PREFIXES)))
+
+
 def build(files, row=None, color=("model.depth", "model.width"), where=()):
     where = sweep.parse_where(where)
-    runs = []
+    runs, skipped = [], []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            print(f"curves: skipped {path}: {error}")
+            skipped.append(path)  # the CLI's closing line says why
             continue
         for key in ([row] if row else []) + list(color):
             if key not in run.config:
@@ -50,7 +64,7 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     parts_of = {}
 
     def recipe(run, traj):
-        parts = C.precision_text(run).split(", ")
+        parts = C.precision_text(run, traj).split(", ")  # the arm's own policy
         if not C.single_mx(run):
             parts.append(C.arm_label(run, traj))  # may hold ", " itself: kept whole
         text = ", ".join(parts)
@@ -78,12 +92,13 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     ncols = 1 + len(titles)
     fig = C.new_figure(3.6 * ncols + 1.0, 2.6 * len(rows) + 1.2)
     axes = fig.subplots(len(rows), ncols, sharex=True, sharey=True, squeeze=False)
-    seen_fp32 = set()
+    seen_fp32 = set()  # (row, FP32 identity): each FP32 trajectory drawn once
     for run in runs:
         i = rows.index(run.config[row]) if row else 0
         shade = _label(run, color)
-        targets = [(0, run.fp32)] if (i, shade) not in seen_fp32 else []
-        seen_fp32.add((i, shade))
+        key = (i, fp32_identity(run))
+        targets = [(0, run.fp32)] if key not in seen_fp32 else []
+        seen_fp32.add(key)
         for traj in _arms(run):
             targets.append((1 if one_mx_column else 1 + recipes.index(recipe(run, traj)), traj))
         for j, traj in targets:
@@ -117,5 +132,6 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     axes[0, 0].legend(handles=handles, loc="lower left", fontsize=7)
     fig.suptitle(f"training loss, {len(runs)} runs" + (f", rows: {row}" if row else "") +
                  f", colour: {', '.join(color)}" +
-                 (f"\nall MX runs: {', '.join(common)}" if common else ""), fontsize=10)
+                 (f"\nall MX runs: {', '.join(common)}" if common else "") +
+                 (f"\nleft out (unreadable): {', '.join(skipped)}" if skipped else ""), fontsize=10)
     return fig

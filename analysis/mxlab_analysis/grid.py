@@ -30,6 +30,7 @@ AGGREGATES = {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max
 LOG_NORM_RANGE = 20.0  # log colour scale for losses spanning more than this factor
 MISSING_COLOR = "0.85"
 CELL_INCHES = 1.6
+SKIPPED = "left out "  # the note of a file that could not be read
 
 
 @dataclass
@@ -62,7 +63,7 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
     runs = []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            notes.append(f"skipped {path}: {error}")
+            notes.append(f"{SKIPPED}{error}")
             continue
         for key in (xkey, ykey):
             if key not in run.config:
@@ -76,6 +77,7 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
                           "such arm in these runs")
     cells = {name: {} for name in [S.TRAJ_FP32] + found}
     titles = {S.TRAJ_FP32: "FP32"}
+    labels = {}  # arm name -> the labels (name and patch) it has in the runs
     for run in runs:
         cell = (run.config[xkey], run.config[ykey])
         for name in cells:
@@ -83,8 +85,16 @@ def collect(files, xkey, ykey, metric, where=(), agg=None, arms=None):
             if traj is None:
                 continue
             cells[name].setdefault(cell, []).append(_value(metrics.summarize(traj, run.config), metric))
-            if name not in titles and not C.single_mx(run):
-                titles[name] = C.arm_label(run, traj)
+            if name != S.TRAJ_FP32 and not C.single_mx(run):
+                labels.setdefault(name, [])
+                if C.arm_label(run, traj) not in labels[name]:
+                    labels[name].append(C.arm_label(run, traj))
+    for name, seen in labels.items():
+        titles[name] = seen[0]
+        if len(seen) > 1:  # one name, different recipes: the panel pools them, and says so
+            titles[name] = f"arm {name} (patch differs between runs)"
+            notes.append(f"arm {name} is patched differently in different runs "
+                         f"({'; '.join(seen)}): pooled in one panel")
     others = [k for k in sweep.swept_keys(runs) if k not in (xkey, ykey)]
     shared = any(len(v) > 1 for by_cell in cells.values() for v in by_cell.values())
     if others and shared:
@@ -197,7 +207,8 @@ def build(files, xkey, ykey, metric, where=(), agg=None, arms=None):
     if notes:
         title += "\n" + "; ".join(notes)
         for n in notes:
-            print(f"grid: {n}", file=sys.stderr)
+            if not n.startswith(SKIPPED):  # an unreadable file: the CLI's closing line says so
+                print(f"grid: {n}", file=sys.stderr)
     fig.suptitle(title, fontsize=10)
     return fig
 

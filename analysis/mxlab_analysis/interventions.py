@@ -77,7 +77,9 @@ def build(run, xlim="auto", arms=None):
         axes.extend(grid[i, :len(used)])
         for ax in grid[i, len(used):]:
             ax.remove()
-    fig.suptitle("interventions: " + C.run_title(run), fontsize=10)
+    # The precision in the title: the arm the branches fork from when there is one row.
+    fig.suptitle("interventions: " + C.run_title(run, run.trajectories.get(rows[0])
+                                                  if len(rows) == 1 else None), fontsize=10)
     summaries = {(g.kind, g.name): metrics.summarize(g, run.config) for g in run.groups()}
     end = max((int(g.step[-1]) for g in run.groups() if g.n), default=0)
     log_every = C.cfg(run, "log.log_every")

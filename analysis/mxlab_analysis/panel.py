@@ -11,6 +11,7 @@ from matplotlib.ticker import PercentFormatter
 from . import common as C
 from . import metrics
 from . import schema as S
+from . import yamlcfg
 
 LAYER_CMAP = "viridis"
 ACT_TENSORS = (("ln_out", "LN output (into W1)", "tab:blue"),
@@ -30,13 +31,16 @@ def _divergence_lines(axes, summaries):
 
 
 def _quant_note(traj, dataset, run, role=None):
-    """Whether the tensor was really MX-quantized (the dataset's `quantized` attribute)."""
+    """Whether the tensor was really MX-quantized (the dataset's `quantized` attribute), in
+    which format: `role` is a field of the trajectory's own policy (e.g. ln_affine)."""
     q = traj.quantized(dataset)
     if q is None:
         return ""
+    fields = C.policy_fields(run, traj)
     if q:
-        return f"\n(quantized, {C.cfg(run, role)})" if role else ""
-    return f"\n(diagnostic: not quantized; stats as {C.cfg(run, 'precision.diagnostic_format')})"
+        return f"\n(quantized, {yamlcfg.format_value(fields.get(role, '?'))})" if role else ""
+    return ("\n(diagnostic: not quantized; stats as "
+            f"{yamlcfg.format_value(fields.get('diagnostic_format', '?'))})")
 
 
 def _no_data(ax, text):
@@ -55,7 +59,7 @@ def build(run, arm=None):
     ax_gamma = fig.add_subplot(gs[1, 2:4], sharex=ax_loss)
     ax_act = fig.add_subplot(gs[1, 4:6], sharex=ax_loss)
     axes = [ax_loss, ax_bias, ax_cos, ax_gamma, ax_act]
-    title = C.run_title(run)
+    title = C.run_title(run, mx)
     if not C.single_mx(run):
         title += f"\nMX panels: {C.arm_label(run, mx)}   (arms in this file: {', '.join(run.arms)})"
     fig.suptitle(title, fontsize=11)
@@ -68,7 +72,7 @@ def build(run, arm=None):
 
     # (a) loss
     for traj, color, label in ((fp32, C.COLOR_FP32, "FP32"),
-                               (mx, C.COLOR_MX, f"MX ({C.cfg(run, 'precision.weight')})"
+                               (mx, C.COLOR_MX, f"MX ({C.policy_fields(run, mx).get('weight', '?')})"
                                 if C.single_mx(run) else C.arm_label(run, mx))):
         if traj is None:
             continue
@@ -139,7 +143,7 @@ def build(run, arm=None):
         ax_gamma.set_ylim(0, 1.25)  # headroom for the legend above 100 % ...
         ax_gamma.set_yticks(np.linspace(0, 1, 6))  # ... without ticks past 100 %
         ax_gamma.set_title("(d) LN \u03b3 in the last quantization bin" +
-                           _quant_note(mx, lb, run, "precision.ln_affine"),
+                           _quant_note(mx, lb, run, "ln_affine"),
                            loc="left", fontsize=10)
     else:
         _no_data(ax_gamma, "no LayerNorm \u03b3 in this run\n(model.layernorm or ln_affine off)")

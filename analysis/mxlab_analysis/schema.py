@@ -162,6 +162,12 @@ def _py(value):
     return value
 
 
+def _attrs(obj):
+    """An HDF5 object's attributes as plain Python, each read by name: `.attrs.items()` would
+    give None for an attribute whose header is damaged instead of raising."""
+    return {k: _py(obj.attrs[k]) for k in obj.attrs}
+
+
 @dataclass
 class Trajectory:
     """One group: `trajectories/fp32`, `trajectories/<arm>` or `branches/<name>`.
@@ -327,15 +333,37 @@ def _cut(raw, step_name):
     return {k: v[:n] for k, v in raw.items()}, n, any(len(v) != n for v in raw.values())
 
 
+NUMBER_ATTRS = SUMMARY_ATTRS + (ATTR_AT, ATTR_LAYERS)  # attributes that must hold a number
+
+
+def _check_group(traj, group):
+    """What the figures rely on, so that a damaged group fails here and not deep in a figure:
+    numeric attributes are numbers, a branch has its `at`. Raises ValueError."""
+    for key in NUMBER_ATTRS:
+        value = traj.attrs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"attribute '{key}' of {group.name} is {value!r}, not a number")
+    if traj.kind == "branch" and not isinstance(traj.attrs.get(ATTR_AT), int):
+        raise ValueError(f"branch {group.name} has no integer attribute '{ATTR_AT}'")
+
+
 def _load_group(group, name, kind):
-    traj = Trajectory(name=name, kind=kind, attrs={k: _py(v) for k, v in group.attrs.items()})
+    traj = Trajectory(name=name, kind=kind, attrs=_attrs(group))
+    _check_group(traj, group)
     raw, curvature, shadow = {}, {}, {}
-    rows = group[DS_STEP].shape[0] if isinstance(group.get(DS_STEP), h5py.Dataset) else None
-    for key, ds in group.items():
+    # Each member by name, not group.items() / group.get(): those return None for a member
+    # whose link or header is damaged, and the group would silently lose that dataset.
+    members = {key: group[key] for key in group}
+    step = members.get(DS_STEP)
+    rows = step.shape[0] if isinstance(step, h5py.Dataset) else None
+    for key, ds in members.items():
         if not isinstance(ds, h5py.Dataset):
             continue
-        traj.dataset_attrs[key] = {k: _py(v) for k, v in ds.attrs.items()}
+        traj.dataset_attrs[key] = _attrs(ds)
         values = ds[()]
+        if key in ALL_DATASETS and (np.ndim(values) == 0 or np.asarray(values).dtype.kind not in "biuf"):
+            raise ValueError(f"dataset {group.name}/{key} holds {np.asarray(values).dtype} "
+                             f"of shape {np.shape(values)}, not a series of numbers")
         if key == DS_LOSS_ALL:
             traj.loss_all = np.asarray(values, dtype=np.float64)
         elif key in CURVATURE_DATASETS:
@@ -375,45 +403,76 @@ def _open_unlocked(path):
         return h5py.File(path, "r")
 
 
+# What h5py raises on a damaged file (flipped bytes in the HDF5 metadata, a file cut short):
+# OSError from the library, RuntimeError, KeyError or ValueError from corrupted object headers,
+# TypeError for a datatype it cannot map, MemoryError for an absurd dataspace, ... . Any of
+# them while reading a run file means the file cannot be read whole.
+DAMAGED_FILE_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError,
+                       AttributeError, UnicodeError, OverflowError, MemoryError)
+REASON_CHARS = 200  # a reason quoted from h5py, cut to keep the message one readable line
+
+
+def _reason(error):
+    """`TypeName: message` of an h5py error on one line, at most REASON_CHARS characters."""
+    text = " ".join(str(error).split()) or "(no message)"
+    text = f"{type(error).__name__}: {text}"
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 1] + "\u2026"
+
+
 def load_run(path):
     """Read one run file into memory. Tolerates a file from a killed run (status `running`,
     datasets of different lengths): each group is cut to its shortest consistent length and
-    marked `truncated`."""
+    marked `truncated`. A file that cannot be read whole (not HDF5, damaged metadata, a
+    dataset that is not numbers) is an AnalysisError that says why."""
     if not os.path.exists(path):
         raise AnalysisError(f"{path}: no such file")
     try:
         f = _open_unlocked(path)
-    except OSError as e:
-        raise AnalysisError(f"{path}: not a readable HDF5 file ({e}); "
+    except DAMAGED_FILE_ERRORS as e:
+        raise AnalysisError(f"{path}: not a readable HDF5 file ({_reason(e)}); "
                             "a run still being written may need a moment to flush") from e
-    with f:
-        attrs = {k: _py(v) for k, v in f.attrs.items()}
-        version = attrs.get(ATTR_SCHEMA_VERSION)
-        if version is None:
-            raise AnalysisError(f"{path}: no '{ATTR_SCHEMA_VERSION}' attribute - not an mxlab run file")
-        if int(version) > SCHEMA_VERSION:
-            raise AnalysisError(f"{path}: schema_version {version} is newer than this analysis "
-                                f"package understands ({SCHEMA_VERSION}); update analysis/")
-        listed = attrs.get(ATTR_ARMS, [])
-        attrs[ATTR_ARMS] = [listed] if isinstance(listed, str) else list(listed)
-        trajectories, branches = {}, {}
-        if GROUP_TRAJECTORIES in f:
-            groups = f[GROUP_TRAJECTORIES]
-            names = [n for n in groups if isinstance(groups[n], h5py.Group)]
-            for name in _arm_order(names, attrs[ATTR_ARMS]):
-                trajectories[name] = _load_group(groups[name], name, "trajectory")
-        if GROUP_BRANCHES in f:
-            for name in f[GROUP_BRANCHES]:
-                branches[name] = _load_group(f[GROUP_BRANCHES][name], name, "branch")
-        # Branches in intervention order (then name), the order a reader expects in legends.
-        branches = dict(sorted(branches.items(), key=lambda kv: (kv[1].attrs.get(ATTR_AT, 0), kv[0])))
-    text = str(attrs.get(ATTR_CONFIG_YAML, ""))
+    try:
+        with f:
+            attrs, trajectories, branches = _read_file(f, path)
+    except DAMAGED_FILE_ERRORS as e:
+        raise AnalysisError(f"{path}: unreadable run file, damaged HDF5 metadata? ({_reason(e)}); "
+                            "rerun it, or leave it out") from e
+    text = attrs.get(ATTR_CONFIG_YAML, "")
+    if not isinstance(text, str):
+        raise AnalysisError(f"{path}: attribute '{ATTR_CONFIG_YAML}' is not text "
+                            f"({type(text).__name__}); damaged file? rerun it, or leave it out")
     try:
         config = yamlcfg.parse_flat(text)
     except AnalysisError as e:
         raise AnalysisError(f"{path}: {e}") from e
     return Run(path=str(path), attrs=attrs, config_text=text, config=config,
                trajectories=trajectories, branches=branches)
+
+
+def _read_file(f, path):
+    """(root attributes, trajectories, branches) of an open run file; h5py errors propagate."""
+    attrs = _attrs(f)
+    version = attrs.get(ATTR_SCHEMA_VERSION)
+    if version is None:
+        raise AnalysisError(f"{path}: no '{ATTR_SCHEMA_VERSION}' attribute - not an mxlab run file")
+    if int(version) > SCHEMA_VERSION:
+        raise AnalysisError(f"{path}: schema_version {version} is newer than this analysis "
+                            f"package understands ({SCHEMA_VERSION}); update analysis/")
+    listed = attrs.get(ATTR_ARMS, [])
+    attrs[ATTR_ARMS] = [listed] if isinstance(listed, str) else list(listed)
+    trajectories, branches = {}, {}
+    top = {name: f[name] for name in f}  # by name: a damaged link raises, not skipped
+    if GROUP_TRAJECTORIES in top:
+        groups = {n: g for n, g in ((n, top[GROUP_TRAJECTORIES][n]) for n in top[GROUP_TRAJECTORIES])
+                  if isinstance(g, h5py.Group)}
+        for name in _arm_order(list(groups), attrs[ATTR_ARMS]):
+            trajectories[name] = _load_group(groups[name], name, "trajectory")
+    if GROUP_BRANCHES in top:
+        for name in top[GROUP_BRANCHES]:
+            branches[name] = _load_group(top[GROUP_BRANCHES][name], name, "branch")
+    # Branches in intervention order (then name), the order a reader expects in legends.
+    branches = dict(sorted(branches.items(), key=lambda kv: (kv[1].attrs.get(ATTR_AT, 0), kv[0])))
+    return attrs, trajectories, branches
 
 
 def find_runs(paths):

@@ -29,9 +29,10 @@ def collect(files):
     columns = BASE_COLUMNS + tuple(swept) + VALUE_COLUMNS
     rows = []
     for path, run, error in loaded:
-        if run is None:
+        if run is None:  # the reason without the path, which has a column of its own
+            reason = error[len(f"{path}: "):] if error.startswith(f"{path}: ") else error
             rows.append({"run_id": os.path.splitext(os.path.basename(path))[0],
-                         "status": f"unreadable: {error}", "file": path})
+                         "status": f"unreadable: {reason}", "file": path})
             continue
         for traj in run.groups():
             s = metrics.summarize(traj, run.config)

@@ -148,7 +148,7 @@ def collect(files, keys, where=(), fp32=True, branches=True):
     groups, notes = {}, []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            notes.append(f"skipped {path}: {error}")
+            notes.append(f"left out {error}")  # the error names the file
             continue
         for key in keys:
             if key != ARM_KEY and key not in run.config:

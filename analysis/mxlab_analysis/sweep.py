@@ -2,6 +2,7 @@
 config keys that differ between runs, and `--where` filters."""
 
 import math
+from collections import namedtuple
 
 from . import AnalysisError
 from . import schema as S
@@ -13,15 +14,29 @@ NOT_SWEPT_PREFIXES = ("interventions.", "arms.")
 NOT_SWEPT = ("name",)
 
 
+class Loaded(namedtuple("Loaded", "path run error")):
+    """One file of a sweep: its Run, or None and why it could not be read."""
+
+
 def load_all(files):
-    """[(path, Run or None, error text or None)] in the order given."""
+    """[Loaded(path, Run or None, error text or None)] in the order given. A file that cannot be
+    read (not HDF5, damaged, not an mxlab run) is kept with its reason, not fatal; items that
+    are already Loaded (the CLI loads once, then counts the unreadable ones) pass through."""
     out = []
     for path in files:
+        if isinstance(path, Loaded):
+            out.append(path)
+            continue
         try:
-            out.append((path, S.load_run(path), None))
+            out.append(Loaded(path, S.load_run(path), None))
         except AnalysisError as e:
-            out.append((path, None, str(e)))
+            out.append(Loaded(path, None, str(e)))
     return out
+
+
+def unreadable(loaded):
+    """The Loaded items of `loaded` whose file could not be read."""
+    return [item for item in loaded if item.run is None]
 
 
 def swept_keys(runs):

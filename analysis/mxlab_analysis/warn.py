@@ -129,7 +129,7 @@ def collect(files, signals=SIGNAL_NAMES, fp32=False, branches=True, where=()):
     cases, notes = [], []
     for path, run, error in sweep.load_all(files):
         if run is None:
-            notes.append(f"skipped {path}: {error}")
+            notes.append(f"left out {error}")  # the error names the file
             continue
         if not sweep.matches(run, where):
             continue

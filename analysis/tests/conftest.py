@@ -1,8 +1,10 @@
 """pytest setup: make `mxlab_analysis` and the fixture writer importable from the repo root
 (`python3 -m pytest -q analysis/tests`), and build the synthetic run files once per session."""
 
+import glob
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -146,3 +148,44 @@ def arms_sweep(tmp_path_factory):
                         depth=depth, lr=lr, arms=arms, new_datasets=True)
             i += 1
     return str(directory)
+
+
+# A small run of the real trainer (MXLAB_BINARY, which scripts/test.sh sets): two arms, one of
+# them made of `set:` items only (stored as `apply: none`), and a set-only branch from it.
+TINY_EXPERIMENT = """\
+name: tiny
+seed: 3
+steps: 40
+device: cpu
+model: {depth: 2, width: 32, hidden_mult: 2}
+data: {batch: 16}
+optimizer: {lr: 1.0e-3}
+precision: {weight: mxfp8_e4m3, activation: mxfp8_e4m3, grad: mxfp8_e4m3}
+log: {log_every: 5, bias_every: 10, progress: false}
+arms:
+  - name: fp6
+    set: {weight: mxfp6_e3m2, activation: mxfp6_e3m2, grad: mxfp6_e3m2}
+  - name: fp8
+interventions:
+  - {name: act_bf16, at: 20, from: fp6, set: {activation: bf16}}
+"""
+
+
+def mxlab_binary():
+    binary = os.environ.get("MXLAB_BINARY")
+    if not binary or not os.path.exists(binary):
+        pytest.skip("MXLAB_BINARY (built mxlab) not set: scripts/test.sh sets it")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def mxlab_run(tmp_path_factory):
+    """The run file `mxlab run` writes for TINY_EXPERIMENT (skips without MXLAB_BINARY)."""
+    binary = mxlab_binary()
+    directory = tmp_path_factory.mktemp("mxlab_run")
+    experiment = directory / "tiny.yaml"
+    experiment.write_text(TINY_EXPERIMENT)
+    subprocess.run([binary, "run", str(experiment), "--out", str(directory / "out")], check=True,
+                   capture_output=True, timeout=600)
+    (path,) = glob.glob(str(directory / "out" / "*.h5"))
+    return path

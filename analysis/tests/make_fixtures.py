@@ -95,6 +95,37 @@ def config_yaml(overrides=None, interventions=(), arms=None):
     return "\n".join(_emit(tree)) + "\n"
 
 
+def _flow(items):
+    """A `set:` mapping as the trainer dumps it: `{k: v, ...}` sorted by key, `{}` for none."""
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted((items or {}).items())) + "}"
+
+
+def patch_text(spec):
+    """The group attribute `patch` of an arm, as the trainer writes it: `{apply: P, set: {...}}`
+    with what the arm has, `{}` for neither."""
+    parts = ([f"apply: {spec['apply']}"] if spec.get("apply") else []) + \
+        ([f"set: {_flow(spec['set'])}"] if spec.get("set") else [])
+    return "{" + ", ".join(parts) + "}"
+
+
+POLICY_FIELDS = ("weight", "activation", "grad", "weight_bwd", "activation_bwd", "ln_affine",
+                 "elementwise", "backward", "block_size", "scale_rule", "bump", "rounding",
+                 "elementwise_rounding")
+
+
+def policy_text(config_text, sets=None):
+    """The group attribute `policy`: every precision field of the config's `precision`, the
+    `set:` items applied, `same` backward formats resolved (the trainer's describe_policy)."""
+    from mxlab_analysis import yamlcfg
+    prec = {k[len("precision."):]: v for k, v in yamlcfg.parse_flat(config_text).items()
+            if k.startswith("precision.")}
+    prec.update(sets or {})
+    for bwd, fwd in (("weight_bwd", "weight"), ("activation_bwd", "activation")):
+        if prec.get(bwd) == "same":
+            prec[bwd] = prec[fwd]
+    return " ".join(f"{k}={_yaml_scalar(prec[k])}" for k in POLICY_FIELDS if k in prec)
+
+
 def _write_rows(group, name, array, attrs=None):
     """An extendable, chunked dataset like the trainer's (maxshape None along axis 0)."""
     array = np.asarray(array)
@@ -278,7 +309,7 @@ V2_LOG_KEYS = {"curvature_every": 0, "curvature_iters": 20, "probe_batch": 0}
 def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=512, lr=6e-4,
               seed=0, mx_diverge_at=None, fp32_spike_at=None, mx_nan_at=None, branches=(),
               status=None, killed=None, weight="mxfp8_e4m3", extra_config=None, noise_seed=None,
-              arms=None, new_datasets=False, curvature_every=0):
+              arms=None, new_datasets=False, curvature_every=0, fp32_diverge_at=None):
     """Write one run file. `branches`: dicts {name, at, apply, diverge_at, from} (diverge_at
     None = the branch stays stable; from: the arm it forks from, only written when given).
     `killed`: None, "ragged" (datasets of different lengths, no summaries, status running) or
@@ -287,8 +318,12 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
     `arms`: None writes a file from before arms (`trajectories/mx`, the MX curve shaped by
     mx_diverge_at / mx_nan_at). A list of dicts {name, diverge_at, nan_at, set (dict) or
     apply} writes a multi-arm file: root attribute `arms`, one group per arm with attributes
-    `arm`, `policy`, `patch`, and the `arms:` list in config_yaml. `new_datasets` adds the
-    clamp-debt and shadow-norm rows; `curvature_every` > 0 the curvature datasets."""
+    `arm`, `policy`, `patch`, and the `arms:` list in config_yaml, all as the trainer writes
+    them (`apply: none` and `set: {}` where the arm has no preset or no items; `policy` every
+    field, the arm's `set:` applied). `new_datasets` adds the clamp-debt and shadow-norm rows;
+    `curvature_every` > 0 the curvature datasets. `fp32_diverge_at` makes the FP32 trajectory
+    diverge (the FP32 curve depends only on the rng's seed and the shape arguments, so runs
+    that share `noise_seed` or `seed` and differ only in MX share it, as in real runs)."""
     rng = np.random.default_rng(seed if noise_seed is None else noise_seed)
     overrides = {"steps": steps, "seed": seed, "model.depth": depth, "model.width": width,
                  "optimizer.lr": lr, "log.log_every": log_every, "log.bias_every": bias_every,
@@ -296,15 +331,15 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
     overrides.update(extra_config or {})
     interventions = []
     for b in branches:
-        entry = {"name": b["name"], "at": b["at"], "apply": b.get("apply", "to_fp32")}
+        entry = {"name": b["name"], "at": b["at"], "apply": b.get("apply", "to_fp32"),
+                 "set": _flow(b.get("set"))}
         if "from" in b:
             entry["from"] = b["from"]
         interventions.append(entry)
     arm_entries = None
     if arms is not None:
-        arm_entries = [{"name": a["name"], **({"apply": a["apply"]} if "apply" in a else {}),
-                        **({"set": "{" + ", ".join(f"{k}: {v}" for k, v in a["set"].items()) + "}"}
-                           if a.get("set") else {})} for a in arms]
+        arm_entries = [{"name": a["name"], "apply": a.get("apply", "none"),
+                        "set": _flow(a.get("set"))} for a in arms]
     text = config_yaml(overrides, interventions, arm_entries)
     if new_datasets or curvature_every or arms is not None:  # a config from after schema 1
         log = "".join(f"  {k}: {curvature_every if k == 'curvature_every' else v}\n"
@@ -342,7 +377,8 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
         if arms is not None:
             a[S.ATTR_ARMS] = [arm["name"] for arm in arms]
         traj = f.create_group(S.GROUP_TRAJECTORIES)
-        fp32 = Curves(rng, steps, depth, spike_at=fp32_spike_at, mx=False, new_datasets=new_datasets)
+        fp32 = Curves(rng, steps, depth, spike_at=fp32_spike_at, diverge_at=fp32_diverge_at,
+                      mx=False, new_datasets=new_datasets)
         g = traj.create_group(S.TRAJ_FP32)
         if arms is not None:
             g.attrs[S.ATTR_POLICY] = "fp32"
@@ -354,9 +390,8 @@ def write_run(path, *, steps=400, log_every=10, bias_every=20, depth=4, width=51
             g = traj.create_group(spec["name"])
             if arms is not None:
                 g.attrs[S.ATTR_ARM] = spec["name"]
-                g.attrs[S.ATTR_POLICY] = f"weight={weight} activation=mxfp8_e4m3 grad=mxfp8_e4m3"
-                g.attrs[S.ATTR_PATCH] = ("{" + ", ".join(f"{k}: {v}" for k, v in spec["set"].items())
-                                         + "}") if spec.get("set") else "{}"
+                g.attrs[S.ATTR_POLICY] = policy_text(text, spec.get("set"))
+                g.attrs[S.ATTR_PATCH] = patch_text(spec)
             _write_group(g, curves, depth, quantized=True, **common)
             full_loss[spec["name"]] = curves.full_loss
         if branches:

@@ -26,7 +26,7 @@ def test_load_every_arm_in_config_order(arms_run):
     assert run.arms == ARM_NAMES
     assert list(run.trajectories) == ["fp32"] + ARM_NAMES
     assert run.mx.name == "floor"  # no arm named mx: the first arm
-    assert run.arm("rne").attrs[S.ATTR_PATCH] == "{rounding: nearest_even}"
+    assert run.arm("rne").attrs[S.ATTR_PATCH] == "{set: {rounding: nearest_even}}"
     assert run.arm().name == "floor"
     with pytest.raises(AnalysisError, match="no arm 'nope'; arms: floor, rne, rceil"):
         run.arm("nope")
@@ -144,10 +144,12 @@ def test_curves_a_column_per_arm(arms_sweep):
     assert len(fig.axes) == 2 * 4
     titles = [ax.get_title() for ax in fig.axes[:4]]
     assert titles[0] == "FP32"
-    assert sorted(titles[1:]) == ["MX: arm floor", "MX: arm rceil (scale_rule=rceil)",
-                                  "MX: arm rne (rounding=nearest_even)"]
-    rne = 1 + titles[1:].index("MX: arm rne (rounding=nearest_even)")
-    floor = 1 + titles[1:].index("MX: arm floor")
+    # each column: what differs between the recipes, the arm's own scale rule included
+    assert sorted(titles[1:]) == ["MX: scale rule floor, arm floor",
+                                  "MX: scale rule floor, arm rne (rounding=nearest_even)",
+                                  "MX: scale rule rceil, arm rceil (scale_rule=rceil)"]
+    rne = 1 + titles[1:].index("MX: scale rule floor, arm rne (rounding=nearest_even)")
+    floor = 1 + titles[1:].index("MX: scale rule floor, arm floor")
 
     def markers(ax):
         return len([ln for ln in ax.get_lines() if ln.get_marker() == "x"])
