@@ -28,8 +28,10 @@ def precision_text(run):
     c = run.config
     w, a, g = (c.get(f"precision.{k}", "?") for k in ("weight", "activation", "grad"))
     fmts = f"{w} (W/A/G)" if w == a == g else f"W {w} / A {a} / G {g}"
-    bwd = [f"{k.split('_')[0][0].upper()}bwd {c[f'precision.{k}']}"
-           for k in ("weight_bwd", "activation_bwd")
+    # The backward GEMMs' own roles, where they do not follow the forward ones (W in dgrad, X in
+    # wgrad, dY in wgrad).
+    labels = {"weight_bwd": "Wbwd", "activation_bwd": "Abwd", "grad_wgrad": "Gwgrad"}
+    bwd = [f"{label} {c[f'precision.{k}']}" for k, label in labels.items()
            if c.get(f"precision.{k}", "same") not in ("same", None)]
     if bwd:
         fmts += " [" + ", ".join(bwd) + "]"
