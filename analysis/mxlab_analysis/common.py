@@ -80,8 +80,11 @@ def precision_text(run, traj=None):
     c = policy_fields(run, traj)
     w, a, g = (c.get(k, "?") for k in ("weight", "activation", "grad"))
     fmts = f"{w} (W/A/G)" if w == a == g else f"W {w} / A {a} / G {g}"
-    bwd = [f"{k.split('_')[0][0].upper()}bwd {c[k]}"
-           for k, fwd in (("weight_bwd", w), ("activation_bwd", a))
+    # The backward GEMMs' own roles, where they do not follow the forward ones (W in dgrad, X in
+    # wgrad, dY in wgrad).
+    bwd = [f"{label} {c[k]}"
+           for k, label, fwd in (("weight_bwd", "Wbwd", w), ("activation_bwd", "Abwd", a),
+                                 ("grad_wgrad", "Gwgrad", g))
            if c.get(k, "same") not in ("same", None, fwd)]
     if bwd:
         fmts += " [" + ", ".join(bwd) + "]"

@@ -83,7 +83,9 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
   // As in backward(): `backward: false` runs this in FP32 (statistics still counted).
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
   const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
-  const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt();
+  // The projections' wgrad GEMMs read dY under grad_wgrad; the attention-internal GEMMs' gradient
+  // operands (dO, dS) stay under grad.
+  const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt(), g_wgrad = p.grad_wgrad_fmt();
   const NumFmt f_logits = p.attn_logits_fmt(), f_probs = p.attn_probs_fmt();
   const AttnDims a = dims(s, ws);
   const ParamGroup& gqkv = group(s, k, ParamGroup::wqkv);
@@ -93,7 +95,7 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
 
   if (const ParamGroup* bo = s.find(k, ParamGroup::bo)) be.col_sum(dZ, grads + bo->offset, a.T, a.d);
   // dWo [d x d] = dZ^T ctx (reduction over tokens); dctx [T x d] = dZ Wo (over d).
-  be.gemm(a.d, a.d, a.T, ops.make(dZ, false, p.grad, Role::grad, k, AttnOp::dwo_dz),
+  be.gemm(a.d, a.d, a.T, ops.make(dZ, false, g_wgrad, Role::grad_wgrad, k, AttnOp::dwo_dz),
           ops.make(ws.ctx[k], false, x_bwd, Role::activation, k, AttnOp::dwo_x), grads + go.offset, 0.0f, R);
   be.gemm(a.T, a.d, a.d, ops.make(dZ, true, p.grad, Role::grad, k, AttnOp::dctx_dz, stats_slot(k, StatTensor::grad_attn_out)),
           ops.make(Wo, false, w_bwd, Role::weight, k, AttnOp::dctx_w), ws.d_ln, 0.0f, R);
@@ -116,7 +118,7 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
   be.heads_merge(ws.d_kh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, a.d);
   be.heads_merge(ws.d_vh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, 2 * a.d);
   // dWqkv [3d x d] = dQKV^T y1 (over tokens); dy1 [T x d] = dQKV Wqkv (over 3d).
-  be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, false, p.grad, Role::grad, k, AttnOp::dwqkv_dq),
+  be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, false, g_wgrad, Role::grad_wgrad, k, AttnOp::dwqkv_dq),
           ops.make(ws.attn_y[k], false, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset, 0.0f, R);
   const float* gq = backward_gain(s, k, attn_norm_site(k), ws);
   if (s.layernorm) norm_scale_wgrad(be, s, gq, grads + gqkv.offset, 3 * a.d, R);

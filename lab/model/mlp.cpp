@@ -569,7 +569,10 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   // counted, under the configured specs: what would clamp if the backward were quantized).
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
   const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
-  const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt();
+  // The wgrad GEMMs' gradient operand has a role of its own (grad_wgrad): each GEMM quantizes its
+  // dY along its own reduction axis anyway, so the dgrad and wgrad operands of one tensor are two
+  // quantizations already, whatever the formats.
+  const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt(), g_wgrad = p.grad_wgrad_fmt();
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
   float* dA = ws.dout;  // gradient of the residual stream leaving block k (consumed in place)
@@ -605,7 +608,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
-    be.gemm(d, H, B, ops.make(dA, false, p.grad, Role::grad, k, OpId::dw2_dy),
+    be.gemm(d, H, B, ops.make(dA, false, g_wgrad, Role::grad_wgrad, k, OpId::dw2_dy),
             ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R);
     // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
     // reader) rounds both as it reads them.
@@ -622,7 +625,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     GemmOperand y_t = y_op(k);
     y_t.prequantized = true;
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, p.grad, Role::grad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f, R);
+    be.gemm(H1, d, B, ops.make(ws.d_h, false, g_wgrad, Role::grad_wgrad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f,
+            R);
     // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
     // through to the FP32 masters.
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);

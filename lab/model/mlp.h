@@ -75,8 +75,8 @@ struct PassPolicy {
 enum class StatTensor : uint8_t {
   ln_out = 0,   // LN output into W1 (forward activation operand)
   act_out,      // phi output into W2 (forward activation operand)
-  grad_out,     // dY into the W2 backward GEMMs (gradient operand, along the output axis)
-  grad_hidden,  // dH into the W1 backward GEMMs
+  grad_out,     // dY into W2's dgrad GEMM (gradient operand under grad, along the output axis)
+  grad_hidden,  // dH into W1's dgrad GEMM (the wgrad GEMMs' operands, under grad_wgrad, have no slot)
   gamma,        // Q(gamma)
   beta,         // Q(beta)
   // Attention blocks only (lab/model/README.md "Attention"):

@@ -78,7 +78,8 @@ inline QuantSpec stats_spec(const PrecisionConfig& p, NumFmt f, Role role, uint6
 
 // How the GEMM operands of one pass direction are built from the policy. The rounding role of
 // an operand: weight (W of every GEMM), activation (X of forward and wgrad GEMMs, and the
-// attention GEMMs' Q, K, P, V), grad (every dY).
+// attention GEMMs' Q, K, P, V), grad (dY of the dgrad and attention-internal GEMMs), grad_wgrad
+// (dY of the linear layers' wgrad GEMMs; its mode is grad's unless it has its own).
 struct OperandRules {
   const PrecisionConfig* p;  // configured policy (formats, and the statistics specs)
   bool quantize;             // false: operands stay FP32 (backward with `backward: false`)

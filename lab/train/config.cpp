@@ -29,13 +29,15 @@ Rounding PrecisionConfig::rounding_of(Role r) const {
     case Role::activation: return rounding_activation.value_or(rounding);
     case Role::grad: return rounding_grad.value_or(rounding);
     case Role::ln_affine: return rounding_ln_affine.value_or(rounding);
+    case Role::grad_wgrad: return rounding_grad_wgrad.value_or(rounding_of(Role::grad));
   }
   return rounding;
 }
 
 bool PrecisionConfig::rounding_uniform() const {
   const Rounding w = rounding_of(Role::weight);
-  return rounding_of(Role::activation) == w && rounding_of(Role::grad) == w && rounding_of(Role::ln_affine) == w;
+  return rounding_of(Role::activation) == w && rounding_of(Role::grad) == w && rounding_of(Role::ln_affine) == w &&
+         rounding_of(Role::grad_wgrad) == w;
 }
 
 PrecisionConfig PrecisionConfig::fp32() {
@@ -284,7 +286,7 @@ std::vector<std::string> enum_names() {
   return v;
 }
 
-// precision.weight_bwd / activation_bwd: `same` or a format.
+// precision.weight_bwd / activation_bwd / grad_wgrad: `same` or a format.
 template <typename F>
 Leaf bwd_leaf(std::string key, F f) {
   return {key,
@@ -308,16 +310,22 @@ std::vector<std::string> ln_affine_names() {
   return v;
 }
 
-// precision.rounding: one mode for every role, or a mapping of roles to modes (issue 12).
-const char* const kRoundingRoles[] = {"weight", "activation", "grad", "ln_affine"};
+// precision.rounding: one mode for every role, or a mapping of roles to modes (issue 12). The
+// first kSpelledRoles are the roles a one-mode `rounding` is spelt out into (set_config_path)
+// and that the mapping form always prints; grad_wgrad follows grad unless it is given.
+const char* const kRoundingRoles[] = {"weight", "activation", "grad", "ln_affine", "grad_wgrad"};
 constexpr PrecisionConfig::Role kRoles[] = {PrecisionConfig::Role::weight, PrecisionConfig::Role::activation,
-                                            PrecisionConfig::Role::grad, PrecisionConfig::Role::ln_affine};
+                                            PrecisionConfig::Role::grad, PrecisionConfig::Role::ln_affine,
+                                            PrecisionConfig::Role::grad_wgrad};
+constexpr int kRoundingRoleCount = 5;
+constexpr int kSpelledRoles = 4;
 
 std::optional<Rounding>& role_override(PrecisionConfig& p, PrecisionConfig::Role r) {
   switch (r) {
     case PrecisionConfig::Role::weight: return p.rounding_weight;
     case PrecisionConfig::Role::activation: return p.rounding_activation;
     case PrecisionConfig::Role::grad: return p.rounding_grad;
+    case PrecisionConfig::Role::grad_wgrad: return p.rounding_grad_wgrad;
     case PrecisionConfig::Role::ln_affine: break;
   }
   return p.rounding_ln_affine;
@@ -327,7 +335,7 @@ std::vector<std::string> rounding_role_names() { return {std::begin(kRoundingRol
 
 // Index of a role name, or -1.
 int rounding_role_index(const std::string& role) {
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kRoundingRoleCount; ++i)
     if (role == kRoundingRoles[i]) return i;
   return -1;
 }
@@ -350,11 +358,58 @@ void set_rounding(PrecisionConfig& p, const YNode& n, const std::string& key) {
   }
 }
 
+// The one mode when every role has it and grad_wgrad follows grad; else the mapping of the
+// spelt roles, with grad_wgrad's mode when it has one of its own (as written: it then no longer
+// follows a later change of grad's).
 std::string rounding_text(const PrecisionConfig& p) {
-  if (p.rounding_uniform()) return name(p.rounding_of(PrecisionConfig::Role::weight));
+  if (p.rounding_uniform() && !p.rounding_grad_wgrad) return name(p.rounding_of(PrecisionConfig::Role::weight));
   std::string s = "{";
-  for (int i = 0; i < 4; ++i) s += msg(i ? ", " : "", kRoundingRoles[i], ": ", name(p.rounding_of(kRoles[i])));
+  for (int i = 0; i < kSpelledRoles; ++i) s += msg(i ? ", " : "", kRoundingRoles[i], ": ", name(p.rounding_of(kRoles[i])));
+  if (p.rounding_grad_wgrad) s += msg(", grad_wgrad: ", name(*p.rounding_grad_wgrad));
   return s + "}";
+}
+
+// precision.gemm: {fprop: F, dgrad: F, wgrad: F}: one format for both operand roles of a GEMM of
+// every linear layer (kGemmRoles[g] are the roles GEMM g sets; apply_gemm).
+const char* const kGemmNames[] = {"fprop", "dgrad", "wgrad"};
+const char* const kGemmRoles[][2] = {{"weight", "activation"}, {"grad", "weight_bwd"}, {"grad_wgrad", "activation_bwd"}};
+constexpr int kGemmCount = 3;
+
+std::vector<std::string> gemm_names() { return {std::begin(kGemmNames), std::end(kGemmNames)}; }
+
+int gemm_index(const std::string& g) {
+  for (int i = 0; i < kGemmCount; ++i)
+    if (g == kGemmNames[i]) return i;
+  return -1;
+}
+
+std::string gemm_roles_text(int g) { return msg(kGemmRoles[g][0], " and ", kGemmRoles[g][1]); }
+
+// GEMM g's operand roles := f. A role of another GEMM that follows a role changed here (`same`)
+// is pinned to the format it had, so that only GEMM g changes: fprop pins weight_bwd and
+// activation_bwd, dgrad pins grad_wgrad. (attn_logits / attn_probs at `same` follow activation,
+// and the attention-internal backward GEMMs read grad, as without gemm: lab/model/README.md.)
+void apply_gemm(PrecisionConfig& p, int g, NumFmt f) {
+  switch (g) {
+    case 0:  // fprop: Y = X W^T
+      if (!p.weight_bwd) p.weight_bwd = p.weight;
+      if (!p.activation_bwd) p.activation_bwd = p.activation;
+      p.weight = p.activation = f;
+      break;
+    case 1:  // dgrad: dX = dY W
+      if (!p.grad_wgrad) p.grad_wgrad = p.grad;
+      p.grad = f;
+      p.weight_bwd = f;
+      break;
+    default:  // wgrad: dW = dY^T X
+      p.grad_wgrad = f;
+      p.activation_bwd = f;
+      break;
+  }
+}
+
+NumFmt parse_gemm_format(const YNode& n, const std::string& key) {
+  return static_cast<NumFmt>(parse_choice(n, key, numfmt_names(), "format"));
 }
 
 // An int leaf that takes one of `allowed`.
@@ -467,6 +522,7 @@ std::vector<Item> build_schema() {
        enum_leaf<NumFmt>("grad", [](RunConfig& c) -> NumFmt& { return c.precision.grad; }, numfmt_names(), "format"),
        bwd_leaf("weight_bwd", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.weight_bwd; }),
        bwd_leaf("activation_bwd", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.activation_bwd; }),
+       since_v2(bwd_leaf("grad_wgrad", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.grad_wgrad; })),
        {"ln_affine",
         [](RunConfig& c, const YNode& n, const std::string& k) {
           // `fp32` is accepted as a synonym of `none` (the gains stay in FP32).
@@ -564,6 +620,13 @@ std::vector<std::string> leaf_keys(const Item& item) {
 
 const Item& precision_item() { return *find_item("precision"); }
 
+// The keys a precision mapping takes: its leaves and `gemm` (for hints).
+std::vector<std::string> precision_keys() {
+  std::vector<std::string> v = leaf_keys(precision_item());
+  v.emplace_back("gemm");
+  return v;
+}
+
 // ---- interventions ---------------------------------------------------------------------
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
@@ -590,8 +653,15 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
     role_override(p, kRoles[i]) = parse_rounding_mode(value, label);
     return;
   }
+  if (key.rfind("gemm.", 0) == 0) {  // one GEMM's operand roles (apply_gemm)
+    const std::string g = key.substr(5);
+    const int i = gemm_index(g);
+    if (i < 0) fail(value.loc, msg("unknown GEMM '", g, "' in ", label, hint_with_list(g, gemm_names())));
+    apply_gemm(p, i, parse_gemm_format(value, label));
+    return;
+  }
   const Leaf* leaf = find_leaf(precision_item(), key);
-  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, leaf_keys(precision_item()))));
+  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, precision_keys())));
   RunConfig tmp;
   tmp.precision = p;
   leaf->set(tmp, value, label);
@@ -600,6 +670,10 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
 
 std::string precision_field_text(const PrecisionConfig& p, const std::string& key) {
   if (key.rfind("rounding.", 0) == 0) return name(p.rounding_of(kRoles[rounding_role_index(key.substr(9))]));
+  if (key.rfind("gemm.", 0) == 0) {  // the format apply_gemm gave the GEMM's operands
+    const int g = gemm_index(key.substr(5));
+    return name(g == 0 ? p.weight : g == 1 ? p.grad : p.grad_wgrad_fmt());
+  }
   RunConfig tmp;
   tmp.precision = p;
   return find_leaf(precision_item(), key)->get(tmp);
@@ -641,14 +715,47 @@ struct Parser {
         if (!e.value.is_map())
           fail(e.value.loc, msg(e.key, ": expected a mapping of fields (e.g. ", e.key, ": {", item->leaves[0].key,
                                 ": ...}), got ", e.value.describe()));
+        const YEntry* gemm = nullptr;
         for (const YEntry& f : e.value.map) {
+          if (item->key == "precision" && f.key == "gemm") {
+            gemm = &f;  // applied after the role keys, which it must not meet
+            continue;
+          }
           const Leaf* leaf = find_leaf(*item, f.key);
           if (!leaf)
-            fail(f.key_loc, msg("unknown key '", f.key, "' in ", e.key, did_you_mean(f.key, leaf_keys(*item))));
+            fail(f.key_loc, msg("unknown key '", f.key, "' in ", e.key,
+                                did_you_mean(f.key, item->key == "precision" ? precision_keys() : leaf_keys(*item))));
           set_leaf(*leaf, f.value, e.key + "." + f.key);
         }
+        if (gemm) parse_gemm(gemm->value);
       }
     }
+  }
+
+  // precision.gemm: each GEMM's format onto its operand roles (apply_gemm). A role key that a
+  // gemm entry sets, given in the same precision mapping, is refused: which of the two would
+  // hold, and whether the other GEMMs' `same` roles follow it, would be a guess.
+  void parse_gemm(const YNode& value) {
+    const std::string key = "precision.gemm";
+    where[key] = value.loc;
+    if (value.is_null()) return;
+    if (!value.is_map())
+      fail(value.loc, msg(key, ": expected a mapping of GEMMs to formats (e.g. {wgrad: bf16}; GEMMs: ",
+                          join(gemm_names()), "), got ", value.describe()));
+    std::vector<std::pair<int, NumFmt>> todo;
+    for (const YEntry& g : value.map) {
+      const int i = gemm_index(g.key);
+      if (i < 0) fail(g.key_loc, msg("unknown GEMM '", g.key, "' in ", key, hint_with_list(g.key, gemm_names())));
+      const std::string dotted = key + "." + g.key;
+      const NumFmt f = parse_gemm_format(g.value, dotted);
+      for (const char* role : kGemmRoles[i])
+        if (const std::optional<YLoc> at = find(std::string("precision.") + role))
+          fail(g.value.loc, msg(dotted, " sets ", gemm_roles_text(i), ", and precision.", role,
+                                " is also given (", at->str(), "): keep one of the two"));
+      where[dotted] = g.value.loc;
+      todo.emplace_back(i, f);
+    }
+    for (const auto& [i, f] : todo) apply_gemm(cfg.precision, i, f);
   }
 
   void set_leaf(const Leaf& leaf, const YNode& value, const std::string& dotted) {
@@ -680,6 +787,19 @@ struct Parser {
       fail(value.loc, msg(key, ": expected a mapping of precision fields (e.g. {activation: bf16}), got ",
                           value.describe()));
     for (const YEntry& f : value.map) {
+      if (f.key == "gemm") {  // stored as the fields gemm.<GEMM>, applied by apply_intervention
+        if (f.value.is_null()) continue;
+        if (!f.value.is_map())
+          fail(f.value.loc, msg(key, ".gemm: expected a mapping of GEMMs to formats (e.g. {wgrad: bf16}), got ",
+                                f.value.describe()));
+        for (const YEntry& g : f.value.map) {
+          PrecisionConfig scratch;
+          const std::string field = "gemm." + g.key;
+          set_precision_field(scratch, field, g.value, key + "." + field);
+          set[field] = precision_field_text(scratch, field);
+        }
+        continue;
+      }
       if (f.key == "rounding" && f.value.is_map()) {
         for (const YEntry& r : f.value.map) {
           PrecisionConfig scratch;
@@ -689,9 +809,9 @@ struct Parser {
         }
         continue;
       }
-      if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0)
+      if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0 && f.key.rfind("gemm.", 0) != 0)
         fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
-                            hint_with_list(f.key, leaf_keys(precision_item()))));
+                            hint_with_list(f.key, precision_keys())));
       PrecisionConfig scratch;
       set_precision_field(scratch, f.key, f.value, key + "." + f.key);
       set[f.key] = precision_field_text(scratch, f.key);
@@ -771,6 +891,7 @@ std::vector<std::string> mx_roles(const PrecisionConfig& p) {
   if (is_mx(p.grad)) roles.push_back("grad");
   if (is_mx(p.weight_bwd_fmt())) roles.push_back("weight_bwd");
   if (is_mx(p.activation_bwd_fmt())) roles.push_back("activation_bwd");
+  if (p.grad_wgrad && is_mx(*p.grad_wgrad)) roles.push_back("grad_wgrad");  // `same`: listed as grad
   if (is_mx(p.ln_affine)) roles.push_back("ln_affine");
   return roles;
 }
@@ -1023,12 +1144,15 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
 
 std::string describe_policy(const PrecisionConfig& p) {
   using R = PrecisionConfig::Role;
+  const bool own_wgrad_mode = p.rounding_of(R::grad_wgrad) != p.rounding_of(R::grad);
   const std::string rounding =
       p.rounding_uniform() ? std::string(name(p.rounding_of(R::weight)))
                            : msg("weight:", name(p.rounding_of(R::weight)), ",activation:", name(p.rounding_of(R::activation)),
-                                 ",grad:", name(p.rounding_of(R::grad)), ",ln_affine:", name(p.rounding_of(R::ln_affine)));
+                                 ",grad:", name(p.rounding_of(R::grad)), ",ln_affine:", name(p.rounding_of(R::ln_affine)),
+                                 own_wgrad_mode ? msg(",grad_wgrad:", name(p.rounding_of(R::grad_wgrad))) : std::string());
   return msg("weight=", name(p.weight), " activation=", name(p.activation), " grad=", name(p.grad),
              " weight_bwd=", name(p.weight_bwd_fmt()), " activation_bwd=", name(p.activation_bwd_fmt()),
+             " grad_wgrad=", name(p.grad_wgrad_fmt()),
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
@@ -1046,7 +1170,7 @@ void set_config_path(YNode& root, const std::vector<std::string>& path, const YN
         YNode m;
         m.kind = YNode::Kind::map;
         m.loc = r->value.loc;
-        for (const char* role : kRoundingRoles) m.map.push_back({role, r->value.loc, r->value});
+        for (int i = 0; i < kSpelledRoles; ++i) m.map.push_back({kRoundingRoles[i], r->value.loc, r->value});
         r->value = m;
       }
   yaml_set_path(root, path, value, loc);
@@ -1082,6 +1206,7 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
     p.weight = p.activation = p.grad = NumFmt::fp32;
     p.weight_bwd = NumFmt::fp32;
     p.activation_bwd = NumFmt::fp32;
+    p.grad_wgrad = NumFmt::fp32;
     p.ln_affine = NumFmt::fp32;
     p.attn_logits = NumFmt::fp32;
     p.attn_probs = NumFmt::fp32;
@@ -1119,8 +1244,21 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv) {
   PrecisionConfig p = base;
   for (const std::string& a : preset_parts(iv.apply)) apply_preset(p, a, iv);
+  // gemm.<GEMM> fields first, on the policy the presets left (their pins read it), then the
+  // other fields; a role a gemm field sets may not be set beside it.
+  for (int g = 0; g < kGemmCount; ++g) {
+    const std::string gkey = std::string("gemm.") + kGemmNames[g];
+    if (!iv.set.count(gkey)) continue;
+    for (const char* role : kGemmRoles[g])
+      if (iv.set.count(role))
+        throw Error(msg("patch '", iv.name, "': set gives ", gkey, " (which sets ", gemm_roles_text(g), ") and ", role,
+                        ": keep one of the two"));
+  }
+  const YLoc loc{msg("intervention '", iv.name, "'"), 0};
   for (const auto& [key, value] : iv.set)
-    set_precision_field(p, key, YNode::scalar(value, {msg("intervention '", iv.name, "'"), 0}), "set." + key);
+    if (key.rfind("gemm.", 0) == 0) set_precision_field(p, key, YNode::scalar(value, loc), "set." + key);
+  for (const auto& [key, value] : iv.set)
+    if (key.rfind("gemm.", 0) != 0) set_precision_field(p, key, YNode::scalar(value, loc), "set." + key);
   return p;
 }
 
@@ -1149,6 +1287,8 @@ std::vector<std::string> config_keys() {
     for (const Leaf& l : item.leaves) v.push_back(item.key + "." + l.key);
   }
   for (const char* role : kRoundingRoles) v.push_back(std::string("precision.rounding.") + role);
+  v.emplace_back("precision.gemm");
+  for (const char* g : kGemmNames) v.push_back(std::string("precision.gemm.") + g);
   return v;
 }
 
@@ -1258,6 +1398,7 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.rounding_of(PrecisionConfig::Role::activation) == b.rounding_of(PrecisionConfig::Role::activation) &&
          a.rounding_of(PrecisionConfig::Role::grad) == b.rounding_of(PrecisionConfig::Role::grad) &&
          a.rounding_of(PrecisionConfig::Role::ln_affine) == b.rounding_of(PrecisionConfig::Role::ln_affine) &&
+         a.grad_wgrad == b.grad_wgrad && a.rounding_grad_wgrad == b.rounding_grad_wgrad &&
          a.elementwise_rounding == b.elementwise_rounding &&
          a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs;
 }

@@ -77,13 +77,17 @@ struct ScheduleConfig {
   float lr_min = 0.0f;         // cosine floor
 };
 
-// DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd.
+// DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd/
+// grad_wgrad. By GEMM of a linear layer: Fprop Y = X W^T reads (activation, weight), Dgrad
+// dX = dY W reads (grad, weight_bwd), Wgrad dW = dY^T X reads (grad_wgrad, activation_bwd).
+// YAML `precision.gemm: {fprop, dgrad, wgrad}` sets those pairs (config_io.h, apply_gemm).
 struct PrecisionConfig {
   NumFmt weight = NumFmt::mxfp8_e4m3;
   NumFmt activation = NumFmt::mxfp8_e4m3;
-  NumFmt grad = NumFmt::mxfp8_e4m3;
+  NumFmt grad = NumFmt::mxfp8_e4m3;       // dY in the dgrad GEMMs (and the attention-internal backward GEMMs)
   std::optional<NumFmt> weight_bwd;       // unset ("same") = weight
   std::optional<NumFmt> activation_bwd;   // unset ("same") = activation
+  std::optional<NumFmt> grad_wgrad;       // dY in the wgrad GEMMs; unset ("same") = grad
   NumFmt ln_affine = NumFmt::mxfp8_e4m3;  // fp32 means "none" (YAML: none|bf16|<mx format>)
   bool elementwise_bf16 = true;           // YAML: elementwise: fp32 | bf16
   bool backward = true;                   // false: forward-only quantization
@@ -91,11 +95,13 @@ struct PrecisionConfig {
   ScaleRule scale_rule = ScaleRule::floor;
   Bump bump = Bump::clamp;                // floor_bump: clamp (only blocks that would clamp) | always
   // Element rounding of the MX roles. `rounding` is the mode of every role; a role may
-  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M}`, issue 12):
-  // weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and wgrad GEMMs
-  // (activation, activation_bwd), grad = dY in both backward GEMMs, ln_affine = Q(gamma), Q(beta).
+  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M, grad_wgrad: M}`,
+  // issue 12): weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and
+  // wgrad GEMMs (activation, activation_bwd), grad = dY in both backward GEMMs (grad, and
+  // grad_wgrad unless grad_wgrad has a mode of its own), ln_affine = Q(gamma), Q(beta).
   Rounding rounding = Rounding::nearest_even;
   std::optional<Rounding> rounding_weight, rounding_activation, rounding_grad, rounding_ln_affine;
+  std::optional<Rounding> rounding_grad_wgrad;  // unset = the grad role's mode
   Rounding elementwise_rounding = Rounding::nearest_even;  // nearest_even | nearest_away
   NumFmt diagnostic_format = NumFmt::mxfp8_e4m3;  // last-bin statistics of tensors not quantized
   // Attention GEMM operands (model.block: attention; lab/model/README.md "Attention"):
@@ -104,9 +110,10 @@ struct PrecisionConfig {
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
-  enum class Role : uint8_t { weight = 0, activation, grad, ln_affine };
+  NumFmt grad_wgrad_fmt() const { return grad_wgrad.value_or(grad); }
+  enum class Role : uint8_t { weight = 0, activation, grad, ln_affine, grad_wgrad };
   Rounding rounding_of(Role r) const;
-  bool rounding_uniform() const;  // every role rounds with the same mode
+  bool rounding_uniform() const;  // every role (grad_wgrad included) rounds with the same mode
   NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
   NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
   // The all-FP32 policy of the reference trajectory and the shadow pass.

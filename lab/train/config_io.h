@@ -37,7 +37,9 @@ std::string dump_config(const RunConfig& cfg);
 // Fields are hashed as written (`weight_bwd: same` and an explicit equal format give different
 // ids: they differ once an intervention changes `weight`). Keys added after schema 1 (leaves
 // marked since_v2 in config.cpp, and list-valued keys such as `arms`) are left out while they
-// hold their default, so every run id published before them is still the id of that run.
+// hold their default, so every run id published before them is still the id of that run (so is
+// grad_wgrad's own rounding mode, which `rounding` prints only when it is set). `precision.gemm`
+// is no field: it is hashed as the roles it set.
 std::string config_hash(const RunConfig& cfg);
 std::string canonical_config_text(const RunConfig& cfg);  // the text config_hash hashes
 
@@ -52,7 +54,14 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 //   bf16_activations     activation bf16, activation_bwd bf16
 //   bf16_weights         weight bf16, weight_bwd bf16
 //   bf16_fwd_activations activation bf16; activation_bwd keeps the format it resolved to
-// then `set:` applies precision fields (same names and values as the precision section).
+// (to_fp32 also sets grad_wgrad fp32.) Then `set:` applies precision fields (same names and
+// values as the precision section): first the GEMM fields gemm.fprop / gemm.dgrad / gemm.wgrad
+// (YAML `set: {gemm: {wgrad: F}}`), each setting its GEMM's two operand roles (fprop: weight,
+// activation; dgrad: grad, weight_bwd; wgrad: grad_wgrad, activation_bwd) and pinning the
+// `same` roles of the other GEMMs that would follow them (fprop: weight_bwd, activation_bwd;
+// dgrad: grad_wgrad) to the format they had; then the other fields. A patch may not give a
+// GEMM field and a role it sets (mxlab::Error). `precision.gemm` in a configuration works the
+// same way on the roles given beside it, which may not include the GEMM's own.
 std::vector<std::string> intervention_presets();
 PrecisionConfig apply_intervention(const PrecisionConfig& base, const InterventionConfig& iv);
 // Whether the curvature instrument's Hessian-vector products cover this model: the MLP block,
@@ -72,13 +81,14 @@ inline bool resets_adam_v(const InterventionConfig& iv) { return has_preset(iv, 
 // The patch as one line of flow YAML, e.g. "{apply: to_fp32, set: {backward: false}}".
 std::string describe_patch(const InterventionConfig& iv);
 std::string describe_patch(const ArmConfig& arm);
-// Every field of a policy on one line ("weight=mxfp8_e4m3 activation=... rounding=nearest_away
-// ..."; a per-role rounding as rounding=weight:M,activation:M,grad:M,ln_affine:M): the `policy`
+// Every field of a policy on one line ("weight=mxfp8_e4m3 activation=... grad_wgrad=...
+// rounding=nearest_away ..."; a per-role rounding as rounding=weight:M,activation:M,grad:M,
+// ln_affine:M, with ,grad_wgrad:M when that role's mode differs from grad's): the `policy`
 // attribute of the run file's groups.
 std::string describe_policy(const PrecisionConfig& p);
 
-// Every leaf key of the schema in dotted form ("model.width", ...), "arms", "interventions" and
-// the per-role roundings "precision.rounding.<role>".
+// Every leaf key of the schema in dotted form ("model.width", ...), "arms", "interventions", the
+// per-role roundings "precision.rounding.<role>" and "precision.gemm", "precision.gemm.<GEMM>".
 std::vector<std::string> config_keys();
 
 // Activation names (relu, gelu, gelu_tanh, swiglu, linear).

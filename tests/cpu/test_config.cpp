@@ -97,6 +97,7 @@ RunConfig every_field_changed() {
   c.precision.grad = NumFmt::mxfp8_e5m2;
   c.precision.weight_bwd = NumFmt::mxint8;
   c.precision.activation_bwd = NumFmt::fp16;
+  c.precision.grad_wgrad = NumFmt::mxfp4_e2m1;
   c.precision.ln_affine = NumFmt::bf16;
   c.precision.elementwise_bf16 = false;
   c.precision.backward = false;
@@ -122,6 +123,7 @@ RunConfig every_field_changed() {
   c.log.snapshot_every = 200;
   c.log.snapshot_optimizer = true;
   c.precision.rounding_grad = Rounding::nearest_away;  // per-role: printed as a mapping
+  c.precision.rounding_grad_wgrad = Rounding::toward_zero;
   c.checkpoint_every = 100;
   c.arms = {{"even", "", {{"rounding", "nearest_even"}}}, {"grad_away", "skip_ln_quant", {{"rounding.grad", "nearest_away"}}}};
   InterventionConfig a;
@@ -220,9 +222,9 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   // The fixture really changes every field: each printed leaf differs from the default's.
   const auto dl = dump_leaves(dump_config(d)), cl = dump_leaves(text);
   ASSERT_EQ(dl.size(), cl.size());
-  // Every key but the lists `arms`, `interventions` and the 4 per-role roundings (inside the
-  // `rounding` line) is a leaf line.
-  EXPECT_EQ(dl.size(), config_keys().size() - 6);
+  // Every key but the lists `arms`, `interventions`, the 5 per-role roundings (inside the
+  // `rounding` line) and precision.gemm with its 3 GEMMs (no field: it sets roles) is a leaf line.
+  EXPECT_EQ(dl.size(), config_keys().size() - 11);
   for (const auto& [k, v] : dl) {
     if (k != "log.curvature_every") {
       EXPECT_NE(v, cl.at(k)) << k << " is unchanged in every_field_changed()";
@@ -426,6 +428,9 @@ TEST(Config, RunIdIgnoresPresentationFieldsOnly) {
       [](RunConfig& c) { c.model.norm = NormKind::rmsnorm; },  // keys added after schema 1, off their defaults
       [](RunConfig& c) { c.data.seq_len = 2; },
       [](RunConfig& c) { c.precision.attn_probs = NumFmt::bf16; },
+      [](RunConfig& c) { c.precision.grad_wgrad = NumFmt::bf16; },
+      [](RunConfig& c) { c.precision.grad_wgrad = NumFmt::mxfp8_e4m3; },  // explicit, though equal to grad
+      [](RunConfig& c) { c.precision.rounding_grad_wgrad = Rounding::nearest_even; },  // likewise
   };
   for (size_t i = 0; i < changes.size(); ++i) {
     RunConfig c = base;
@@ -447,6 +452,7 @@ std::vector<std::string> changed_fields(const PrecisionConfig& a, const Precisio
   if (a.grad != b.grad) d.push_back("grad");
   if (a.weight_bwd_fmt() != b.weight_bwd_fmt()) d.push_back("weight_bwd");
   if (a.activation_bwd_fmt() != b.activation_bwd_fmt()) d.push_back("activation_bwd");
+  if (a.grad_wgrad_fmt() != b.grad_wgrad_fmt()) d.push_back("grad_wgrad");
   if (a.ln_affine != b.ln_affine) d.push_back("ln_affine");
   if (a.elementwise_bf16 != b.elementwise_bf16) d.push_back("elementwise");
   if (a.backward != b.backward) d.push_back("backward");
@@ -479,6 +485,7 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
   base.weight = NumFmt::mxfp6_e2m3;
   base.activation = NumFmt::mxfp4_e2m1;
   base.grad = NumFmt::mxfp8_e5m2;
+  base.grad_wgrad = NumFmt::mxfp6_e3m2;  // given: to_fp32 must set it, nothing else may
   base.ln_affine = NumFmt::mxint8;
   base.bump = Bump::always;  // bump_exponent must set clamp
   struct Expect {
@@ -487,8 +494,8 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
   };
   const std::vector<Expect> table = {
       {"to_fp32",
-       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "ln_affine", "elementwise", "attn_logits",
-        "attn_probs"}},
+       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "grad_wgrad", "ln_affine", "elementwise",
+        "attn_logits", "attn_probs"}},
       {"skip_ln_quant", {"ln_affine"}},
       {"bump_exponent", {"scale_rule", "bump"}},
       {"forward_only", {"backward"}},
@@ -498,7 +505,8 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
       {"bf16_fwd_activations", {"activation", "attn_logits", "attn_probs"}},
       // Issue 17: to_fp32 with gamma/beta quantized as before; snap_gamma changes state only.
       {"to_fp32_keep_gamma_q",
-       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "elementwise", "attn_logits", "attn_probs"}},
+       {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "grad_wgrad", "elementwise", "attn_logits",
+        "attn_probs"}},
       {"snap_gamma", {}},
       {"reset_adam_v", {}},
   };
@@ -573,8 +581,8 @@ TEST(Interventions, PatchIsDescribedAsOneLineYaml) {
 
 TEST(Interventions, Fp32PolicyIsAllFp32) {
   const PrecisionConfig p = PrecisionConfig::fp32();
-  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.ln_affine,
-                   p.attn_logits_fmt(), p.attn_probs_fmt()})
+  for (NumFmt f : {p.weight, p.activation, p.grad, p.weight_bwd_fmt(), p.activation_bwd_fmt(), p.grad_wgrad_fmt(),
+                   p.ln_affine, p.attn_logits_fmt(), p.attn_probs_fmt()})
     EXPECT_EQ(f, NumFmt::fp32);
   EXPECT_FALSE(p.elementwise_bf16);
 }

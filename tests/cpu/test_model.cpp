@@ -408,8 +408,15 @@ class NaiveGemmBackend final : public Backend {
   }
   int gemm_outputs_rounded = 0;  // gemm calls whose output the GEMM itself rounds
   int copies = 0;
+  struct GemmCall {
+    int64_t M, N, K;
+    GemmOperand a, b;
+    const float* C;
+  };
+  std::vector<GemmCall> gemms;  // every gemm call, in order
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
             const ElementwiseRound& out) override {
+    gemms.push_back({M, N, K, a, b, C});
     gemm_outputs_rounded += out.bf16 ? 1 : 0;
     take(a, a.k_contiguous ? M : K, a.k_contiguous ? K : M);
     take(b, b.k_contiguous ? N : K, b.k_contiguous ? K : N);
@@ -526,11 +533,37 @@ class NaiveGemmBackend final : public Backend {
   }
 };
 
+// The rounding role and the format of GEMM operand `id` (the op ids of lab/model/README.md:
+// fc1_x, fc1_w, fc2_x, fc2_w, dw2_dy, dw2_x, da_dy, da_w, dw1_dy, dw1_x, dy_dy, dy_w; 12, 13 are
+// Q(gamma), Q(beta)), written out here independently of the model's OperandRules.
+PrecisionConfig::Role operand_role(int id) {
+  using R = PrecisionConfig::Role;
+  switch (id) {
+    case 0: case 2: case 5: case 9: return R::activation;
+    case 1: case 3: case 7: case 11: return R::weight;
+    case 4: case 8: return R::grad_wgrad;
+    case 6: case 10: return R::grad;
+    default: return R::ln_affine;
+  }
+}
+NumFmt operand_fmt(const PrecisionConfig& p, int id) {
+  switch (id) {
+    case 0: case 2: return p.activation;
+    case 1: case 3: return p.weight;
+    case 5: case 9: return p.activation_bwd_fmt();
+    case 7: case 11: return p.weight_bwd_fmt();
+    case 4: case 8: return p.grad_wgrad_fmt();
+    case 6: case 10: return p.grad;
+    default: return p.ln_affine;
+  }
+}
+
 // One training step's forward, MSE loss and backward written out as the paper's emulation
 // does it: every GEMM operand rounded to bf16, then quantize_dequantize'd along that GEMM's
 // reduction axis as it is stored; FP32 accumulation; every output and vector op rounded to
 // bf16. `flip` (0..11) swaps the quantization axis of one GEMM operand, in the order of the
-// op ids of lab/model/README.md (a negative control: the model must then disagree).
+// op ids of lab/model/README.md (a negative control: the model must then disagree). The wgrad
+// GEMMs' gradient operands (ids 4, 8) take grad_wgrad, the dgrad GEMMs' (6, 10) grad.
 PassResult reference_mx(const NetShape& s, const std::vector<float>& P, const std::vector<float>& x,
                         const std::vector<float>& t, int64_t B, const PrecisionConfig& p, uint64_t seed,
                         uint32_t step, int flip = -1) {
@@ -543,7 +576,7 @@ PassResult reference_mx(const NetShape& s, const std::vector<float>& P, const st
     q.block = p.block_size;
     q.rule = p.scale_rule;
     q.bump = p.bump;
-    q.rounding = is_mx(f) ? p.rounding : p.elementwise_rounding;
+    q.rounding = is_mx(f) ? p.rounding_of(operand_role(id)) : p.elementwise_rounding;
     q.seed = sr_seed(seed, uint64_t(16 * layer + id + 1));
     q.salt = step;
     return q;
@@ -648,7 +681,7 @@ PassResult reference_mx(const NetShape& s, const std::vector<float>& P, const st
       }
     // dW2 [d x H] = dA^T a: both reduce over the batch, i.e. down the columns of [B x .].
     {
-      const auto g = Q(dA.data(), B, d, kS, p.grad, k, 4), a = Q(Aa[k].data(), B, H, kS, xb, k, 5);
+      const auto g = Q(dA.data(), B, d, kS, p.grad_wgrad_fmt(), k, 4), a = Q(Aa[k].data(), B, H, kS, xb, k, 5);
       naive_gemm(d, H, B, [&](int64_t c, int64_t i) { return g[i * d + c]; },
                  [&](int64_t j, int64_t i) { return a[i * H + j]; }, r.grads.data() + off(k, ParamGroup::w2), 0, Rw);
     }
@@ -673,7 +706,7 @@ PassResult reference_mx(const NetShape& s, const std::vector<float>& P, const st
       }
     // dW1 [H1 x d] = dh^T y: reduce over the batch.
     {
-      const auto g = Q(dh.data(), B, H1, kS, p.grad, k, 8), y = Q(Y[k].data(), B, d, kS, xb, k, 9);
+      const auto g = Q(dh.data(), B, H1, kS, p.grad_wgrad_fmt(), k, 8), y = Q(Y[k].data(), B, d, kS, xb, k, 9);
       naive_gemm(H1, d, B, [&](int64_t j, int64_t i) { return g[i * H1 + j]; },
                  [&](int64_t c, int64_t i) { return y[i * d + c]; }, r.grads.data() + off(k, ParamGroup::w1), 0, Rw);
     }
@@ -752,6 +785,22 @@ std::vector<MxCase> mx_cases() {
     c.axis_sensitive = false;
     cs.push_back(c);
   }
+  {  // Per-GEMM precision: Dgrad's dY in MX, Wgrad's dY in bf16 (precision.grad_wgrad).
+    MxCase c{"L2 gelu, grad MXFP8 E4M3 (dgrad), grad_wgrad bf16 (wgrad)", small_model(2, 32, Act::gelu),
+             PrecisionConfig{}};
+    c.p.grad_wgrad = NumFmt::bf16;
+    c.p.rounding = Rounding::nearest_away;
+    c.p.elementwise_rounding = Rounding::nearest_away;
+    cs.push_back(c);
+  }
+  {  // ... and in another MX format with a rounding mode of its own (stochastic, its own streams).
+    MxCase c{"L2 swiglu, grad MXFP8 E4M3, grad_wgrad MXFP6 E3M2 stochastic", small_model(2, 32, Act::swiglu),
+             PrecisionConfig{}};
+    c.p.grad_wgrad = NumFmt::mxfp6_e3m2;
+    c.p.rounding_grad_wgrad = Rounding::stochastic;
+    c.p.elementwise_rounding = Rounding::nearest_away;
+    cs.push_back(c);
+  }
   return cs;
 }
 
@@ -817,6 +866,7 @@ TEST(ModelMx, MatchesExplicitCompositionBitForBit) {
     }
     // Negative control: quantizing any one operand along the other axis changes the result.
     for (int flip = 0; c.axis_sensitive && flip < 12; ++flip) {
+      if (!is_mx(operand_fmt(c.p, flip))) continue;  // an element-wise format has no axis
       const PassResult wrong = reference_mx(s, params, x, t, B, c.p, seed, step, flip);
       EXPECT_FALSE(same_bits(got.grads, wrong.grads, &where) && same_bits(got.out, wrong.out, &where))
           << "flipping the axis of operand " << flip << " went unnoticed";
@@ -907,6 +957,203 @@ TEST(ModelMx, ProducersAreHandedTheOperandTheirGemmReads) {
     EXPECT_EQ(be.prequantize_calls, 2);  // one in the forward, one in the backward
     for (const std::string& b : be.breaches) ADD_FAILURE() << b;
   }
+}
+
+namespace {
+// Two runs' operands alike in everything but the tensor's address (each run allocates its own).
+bool same_gemm_operand(const GemmOperand& a, const GemmOperand& b) {
+  return a.k_contiguous == b.k_contiguous && a.q.fmt == b.q.fmt && a.q.block == b.q.block &&
+         a.q.rule == b.q.rule && a.q.rounding == b.q.rounding && a.q.bump == b.q.bump && a.q.seed == b.q.seed &&
+         a.round_bf16_first == b.round_bf16_first && a.bf16_mode == b.bf16_mode && a.stats_slot == b.stats_slot &&
+         a.sr_op == b.sr_op && a.prequantized == b.prequantized;
+}
+}  // namespace
+
+// Per-GEMM precision (precision.grad_wgrad): the wgrad GEMMs (dW2 = dA^T a, dW1 = dh^T y) read
+// the gradient under grad_wgrad, the dgrad GEMMs (da = dA W2, dy = dh W1) under grad. With
+// grad MXFP8 and grad_wgrad bf16, the weight gradients come from bf16 dY and every other
+// gradient (which flows through the dgrad GEMMs only) is exactly the grad-only run's; the bits
+// against the dense composition are MatchesExplicitCompositionBitForBit's (its grad_wgrad cases).
+// An explicit grad_wgrad equal to grad is the same step: the same GEMM calls, the same bits.
+TEST(ModelMx, WgradGradientOperandHasARoleOfItsOwn) {
+  const int64_t B = 32;
+  const uint64_t seed = 1234;
+  const NetShape s = NetShape::student(small_model(2, 32, Act::gelu));
+  auto params = test_params(s, 17);
+  auto t = noise(B * s.d, 19);
+  const auto x = noise(B * s.d, 18);
+  make_heterogeneous(s, params, t, B);
+  RunConfig cfg;
+  cfg.model = small_model(2, 32, Act::gelu);
+  PrecisionConfig base;  // MXFP8 E4M3 everywhere, grad_wgrad `same`
+  base.rounding = Rounding::nearest_away;
+  base.elementwise_rounding = Rounding::nearest_away;
+  auto pass = [&](const PrecisionConfig& p, std::vector<NaiveGemmBackend::GemmCall>* calls = nullptr,
+                  std::vector<std::string>* breaches = nullptr) {
+    NaiveGemmBackend be;
+    StepScalars st;
+    st.step = 9;
+    be.set_step(st);
+    PassPolicy pol;
+    pol.p = p;
+    pol.seed = seed;
+    const PassResult r = run_pass(be, s, cfg, params, x, t, B, pol);
+    if (calls) *calls = be.gemms;
+    if (breaches) *breaches = be.breaches;
+    return r;
+  };
+  std::vector<NaiveGemmBackend::GemmCall> calls_base, calls_split;
+  std::vector<std::string> breaches;
+  const PassResult r_base = pass(base, &calls_base);
+  PrecisionConfig split = base;
+  split.grad_wgrad = NumFmt::bf16;
+  const PassResult r_split = pass(split, &calls_split, &breaches);
+  for (const std::string& b : breaches) ADD_FAILURE() << b;  // producers still hand over the dgrad operands
+
+  // The calls: per layer dW2, da, dW1, dy after the 2 * L forward GEMMs; only the gradient
+  // operand of dW2 and dW1 changes (fmt bf16, the grad_wgrad role's element rounding).
+  ASSERT_EQ(calls_base.size(), calls_split.size());
+  ASSERT_EQ(calls_base.size(), static_cast<size_t>(6 * s.depth));
+  for (size_t i = 0; i < calls_base.size(); ++i) {
+    const bool wgrad = i >= static_cast<size_t>(2 * s.depth) && (i - 2 * s.depth) % 2 == 0;
+    SCOPED_TRACE(msg("gemm ", i, wgrad ? " (wgrad)" : ""));
+    EXPECT_TRUE(same_gemm_operand(calls_base[i].b, calls_split[i].b));
+    if (!wgrad) {
+      EXPECT_TRUE(same_gemm_operand(calls_base[i].a, calls_split[i].a));
+      continue;
+    }
+    EXPECT_FALSE(calls_split[i].a.k_contiguous);  // dY^T: blocks would run down the batch
+    EXPECT_EQ(calls_base[i].a.q.fmt, NumFmt::mxfp8_e4m3);
+    EXPECT_EQ(calls_split[i].a.q.fmt, NumFmt::bf16);
+    EXPECT_EQ(calls_split[i].a.q.rounding, Rounding::nearest_away);  // bf16 rounds per elementwise_rounding
+    EXPECT_EQ(calls_split[i].a.sr_op, calls_base[i].a.sr_op);
+    // One tensor (dA, dh) feeds the wgrad GEMM and the dgrad GEMM after it, each quantizing it
+    // its own way.
+    EXPECT_EQ(calls_split[i].a.p, calls_split[i + 1].a.p);
+    EXPECT_TRUE(calls_split[i + 1].a.k_contiguous);
+    EXPECT_EQ(calls_split[i + 1].a.q.fmt, NumFmt::mxfp8_e4m3);
+  }
+  // The loss and everything that does not pass through a wgrad GEMM are the grad-only run's bits;
+  // the weight gradients are not.
+  std::string where;
+  EXPECT_EQ(f32_bits(r_split.loss), f32_bits(r_base.loss));
+  EXPECT_TRUE(same_bits(r_split.out, r_base.out, &where)) << where;
+  for (const ParamGroup& g : s.groups) {
+    const std::vector<float> a(r_split.grads.begin() + g.offset, r_split.grads.begin() + g.offset + g.size());
+    const std::vector<float> b(r_base.grads.begin() + g.offset, r_base.grads.begin() + g.offset + g.size());
+    const bool weight = g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2;
+    EXPECT_EQ(same_bits(a, b, &where), !weight) << g.name;
+  }
+  // dW2 of the last layer by hand: dA = dout (the same in both runs) rounded to bf16 (as the
+  // bf16 role and the bf16-first rounding both do, ties away), a quantized along the batch
+  // (MXFP8 E4M3, activation_bwd), a plain double sum rounded to bf16 - and the MX dgrad of the
+  // same dA gives a different dW2.
+  {
+    NaiveGemmBackend be;
+    StepScalars st;
+    st.step = 9;
+    be.set_step(st);
+    PassPolicy pol;
+    pol.p = split;
+    pol.seed = seed;
+    float* P = put(be, params);
+    float* X = put(be, x);
+    float* T = put(be, t);
+    Workspace ws = Workspace::make(be, s, B);
+    forward(be, s, P, X, ws, pol);
+    loss_and_grad(be, cfg, T, ws, pol, nullptr);
+    const int k = s.depth - 1;
+    const int64_t d = s.d, H = s.hidden;
+    const std::vector<float> dA = get(be, ws.dout, static_cast<size_t>(B * d));
+    std::vector<float> a = get(be, ws.a[k], static_cast<size_t>(B * H));
+    for (float& v : a) v = round_bf16(v, Rounding::nearest_away);
+    QuantSpec q;
+    q.fmt = NumFmt::mxfp8_e4m3;
+    q.block = base.block_size;
+    q.rule = base.scale_rule;
+    q.bump = base.bump;
+    q.rounding = Rounding::nearest_away;
+    q.seed = sr_seed(seed, uint64_t(16 * k + 5 + 1));  // dw2_x
+    q.salt = 9;
+    quantize_dequantize(a.data(), a.data(), B, H, Axis::strided, q);
+    const ParamGroup& g2 = *s.find(k, ParamGroup::w2);
+    int64_t differs = 0;
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t j = 0; j < H; ++j) {
+        double acc = 0, mag = 0;
+        for (int64_t i = 0; i < B; ++i) {
+          const double prod = double(round_bf16(dA[i * d + c], Rounding::nearest_away)) * double(a[i * H + j]);
+          acc += prod;
+          mag += std::fabs(prod);
+        }
+        // The GEMM sums in FP32 (within B 2^-24 sum |prod| of the exact sum), then rounds to
+        // bf16 (one bf16 ulp, 2^-7 relative, covers either side of a rounding boundary).
+        const double fp32_err = std::ldexp(double(B), -24) * mag;
+        const double tol = fp32_err + std::ldexp(std::fabs(acc) + fp32_err, -7);
+        const float got = r_split.grads[g2.offset + c * H + j];
+        EXPECT_LE(std::fabs(double(got) - acc), tol) << "dW2[" << c << "," << j << "]";
+        differs += got != r_base.grads[g2.offset + c * H + j];
+      }
+    EXPECT_GT(differs, d * H / 10) << "bf16 and MXFP8 dY should give visibly different dW2";
+  }
+
+  // An explicit grad_wgrad equal to grad: identical GEMM calls and identical bits.
+  PrecisionConfig same = base;
+  same.grad_wgrad = base.grad;
+  std::vector<NaiveGemmBackend::GemmCall> calls_same;
+  const PassResult r_same = pass(same, &calls_same);
+  ASSERT_EQ(calls_same.size(), calls_base.size());
+  for (size_t i = 0; i < calls_same.size(); ++i) {
+    EXPECT_TRUE(same_gemm_operand(calls_same[i].a, calls_base[i].a)) << i;
+    EXPECT_TRUE(same_gemm_operand(calls_same[i].b, calls_base[i].b)) << i;
+  }
+  EXPECT_TRUE(same_bits(r_same.grads, r_base.grads, &where)) << where;
+  EXPECT_EQ(f32_bits(r_same.loss), f32_bits(r_base.loss));
+}
+
+// Attention blocks: the Q/K/V and O projections' wgrad GEMMs read dY under grad_wgrad too, so
+// with grad_wgrad bf16 every weight gradient (Wqkv, Wo, W1, W2) changes and every other
+// gradient (gains, biases: through the dgrad and attention-internal GEMMs only, under grad) keeps
+// the grad-only run's bits.
+TEST(ModelMx, AttentionProjectionsWgradReadGradWgrad) {
+  ModelConfig m = small_model(1, 32, Act::gelu);
+  m.block = BlockKind::attention;
+  m.heads = 2;
+  const int seq_len = 32;  // a multiple of the block: attention GEMMs quantize along the sequence
+  const int64_t B = 2 * seq_len;
+  const NetShape s = NetShape::student(m, seq_len);
+  RunConfig cfg;
+  cfg.model = m;
+  cfg.data.seq_len = seq_len;
+  auto params = test_params(s, 31);
+  const auto x = noise(B * s.d, 32), t = noise(B * s.d, 33);
+  auto pass = [&](const PrecisionConfig& p) {
+    auto be = make_cpu_backend();
+    StepScalars st;
+    st.step = 4;
+    be->set_step(st);
+    PassPolicy pol;
+    pol.p = p;
+    pol.seed = 77;
+    return run_pass(*be, s, cfg, params, x, t, B, pol);
+  };
+  PrecisionConfig base;
+  base.rounding = Rounding::nearest_away;
+  PrecisionConfig split = base;
+  split.grad_wgrad = NumFmt::bf16;
+  const PassResult a = pass(base), b = pass(split);
+  std::string where;
+  EXPECT_EQ(f32_bits(a.loss), f32_bits(b.loss));
+  int weights = 0;
+  for (const ParamGroup& g : s.groups) {
+    const std::vector<float> ga(a.grads.begin() + g.offset, a.grads.begin() + g.offset + g.size());
+    const std::vector<float> gb(b.grads.begin() + g.offset, b.grads.begin() + g.offset + g.size());
+    const bool weight = g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2 || g.kind == ParamGroup::wqkv ||
+                        g.kind == ParamGroup::wo;
+    weights += weight;
+    EXPECT_EQ(same_bits(ga, gb, &where), !weight) << g.name;
+  }
+  EXPECT_EQ(weights, 4);
 }
 
 // The layernorm's affine operands: the forward quantizes gamma and beta of every layer and keeps

@@ -97,6 +97,29 @@ TEST(ArmsGpu, AnArmEqualsTheSingleArmRunOfItsRecipe) {
   EXPECT_EQ(shadow_rows, 14u);  // 0, 3, ..., 39 (the last step is a multiple of 3)
 }
 
+// Per-GEMM recipes as arms on CUDA (precision.grad_wgrad, precision.gemm; CPU twin:
+// tests/cpu/test_gemm_precision.cpp): each arm bit-identical to its single-arm run, graphs on.
+TEST(ArmsGpu, PerGemmArmsEqualTheirSingleRuns) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig multi = tiny();
+  multi.steps = 20;
+  multi.arms = {{"mx", "", {}},
+                {"grad_wgrad_bf16", "", {{"grad_wgrad", "bf16"}}},
+                {"dgrad_bf16", "", {{"gemm.dgrad", "bf16"}}},
+                {"wgrad_bf16", "", {{"gemm.wgrad", "bf16"}}}};
+  const MemorySink m = run_cuda(multi);
+  for (const ResolvedArm& arm : resolved_arms(multi)) {
+    RunConfig single = tiny();
+    single.steps = 20;
+    single.precision = arm.policy;
+    const MemorySink s = run_cuda(single);
+    expect_same(m, "trajectories/" + arm.name, s, "trajectories/mx");
+    expect_same(m, "trajectories/fp32", s, "trajectories/fp32");
+    if (arm.name != "mx")
+      EXPECT_NE(m.groups.at("trajectories/" + arm.name).loss_all, m.groups.at("trajectories/mx").loss_all) << arm.name;
+  }
+}
+
 // snap_gamma and reset_adam_v on CUDA (issue 17; CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
 // step sees the function its arm saw (same loss at `at`, bit for bit, graphs on), its gamma
 // clamp debt is zero there, and it trains on its own afterwards.

@@ -238,5 +238,22 @@ TEST(ModelParity, AttentionProxyMatchesCpu) {
   }
 }
 
+// Per-GEMM precision (precision.grad_wgrad): the wgrad GEMMs' dY in bf16, or in MXFP6 E3M2 with
+// a stochastic rounding of its own, beside MXFP8 E4M3 dgrad operands; on the MLP and on the
+// attention proxy (whose Q/K/V/O projections' wgrad GEMMs take grad_wgrad too). The budgets of
+// the uniform MX policies. The operands themselves, bit for bit: test_per_gemm_gpu.cu.
+TEST(ModelParity, PerGemmPolicyMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig bf16_wgrad = mx_policy(NumFmt::mxfp8_e4m3);
+  bf16_wgrad.grad_wgrad = NumFmt::bf16;
+  run_parity(bf16_wgrad, "grad mxfp8_e4m3, grad_wgrad bf16");
+  PrecisionConfig mx6_wgrad = mx_policy(NumFmt::mxfp8_e4m3);
+  mx6_wgrad.grad_wgrad = NumFmt::mxfp6_e3m2;
+  mx6_wgrad.rounding_grad_wgrad = Rounding::stochastic;
+  run_parity(mx6_wgrad, "grad mxfp8_e4m3, grad_wgrad mxfp6_e3m2 stochastic");
+  run_parity(bf16_wgrad, "attention layernorm, grad_wgrad bf16", attention_config(NormKind::layernorm),
+             kAttnFp32GradRel);
+}
+
 }  // namespace
 }  // namespace mxlab

@@ -335,6 +335,26 @@ TEST(ProducerQuantGpu, TrainingStepsAreBitIdenticalWithAndWithout) {
   }
 }
 
+// Per-GEMM precision: with the wgrad GEMMs' dY in bf16 (precision.grad_wgrad) the dgrad GEMMs'
+// dY (dA, dh) are still quantized by their producers, as many operands as under the uniform
+// policy are taken, and the steps are bit-identical with and without.
+TEST(ProducerQuantGpu, PerGemmPolicyIsBitIdenticalWithAndWithout) {
+  MXLAB_REQUIRE_GPU();
+  constexpr int kSteps = 5;
+  PrecisionConfig p = mxfp8(Rounding::nearest_away);
+  p.grad_wgrad = NumFmt::bf16;
+  const TrainResult on = train(true, p, kSteps, false), off = train(false, p, kSteps, false);
+  ASSERT_EQ(on.params.size(), off.params.size());
+  EXPECT_EQ(std::memcmp(on.params.data(), off.params.data(), on.params.size() * sizeof(float)), 0)
+      << "parameters differ with producer-side quantization";
+  ASSERT_EQ(on.hits.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(on.hits[1] - on.hits[0], 2 * 3 + 1 + 10);
+  EXPECT_EQ(off.hits.back(), 0);
+  const TrainResult uniform = train(true, mxfp8(Rounding::nearest_away), kSteps, false);
+  EXPECT_NE(std::memcmp(on.params.data(), uniform.params.data(), on.params.size() * sizeof(float)), 0)
+      << "grad_wgrad bf16 trained like the uniform policy";
+}
+
 TEST(ProducerQuantGpu, StatisticsAndStochasticPassesKeepTheSeparatePass) {
   MXLAB_REQUIRE_GPU();
   {  // statistics slots on y, a, dh and dA as the forward GEMMs and the da / dy GEMMs read them:
