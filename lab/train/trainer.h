@@ -41,10 +41,11 @@ class Trainer {
   // they are created. Idempotent; run() calls it if nobody has, so that a resumed run whose
   // branch datasets did not exist yet at its checkpoint still creates them with their attributes.
   void open_output();
-  // Write only the named trajectories (a branch added to a finished run): the FP32 trajectory
+  // Write only the named branches (a branch added to a finished run): the FP32 trajectory
   // still trains (cross metrics), an arm a selected branch forks from until that branch has
-  // started, other arms and branches not at all.
-  void restrict_output(const std::vector<std::string>& names);
+  // started, other arms and branches not at all. Names match branches only, never the FP32
+  // trajectory or an arm.
+  void restrict_output(const std::vector<std::string>& branches);
   // Train until `to_step` (exclusive; cfg.steps by default) or until stopped. Returns
   // "complete", "diverged" (some arm had a non-finite loss or diverged) or "interrupted"
   // (stop_requested).
