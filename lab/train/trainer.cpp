@@ -718,10 +718,11 @@ void Trainer::step_once(bool log) {
     log_metrics(shadow);
     return;
   }
-  // An unlogged step is one capturable unit: its key is the set of live trajectories + shadow.
-  int key = shadow ? 1 : 0;
-  for (size_t i = 0; i < traj_.size() && i < 28; ++i)
-    if (live(*traj_[i])) key |= 1 << (i + 1);
+  // An unlogged step is one capturable unit: its key is the set of live trajectories (all of
+  // them) + shadow.
+  std::vector<bool> alive(traj_.size());
+  for (size_t i = 0; i < traj_.size(); ++i) alive[i] = live(*traj_[i]);
+  const int key = capture_keys_.key(shadow, alive);
   if (!be_.replay(key)) {
     const bool recording = be_.begin_capture(key);
     compute_phase(false, shadow);

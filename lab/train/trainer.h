@@ -12,6 +12,7 @@
 #include "lab/model/backend.h"
 #include "lab/model/curvature.h"
 #include "lab/model/mlp.h"
+#include "lab/train/capture_key.h"
 #include "lab/train/config.h"
 #include "lab/train/sink.h"
 #include "lab/train/summary.h"
@@ -61,6 +62,9 @@ class Trainer {
   Trajectory& trajectory(size_t i) { return *traj_[i]; }
   Trajectory* find_trajectory(const std::string& name);
   LossSummary summary(size_t i);
+  // The capture keys of the unlogged steps so far: which sets of live trajectories (and shadow
+  // or not) the run has stepped with.
+  const StepCaptureKeys& capture_keys() const { return capture_keys_; }
   // Steps at which the run wants a checkpoint saved (intervention steps, checkpoint_every).
   bool checkpoint_due(int64_t step) const;
 
@@ -144,6 +148,7 @@ class Trainer {
   int64_t probe_rows_ = 0;
   int64_t step_ = 0;
   int bias_every_ = 1;
+  StepCaptureKeys capture_keys_;  // of the unlogged steps (one per set of live trajectories)
   bool output_open_ = false;  // open_output() has declared the groups in the sink
   std::function<void(const char*)> phase_clock_;  // set_phase_clock
   struct PendingShadow {  // an unlogged shadow step whose sums are queued on the backend

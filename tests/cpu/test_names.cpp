@@ -2,7 +2,8 @@
 // (arms, interventions and their `from`, `mxlab branch --name/--from`), the reserved names
 // `fp32` and `mx`, a branch that forks from its arm whatever it is called (the fork source is
 // the arm's index, checkpoints are matched by group), export paths that stay inside their
-// folder whatever a file holds, and `summarize --by arm --branches` pooling by kind.
+// folder whatever a file holds, `summarize --by arm --branches` pooling by kind, and the capture
+// keys of unlogged steps (lab/train/capture_key.h), which must tell every trajectory apart.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -10,12 +11,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
+#include "lab/train/capture_key.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/group_stats.h"
@@ -416,4 +419,57 @@ TEST(NamesSummarize, BranchesPoolByKindNotByName) {
   EXPECT_EQ(br.n, 2);
   EXPECT_EQ(br.diverged, 2);
   for (const TrajectoryOutcome& t : br.members) EXPECT_TRUE(t.branch);
+}
+
+// ---- capture keys -------------------------------------------------------------------------
+
+TEST(CaptureKeys, EveryTrajectoryAndTheShadowCount) {
+  StepCaptureKeys k;
+  const std::vector<bool> all(40, true);
+  const int base = k.key(false, all);
+  EXPECT_GE(base, StepCaptureKeys::kFirstKey);
+  EXPECT_EQ(k.key(false, all), base);
+  EXPECT_NE(k.key(true, all), base);
+  std::set<int> seen = {base, k.key(true, all)};
+  for (size_t i = 0; i < all.size(); ++i) {  // trajectory i alone not live: its own key, beyond 28 too
+    std::vector<bool> one = all;
+    one[i] = false;
+    EXPECT_TRUE(seen.insert(k.key(false, one)).second) << "trajectory " << i;
+    EXPECT_EQ(k.key(false, one), k.key(false, one));
+  }
+  EXPECT_TRUE(seen.insert(k.key(false, std::vector<bool>(41, true))).second);  // one more trajectory
+  EXPECT_EQ(k.size(), seen.size());
+  EXPECT_TRUE(k.seen(false, all));
+  EXPECT_FALSE(k.seen(false, std::vector<bool>(39, true)));
+  // Another trainer (on the same backend, perhaps) never replays this one's recordings.
+  StepCaptureKeys other;
+  EXPECT_EQ(seen.count(other.key(false, all)), 0u);
+}
+
+// The trainer keys an unlogged step on every trajectory: a branch at index 32 (behind the FP32
+// trajectory and 31 arms) that starts mid-run gives the steps after it their own key, so a
+// backend with graphs records them afresh instead of replaying steps without the branch.
+TEST(CaptureKeys, TheTrainerKeysOnEveryTrajectory) {
+  RunConfig c = small();
+  c.steps = 10;
+  c.model.depth = 1;
+  c.data.batch = 8;
+  c.log.log_every = 100;  // steps 0 and 9 log; 1..8 are captured units
+  c.log.bias_every = 100;
+  c.checkpoint_every = 0;
+  for (int a = 0; a < 31; ++a) c.arms.push_back({"a" + std::to_string(a), "", {}});
+  c.interventions = {{"late", 5, "to_fp32", {}, "a30"}};
+  validate_config(c);
+  auto be = make_cpu_backend();
+  MemorySink sink;
+  Trainer tr(c, *be, sink);
+  ASSERT_EQ(tr.num_trajectories(), 33u);
+  tr.open_output();
+  tr.finish(tr.run(RunControl{}));
+  std::vector<bool> before(33, true), after(33, true);
+  before[32] = false;
+  EXPECT_TRUE(tr.capture_keys().seen(false, before));
+  EXPECT_TRUE(tr.capture_keys().seen(false, after));
+  EXPECT_EQ(tr.capture_keys().size(), 2u);
+  EXPECT_EQ(sink.groups.at("branches/late").loss_all.size(), 5u);
 }
