@@ -47,7 +47,7 @@ std::string config_error(const std::string& yaml) {
   return "";
 }
 
-// The red-team reproducer: depth 2, width 32, batch 64, 200 steps, MXFP4, a checkpoint every 20.
+// A small MXFP4 run: depth 2, width 32, batch 64, 200 steps, MXFP4, a checkpoint every 20.
 constexpr const char* kRepro = R"(name: names
 seed: 1
 steps: 200
