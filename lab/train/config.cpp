@@ -875,14 +875,14 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
     const std::string problem = model_problem(cfg, cfg.precision, &key);
     if (!problem.empty()) fail(find(key).value_or(locate("precision.block_size")), problem);
   }
-  // Arms: plain unique names (they name groups; not the reserved `fp32` and `mx`, lab/train/names.h),
+  // Arms: plain unique names (they name groups; not the reserved `fp32`, lab/train/names.h),
   // patches that apply and give a possible shape.
   std::map<std::string, std::string> taken;  // name -> "arms[i]" / "interventions[i]"
   for (size_t i = 0; i < cfg.arms.size(); ++i) {
     const ArmConfig& arm = cfg.arms[i];
     const std::string label = msg("arms[", i, "]");
     auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
-    if (const std::string p = new_trajectory_name_problem(arm.name); !p.empty())
+    if (const std::string p = arm_name_problem(arm.name); !p.empty())
       fail(at_key("name"), msg(label, ".name ", quoted_name(arm.name), " ", p));
     if (auto it = taken.find(arm.name); it != taken.end())
       fail(at_key("name"), msg("duplicate arm name '", arm.name, "' (also ", it->second, "): arm names must be unique"));
@@ -901,7 +901,7 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
     const InterventionConfig& iv = cfg.interventions[i];
     const std::string label = msg("interventions[", i, "]");
     auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
-    if (const std::string p = new_trajectory_name_problem(iv.name); !p.empty())
+    if (const std::string p = branch_name_problem(iv.name); !p.empty())
       fail(at_key("name"), msg(label, ".name ", quoted_name(iv.name), " ", p));
     if (const std::string p = plain_name_problem(iv.from); !p.empty())
       fail(at_key("from"), msg(label, ".from ", quoted_name(iv.from), " ", p));

@@ -36,12 +36,18 @@ std::string plain_name_problem(const std::string& name) {
   return {};
 }
 
-std::string new_trajectory_name_problem(const std::string& name) {
+std::string arm_name_problem(const std::string& name) {
   std::string p = plain_name_problem(name);
   if (!p.empty()) return p;
   if (name == kFp32Name) return "is reserved for the FP32 trajectory (trajectories/fp32): choose another name";
+  return {};
+}
+
+std::string branch_name_problem(const std::string& name) {
+  std::string p = arm_name_problem(name);
+  if (!p.empty()) return p;
   if (name == kDefaultArmName)
-    return "is reserved for the arm of a run without `arms:` (trajectories/mx): choose another name";
+    return "is reserved for an arm (trajectories/mx, the arm of a run without `arms:`): choose another name";
   return {};
 }
 

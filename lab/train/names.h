@@ -18,9 +18,12 @@ constexpr size_t kMaxNameLength = 64;
 // ("starts with '.': ..."); empty when it is one. Plain: 1 to kMaxNameLength letters, digits,
 // '_', '-' and '.', not starting with '.' (so never '.' or '..': a name is a directory on export).
 std::string plain_name_problem(const std::string& name);
-// What an arm or a branch may be called: a plain name other than the reserved kFp32Name and
-// kDefaultArmName (those two stand for the trajectories mxlab itself makes and names).
-std::string new_trajectory_name_problem(const std::string& name);
+// The reserved names stand for a kind of trajectory: kFp32Name for the FP32 trajectory,
+// kDefaultArmName for an arm. What an arm may be called: a plain name other than kFp32Name
+// (kDefaultArmName is allowed: an arm named so is an arm, like the default one).
+std::string arm_name_problem(const std::string& name);
+// What a branch may be called: a plain name other than kFp32Name and kDefaultArmName.
+std::string branch_name_problem(const std::string& name);
 // `name` in single quotes for a message: its first 40 characters ("..." when longer), bytes
 // that are not printable as \xNN, so that the message stays one line.
 std::string quoted_name(const std::string& name);

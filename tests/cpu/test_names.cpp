@@ -22,6 +22,7 @@
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
 #include "lab/train/group_stats.h"
+#include "lab/train/index.h"
 #include "lab/train/names.h"
 #include "lab/train/run_records.h"
 #include "lab/train/trainer.h"
@@ -97,7 +98,8 @@ RunConfig small() {
 TEST(Names, PlainNamesAndReservedOnes) {
   for (const char* ok : {"a", "mx2", "fp32_late", "x-1", "a.b", "A_9.z-", "fp32.5"}) {
     EXPECT_EQ(plain_name_problem(ok), "") << ok;
-    EXPECT_EQ(new_trajectory_name_problem(ok), "") << ok;
+    EXPECT_EQ(arm_name_problem(ok), "") << ok;
+    EXPECT_EQ(branch_name_problem(ok), "") << ok;
   }
   struct Bad {
     std::string name;
@@ -109,15 +111,19 @@ TEST(Names, PlainNamesAndReservedOnes) {
                        Bad{std::string(65, 'x'), "is 65 characters long: at most 64"}}) {
     const std::string p = plain_name_problem(b.name);
     EXPECT_TRUE(contains(p, b.expect)) << quoted_name(b.name) << ": " << p;
-    EXPECT_EQ(new_trajectory_name_problem(b.name), p);
+    EXPECT_EQ(arm_name_problem(b.name), p);
+    EXPECT_EQ(branch_name_problem(b.name), p);
     EXPECT_EQ(p.find('\n'), std::string::npos);
   }
   EXPECT_EQ(plain_name_problem(std::string(64, 'x')), "");
-  // Reserved for the trajectories mxlab names itself; still plain (they are looked up, e.g. --from mx).
+  // Reserved for a kind of trajectory; still plain (they are looked up, e.g. --from mx). `mx`
+  // names an arm (the default one, or one of `arms:`), never a branch.
   EXPECT_EQ(plain_name_problem("fp32"), "");
   EXPECT_EQ(plain_name_problem("mx"), "");
-  EXPECT_TRUE(contains(new_trajectory_name_problem("fp32"), "reserved for the FP32 trajectory"));
-  EXPECT_TRUE(contains(new_trajectory_name_problem("mx"), "reserved for the arm of a run without `arms:`"));
+  EXPECT_TRUE(contains(arm_name_problem("fp32"), "reserved for the FP32 trajectory"));
+  EXPECT_TRUE(contains(branch_name_problem("fp32"), "reserved for the FP32 trajectory"));
+  EXPECT_EQ(arm_name_problem("mx"), "");
+  EXPECT_TRUE(contains(branch_name_problem("mx"), "reserved for an arm"));
   // Quoted for messages: one line, bounded.
   EXPECT_EQ(quoted_name("a\nb"), "'a\\x0ab'");
   EXPECT_EQ(quoted_name(std::string(1000, 'y')), "'" + std::string(40, 'y') + "...'");
@@ -142,7 +148,8 @@ TEST(Names, ExperimentsRefuseReservedAndDotNames) {
       {"arms:\n  - {name: a}\n  - {name: '..'}\n", {"names.yaml:3:", "arms[1].name '..' starts with '.'"}},
       {"arms:\n  - {name: .x}\n", {"names.yaml:2:", "arms[0].name '.x' starts with '.'"}},
       {"arms:\n  - {name: fp32}\n", {"names.yaml:2:", "arms[0].name 'fp32' is reserved for the FP32 trajectory"}},
-      {"arms:\n  - {name: mx}\n  - {name: b}\n", {"names.yaml:2:", "arms[0].name 'mx' is reserved"}},
+      {"arms:\n  - {name: mx}\n  - {name: b}\ninterventions:\n  - {name: mx, at: 10, apply: to_fp32, from: b}\n",
+       {"names.yaml:5:", "interventions[0].name 'mx' is reserved for an arm"}},
   };
   for (const Case& c : cases) {
     const std::string e = config_error(c.yaml);
@@ -155,6 +162,11 @@ TEST(Names, ExperimentsRefuseReservedAndDotNames) {
   EXPECT_EQ(resolved_arms(c)[0].name, "mx");
   EXPECT_NO_THROW(config_from_yaml_string("interventions:\n  - {name: fp32_late, at: 10, apply: to_fp32, from: mx}\n",
                                           "ok.yaml"));
+  // An arm may be called mx (it is an arm, like the default one), and branches fork from it.
+  const RunConfig arms = config_from_yaml_string(
+      "arms:\n  - {name: mx}\n  - {name: f32, apply: to_fp32}\ninterventions:\n  - {name: late, at: 10, apply: to_fp32}\n",
+      "ok.yaml");
+  EXPECT_EQ(resolved_arms(arms)[0].name, "mx");
 }
 
 // ---- the fork source ----------------------------------------------------------------------
@@ -326,7 +338,7 @@ TEST_F(NamesCli, BranchRefusesReservedAndDotNamesAndForksFromTheArm) {
 
 TEST_F(NamesCli, RunRefusesAnArmNamedDotInOneLine) {
   int i = 0;
-  for (const char* name : {".", "..", "fp32", "mx"}) {
+  for (const char* name : {".", "..", "fp32"}) {
     const std::string exp =
         dir_->write(msg("arm", i++, ".yaml"), std::string(kRepro) + kLog + "arms:\n  - {name: '" + name + "'}\n");
     const Proc p = run_mxlab({"run", exp, "--out", dir_->str() + "/never", "--device", "cpu"});
@@ -378,33 +390,47 @@ TEST_F(NamesCli, ExportWritesOnlyInsideItsFolders) {
 
 // ---- summarize --by arm --branches --------------------------------------------------------
 
+namespace {
+
+// A run file holding only what summarize and the index read, with trajectories/<t> for each of
+// `trajectories` and branches/<b> (at 500, diverged at 700) for each of `branches`.
+void write_summary_file(const std::string& path, uint64_t seed, const std::vector<std::string>& trajectories,
+                        const std::vector<std::string>& branches) {
+  RunConfig c;
+  c.seed = seed;
+  c.steps = 1000;
+  h5::H5File f(path, h5::H5File::Mode::create);
+  f.set_attr("/", "schema_version", int64_t{1});
+  f.set_attr("/", "run_id", fs::path(path).stem().string());
+  f.set_attr("/", "status", std::string("complete"));
+  f.set_attr("/", "config_yaml", dump_config(c));
+  f.set_attr("/", "steps", int64_t{1000});
+  std::vector<std::string> groups;
+  for (const std::string& t : trajectories) groups.push_back("trajectories/" + t);
+  for (const std::string& b : branches) groups.push_back("branches/" + b);
+  for (const std::string& g : groups) {
+    const bool branch = g[0] == 'b';
+    f.create_group(g);
+    if (branch) f.set_attr(g, "at", int64_t{500});
+    f.set_attr(g, "steps_run", int64_t{branch ? 500 : 1000});
+    f.set_attr(g, "first_nonfinite_step", int64_t{-1});
+    f.set_attr(g, "divergence_step", int64_t{branch ? 700 : -1});  // only branches diverge
+    f.set_attr(g, "spike_count", int64_t{0});
+    f.set_attr(g, "spike_score", 0.0);
+    f.set_attr(g, "final_loss", branch ? 0.05 : 0.002);
+    f.set_attr(g, "min_loss", 0.0019);
+  }
+}
+
+}  // namespace
+
 // A branch is pooled with branches, never with the trajectory whose name it has (files written
 // before the names were reserved may hold branches/fp32 or branches/mx).
 TEST(NamesSummarize, BranchesPoolByKindNotByName) {
   TempDir dir;
-  for (int s = 0; s < 2; ++s) {
-    RunConfig c;
-    c.seed = static_cast<uint64_t>(s);
-    c.steps = 1000;
-    h5::H5File f(dir.str() + "/r" + std::to_string(s) + ".h5", h5::H5File::Mode::create);
-    f.set_attr("/", "schema_version", int64_t{1});
-    f.set_attr("/", "run_id", "r" + std::to_string(s));
-    f.set_attr("/", "status", std::string("diverged"));
-    f.set_attr("/", "config_yaml", dump_config(c));
-    f.set_attr("/", "steps", int64_t{1000});
-    for (const char* g : {"trajectories/fp32", "trajectories/mx", "branches/fp32"}) {
-      const bool branch = g[0] == 'b';
-      f.create_group(g);
-      if (branch) f.set_attr(g, "at", int64_t{500});
-      f.set_attr(g, "steps_run", int64_t{branch ? 500 : 1000});
-      f.set_attr(g, "first_nonfinite_step", int64_t{-1});
-      f.set_attr(g, "divergence_step", int64_t{branch ? 700 : -1});  // only the branch diverges
-      f.set_attr(g, "spike_count", int64_t{0});
-      f.set_attr(g, "spike_score", 0.0);
-      f.set_attr(g, "final_loss", branch ? 0.05 : 0.002);
-      f.set_attr(g, "min_loss", 0.0019);
-    }
-  }
+  for (int s = 0; s < 2; ++s)
+    write_summary_file(dir.str() + "/r" + std::to_string(s) + ".h5", static_cast<uint64_t>(s), {"fp32", "mx"},
+                       {"fp32"});
   GroupingOptions o{{kArmKey}};
   o.branches = true;
   const GroupedOutcomes g = group_outcomes(scan_run_dir(dir.str()), o);
@@ -419,6 +445,33 @@ TEST(NamesSummarize, BranchesPoolByKindNotByName) {
   EXPECT_EQ(br.n, 2);
   EXPECT_EQ(br.diverged, 2);
   for (const TrajectoryOutcome& t : br.members) EXPECT_TRUE(t.branch);
+}
+
+// index.csv's MX columns are the trajectory `mx`'s, never a branch's of that name (a multi-arm
+// run has no trajectory mx; a file made before the names were reserved may hold branches/mx).
+TEST(NamesSummarize, TheIndexReadsTheMxTrajectoryNotABranch) {
+  TempDir dir;
+  write_summary_file(dir.str() + "/arms.h5", 0, {"fp32", "a", "b"}, {"mx"});
+  write_summary_file(dir.str() + "/one.h5", 1, {"fp32", "mx"}, {"mx"});
+  const std::string text = testutil::slurp(write_index(dir.str(), scan_run_dir(dir.str())));
+  std::vector<std::vector<std::string>> rows;
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = text.find('\n', at);
+    std::vector<std::string> cells(1);
+    for (char ch : text.substr(at, nl - at)) {
+      if (ch == ',') cells.emplace_back();
+      else cells.back() += ch;
+    }
+    rows.push_back(cells);
+    at = nl + 1;
+  }
+  ASSERT_EQ(rows.size(), 3u) << text;
+  const auto col = std::find(rows[0].begin(), rows[0].end(), "divergence_step") - rows[0].begin();
+  ASSERT_LT(static_cast<size_t>(col), rows[0].size()) << text;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    ASSERT_LT(static_cast<size_t>(col), rows[r].size()) << text;
+    EXPECT_NE(rows[r][col], "700") << "a branch's divergence as the run's: " << text;
+  }
 }
 
 // ---- capture keys -------------------------------------------------------------------------
