@@ -59,7 +59,7 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
                 const std::string& run_id, const std::string& run_status);
 
 int do_branch(const BranchArgs& a) {
-  // The names first (lab/train/names.h): the branch's is a new trajectory name, `--from` names an arm.
+  // The names first (lab/train/names.h): --name is a new branch's, --from names an arm.
   if (const std::string p = branch_name_problem(a.name); !p.empty())
     throw Error(msg("--name ", quoted_name(a.name), " ", p));
   if (const std::string p = plain_name_problem(a.from); !p.empty())

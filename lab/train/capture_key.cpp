@@ -9,10 +9,8 @@
 namespace mxlab {
 
 namespace {
-std::atomic<int> g_next_key{StepCaptureKeys::kFirstKey};
-}  // namespace
 
-namespace {
+std::atomic<int> g_next_key{StepCaptureKeys::kFirstKey};  // shared by every trainer of the process
 
 std::vector<bool> whole_set(bool shadow, const std::vector<bool>& live) {
   std::vector<bool> set;

@@ -156,12 +156,13 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
   for (size_t i = 0; i < saved.size(); ++i) {
     const Trajectory& t = *saved[i];
     const std::string k = msg("t", i, ".");
-    h << k << "name=" << t.name << "\n" << k << "group=" << t.h5_group << "\n" << k << "started=" << t.started << "\n" << k << "stopped=" << t.stopped
+    h << k << "name=" << t.name << "\n" << k << "started=" << t.started << "\n" << k << "stopped=" << t.stopped
       << "\n" << k << "start_step=" << t.start_step << "\n" << k << "bias_avg=" << hexfloat(t.bias_avg) << "\n"
       << k << "bias_avg_weight=" << hexfloat(t.bias_avg_weight) << "\n" << k << "cross_sq_avg=" << hexfloat(t.cross_sq_avg)
       << "\n" << k << "cross_sq_avg_weight=" << hexfloat(t.cross_sq_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
       << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n" << k << "max_bias_ratio="
       << hexfloat(t.max_bias_ratio) << "\n" << k << "max_gamma_lastbin=" << hexfloat(t.max_gamma_lastbin) << "\n";
+    h << k << "group=" << t.h5_group << "\n";  // what load_checkpoint matches (kind and name)
   }
   const std::string header = h.str();
   Buffer b;
