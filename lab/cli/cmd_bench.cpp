@@ -66,7 +66,7 @@ constexpr int kFloorReps = 50;         // timed replays of each cuBLAS floor gra
 constexpr int kCurvatureReps = 5;      // timed curvature measurements on a GPU (1 on the CPU)
 constexpr int kCurvatureIters = 20;    // the default log.curvature_iters
 
-// Capture keys of the benchmarked regions (any distinct ints).
+// Capture keys of the benchmarked regions (distinct ints below the trainer's, StepCaptureKeys::kFirstKey).
 enum Key : int { kKeyFp32 = 101, kKeyMx, kKeyShadow, kKeyData, kKeyPaired, kKeyFwdBwd };
 
 struct Args {

@@ -11,6 +11,7 @@
 #include "lab/core/error.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
+#include "lab/train/names.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/run_file.h"
 #include "lab/train/trainer.h"
@@ -19,7 +20,7 @@ namespace mxlab::cli {
 namespace {
 
 struct BranchArgs {
-  std::string file, apply, name, device, from = "mx";
+  std::string file, apply, name, device, from = kDefaultArmName;
   std::vector<std::string> sets;
   int at = -1;
 };
@@ -58,6 +59,11 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
                 const std::string& run_id, const std::string& run_status);
 
 int do_branch(const BranchArgs& a) {
+  // The names first (lab/train/names.h): --name is a new branch's, --from names an arm.
+  if (const std::string p = branch_name_problem(a.name); !p.empty())
+    throw Error(msg("--name ", quoted_name(a.name), " ", p));
+  if (const std::string p = plain_name_problem(a.from); !p.empty())
+    throw Error(msg("--from ", quoted_name(a.from), " ", p));
   const std::string run_id = RunFile::peek_root_str(a.file, "run_id");
   const std::string yaml = RunFile::peek_root_str(a.file, "config_yaml");
   const std::string run_status = RunFile::peek_root_str(a.file, "status");
@@ -173,7 +179,8 @@ const Registrar reg(30, [](CLI::App& app) {
                                      "forward_only, bf16_activations, bf16_weights, bf16_fwd_activations, to_fp32_keep_gamma_q, "
                                      "snap_gamma, reset_adam_v; several joined by '+', e.g. snap_gamma+to_fp32");
   c->add_option("--set", a->sets, "policy field patch, e.g. --set activation=bf16 (repeatable)");
-  c->add_option("--name", a->name, "branch name (group branches/<name>)")->required();
+  c->add_option("--name", a->name, "branch name (group branches/<name>): letters, digits, '_', '-', '.', not "
+                                   "starting with '.', not fp32 or mx")->required();
   c->add_option("--from", a->from, "the arm the branch forks from (default mx; see the file's root attribute `arms`)");
   c->add_option("--device", a->device, "cpu | auto | cuda | cuda:N");
   c->callback([a] { set_exit_code(do_branch(*a)); });

@@ -162,6 +162,7 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
       << "\n" << k << "cross_sq_avg_weight=" << hexfloat(t.cross_sq_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
       << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n" << k << "max_bias_ratio="
       << hexfloat(t.max_bias_ratio) << "\n" << k << "max_gamma_lastbin=" << hexfloat(t.max_gamma_lastbin) << "\n";
+    h << k << "group=" << t.h5_group << "\n";  // what load_checkpoint matches (kind and name)
   }
   const std::string header = h.str();
   Buffer b;
@@ -192,8 +193,11 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
   if (h["num_params"] != std::to_string(np) || h["steps"] != std::to_string(cfg.steps))
     throw Error(msg("checkpoint ", path, " does not match this run's shapes (num_params ", h["num_params"],
                     ", steps ", h["steps"], ")"));
-  // Trajectories are matched by name: a branch the checkpoint does not hold must not have
-  // started yet (it is a branch added after the fact, starting at or after the checkpoint).
+  // Trajectories are matched by their group (trajectories/<name> or branches/<name>: the kind
+  // and the name), so that a branch never takes the state of the FP32 trajectory or of an arm;
+  // checkpoints written before the group was saved are matched by name (names are unique across
+  // kinds in every configuration this build accepts). A branch the checkpoint does not hold must
+  // not have started yet (it is a branch added after the fact, starting at or after the checkpoint).
   std::vector<std::string> names;
   {
     std::string cur;
@@ -201,13 +205,17 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
       if (c == ',') { names.push_back(cur); cur.clear(); } else cur += c;
     }
   }
+  bool by_group = !names.empty();
+  for (size_t i = 0; i < names.size(); ++i) by_group = by_group && h.count(msg("t", i, ".group")) > 0;
+  if (by_group)
+    for (size_t i = 0; i < names.size(); ++i) names[i] = h[msg("t", i, ".group")];
   const int64_t step = std::stoll(h["step"]);
   const size_t per_traj = (3 * np + steps) * sizeof(float);
   if (p.payload_offset + per_traj * names.size() + 16 != p.bytes.size())
     throw Error(msg("checkpoint ", path, " has the wrong size for this run"));
   for (size_t j = 0; j < tr.num_trajectories(); ++j) {
     Trajectory& t = tr.trajectory(j);
-    const auto it = std::find(names.begin(), names.end(), t.name);
+    const auto it = std::find(names.begin(), names.end(), by_group ? t.h5_group : t.name);
     if (it == names.end()) {
       if (t.start_step < step || (t.start_step == 0))
         throw Error(msg("checkpoint ", path, " holds no state for trajectory '", t.name, "'"));

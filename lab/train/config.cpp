@@ -18,6 +18,7 @@
 
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
+#include "lab/train/names.h"
 #include "lab/train/sweep.h"
 #include "lab/train/yaml_tree.h"
 
@@ -635,14 +636,6 @@ const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_ex
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
-bool valid_branch_name(const std::string& s) {
-  // Names become HDF5 group names (branches/<name>) and file names: keep them plain.
-  if (s.empty()) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
-  return true;
-}
-
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
 void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
   if (key.rfind("rounding.", 0) == 0) {  // one role's rounding (issue 12)
@@ -1003,16 +996,15 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
     const std::string problem = model_problem(cfg, cfg.precision, &key);
     if (!problem.empty()) fail(find(key).value_or(locate("precision.block_size")), problem);
   }
-  // Arms: plain unique names (they name groups), not `fp32`, patches that apply and give a
-  // possible shape.
+  // Arms: plain unique names (they name groups; not the reserved `fp32`, lab/train/names.h),
+  // patches that apply and give a possible shape.
   std::map<std::string, std::string> taken;  // name -> "arms[i]" / "interventions[i]"
   for (size_t i = 0; i < cfg.arms.size(); ++i) {
     const ArmConfig& arm = cfg.arms[i];
     const std::string label = msg("arms[", i, "]");
     auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
-    if (!valid_branch_name(arm.name) || arm.name == "fp32")
-      fail(at_key("name"), msg(label, ".name '", arm.name, "' must be a name of letters, digits, '_', '-' or '.' other "
-                               "than 'fp32' (it names the group trajectories/<name>)"));
+    if (const std::string p = arm_name_problem(arm.name); !p.empty())
+      fail(at_key("name"), msg(label, ".name ", quoted_name(arm.name), " ", p));
     if (auto it = taken.find(arm.name); it != taken.end())
       fail(at_key("name"), msg("duplicate arm name '", arm.name, "' (also ", it->second, "): arm names must be unique"));
     taken[arm.name] = label;
@@ -1030,9 +1022,10 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
     const InterventionConfig& iv = cfg.interventions[i];
     const std::string label = msg("interventions[", i, "]");
     auto at_key = [&](const char* k) { return find(label + "." + k).value_or(locate(label)); };
-    if (!valid_branch_name(iv.name))
-      fail(at_key("name"), msg(label, ".name '", iv.name,
-                               "' must be a non-empty name of letters, digits, '_', '-' or '.' (it names the output branch)"));
+    if (const std::string p = branch_name_problem(iv.name); !p.empty())
+      fail(at_key("name"), msg(label, ".name ", quoted_name(iv.name), " ", p));
+    if (const std::string p = plain_name_problem(iv.from); !p.empty())
+      fail(at_key("from"), msg(label, ".from ", quoted_name(iv.from), " ", p));
     if (auto it = seen.find(iv.name); it != seen.end()) {
       const std::optional<YLoc> first = find(msg("interventions[", it->second, "].name"));
       fail(at_key("name"), msg("duplicate intervention name '", iv.name, "' (also interventions[", it->second, "]",
@@ -1108,7 +1101,7 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
         out += "    at: " + std::to_string(iv.at) + "\n";
         out += "    apply: " + (iv.apply.empty() ? std::string("none") : iv.apply) + "\n";
         out += "    set: " + set_text(iv.set) + "\n";
-        if (!canonical || iv.from != "mx") out += "    from: " + yaml_quote(iv.from) + "\n";
+        if (!canonical || iv.from != kDefaultArmName) out += "    from: " + yaml_quote(iv.from) + "\n";
       }
       continue;
     }
@@ -1136,7 +1129,7 @@ const char* act_name(Act a) { return kActNames[static_cast<int>(a)]; }
 std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
 
 std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
-  if (cfg.arms.empty()) return {{"mx", cfg.precision}};
+  if (cfg.arms.empty()) return {{kDefaultArmName, cfg.precision}};
   std::vector<ResolvedArm> v;
   for (const ArmConfig& a : cfg.arms) v.push_back({a.name, apply_intervention(cfg.precision, {a.name, 0, a.apply, a.set})});
   return v;

@@ -21,6 +21,16 @@ namespace {
 constexpr const char* kLossAll = "loss_all";
 constexpr const char* kStep = "step";
 
+// A part of an output file name made from text read in the file (the run id, a group's name):
+// letters, digits, '-', '_' and '.' kept (not a leading '.'), anything else '_', so that no file
+// lands outside DIR, however the file was made.
+std::string file_part(std::string s) {
+  for (char& c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
+  if (!s.empty() && s[0] == '.') s[0] = '_';
+  return s;
+}
+
 }  // namespace
 
 std::vector<std::string> export_run_csv(const std::string& run_path, const std::string& out_dir) {
@@ -36,10 +46,8 @@ std::vector<std::string> export_run_csv(const std::string& run_path, const std::
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     h5::H5File f(run_path, h5::H5File::Mode::read);
     for (const GroupRecord& g : rec.groups) {
-      std::string tag = g.branch ? "branch-" + g.name : g.name;
-      for (char& c : tag)
-        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
-      const std::string prefix = out_dir + "/" + rec.run_id + "_" + tag;
+      const std::string tag = file_part(g.branch ? "branch-" + g.name : g.name);
+      const std::string prefix = out_dir + "/" + file_part(rec.run_id) + "_" + tag;
       // One table per step axis: the logged rows (`step`) in <prefix>.csv, a series with its own
       // axis (SCHEMA.md: `shadow_step`, `curvature_step`; its datasets carry `axis`) in
       // <prefix>_<series>.csv.
@@ -117,7 +125,7 @@ std::vector<std::string> export_run_csv(const std::string& run_path, const std::
                          std::to_string(g.divergence_step), std::to_string(g.spike_count), csv_number(g.spike_score),
                          csv_number(g.final_loss), csv_number(g.min_loss), csv_number(g.max_bias_ratio),
                          csv_number(g.max_gamma_lastbin), g.source});
-  files.emplace_back(out_dir + "/" + rec.run_id + "_summary.csv", summary);
+  files.emplace_back(out_dir + "/" + file_part(rec.run_id) + "_summary.csv", summary);
   std::vector<std::string> written;
   for (const auto& [p, text] : files) {
     write_text_atomically(p, text);

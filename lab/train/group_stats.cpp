@@ -228,7 +228,10 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
                       "the trajectory's name: ", kArmKey, ")"));
     }
   }
-  std::map<std::vector<std::string>, std::vector<TrajectoryOutcome>> by_values;
+  // Pooled by the keys' values and, under `arm`, by kind too: a branch never joins a
+  // trajectory's group (the FP32 trajectory's, an arm's) because it has the same name.
+  const bool by_arm = std::find(opt.keys.begin(), opt.keys.end(), kArmKey) != opt.keys.end();
+  std::map<std::pair<bool, std::vector<std::string>>, std::vector<TrajectoryOutcome>> by_values;
   for (const RunRecord* r : used) {
     bool any = false;
     for (const GroupRecord& g : r->groups) {
@@ -242,12 +245,12 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
         continue;
       }
       TrajectoryOutcome o = outcome(*r, g, opt.keys, opt.degraded_factor);
-      by_values[o.values].push_back(std::move(o));
+      by_values[{by_arm && o.branch, o.values}].push_back(std::move(o));
       any = true;
     }
     out.runs += any ? 1 : 0;
   }
-  for (auto& [values, members] : by_values) out.groups.push_back(make_group(values, std::move(members)));
+  for (auto& [key, members] : by_values) out.groups.push_back(make_group(key.second, std::move(members)));
   std::stable_sort(out.groups.begin(), out.groups.end(), [&](const OutcomeGroup& x, const OutcomeGroup& y) {
     for (size_t i = 0; i < out.keys.size(); ++i) {
       if (value_less(out.keys[i], x.values[i], y.values[i])) return true;

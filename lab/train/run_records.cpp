@@ -182,8 +182,6 @@ std::string config_value(const RunRecord& r, const std::string& key, bool* found
 const GroupRecord* RunRecord::group(const std::string& name) const {
   for (const auto& g : groups)
     if (g.name == name && !g.branch) return &g;
-  for (const auto& g : groups)
-    if (g.name == name) return &g;
   return nullptr;
 }
 

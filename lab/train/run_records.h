@@ -55,6 +55,7 @@ struct RunRecord {
   // then the branches by (at, name).
   std::vector<GroupRecord> groups;
 
+  // The trajectory (under trajectories/, never a branch) of that name, or null.
   const GroupRecord* group(const std::string& name) const;
 };
 

@@ -8,6 +8,7 @@
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
 #include "lab/io/npy.h"
+#include "lab/train/names.h"
 
 namespace mxlab {
 
@@ -54,7 +55,14 @@ std::vector<std::string> export_snapshot_npy(const std::string& run, int64_t ste
   const h5::H5File f(run, h5::H5File::Mode::read);
   std::vector<std::string> written;
   const std::string at = kStepPrefix + std::to_string(step);
-  for (const std::string& t : f.list_groups(kRoot)) {
+  const std::vector<std::string> trajectories = f.list_groups(kRoot);
+  // Each becomes a directory under DIR: only plain names (never '.' or '..', lab/train/names.h),
+  // checked before anything is written.
+  for (const std::string& t : trajectories)
+    if (const std::string p = plain_name_problem(t); !p.empty())
+      throw Error(msg(run, ": snapshots/", quoted_name(t), " is not a trajectory name: it ", p,
+                      "; the file is damaged or was not written by mxlab, nothing was exported"));
+  for (const std::string& t : trajectories) {
     const std::string g = std::string(kRoot) + "/" + t + "/" + at;
     if (!f.is_group(g)) continue;
     for (const std::string& sub : {std::string(), std::string("m"), std::string("v")}) {

@@ -20,6 +20,7 @@
 #include "lab/core/error.h"
 #include "lab/train/batch.h"
 #include "lab/train/config_io.h"
+#include "lab/train/names.h"
 
 namespace mxlab {
 
@@ -55,11 +56,13 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
   const std::vector<float> init =
       init_params(shape_, cfg_.model.init, cfg_.model.init_gain, cfg_.seed, Stream::init);
   const size_t np = static_cast<size_t>(shape_.num_params);
-  auto make = [&](const std::string& name, const std::string& group, const PrecisionConfig& pol, bool mx,
+  auto make = [&](TrajectoryKind kind, const std::string& name, const std::string& group, const PrecisionConfig& pol,
                   int start) {
+    const bool mx = kind != TrajectoryKind::fp32;
     auto t = std::make_unique<Trajectory>();
     t->name = name;
     t->h5_group = group;
+    t->kind = kind;
     t->policy = pol;
     t->is_mx = mx;
     t->start_step = start;
@@ -83,18 +86,19 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     t->started = start == 0;
     traj_.push_back(std::move(t));
   };
-  make("fp32", "trajectories/fp32", PrecisionConfig::fp32(), false, 0);
+  make(TrajectoryKind::fp32, kFp32Name, std::string("trajectories/") + kFp32Name, PrecisionConfig::fp32(), 0);
   const std::vector<ResolvedArm> arms = resolved_arms(cfg_);
   n_arms_ = arms.size();
-  for (const ResolvedArm& a : arms) {
-    make(a.name, "trajectories/" + a.name, a.policy, true, 0);
-    traj_.back()->is_arm = true;
-  }
+  for (const ResolvedArm& a : arms) make(TrajectoryKind::arm, a.name, "trajectories/" + a.name, a.policy, 0);
   for (const auto& iv : cfg_.interventions) {
+    // The source is an arm, found among the arms only: never the FP32 trajectory or another
+    // branch, whatever the names.
     const auto from = std::find_if(arms.begin(), arms.end(), [&](const ResolvedArm& a) { return a.name == iv.from; });
     MXLAB_ASSERT(from != arms.end(), "intervention '", iv.name, "' forks from unknown arm '", iv.from, "'");
-    make(iv.name, "branches/" + iv.name, apply_intervention(from->policy, iv), true, iv.at);
+    make(TrajectoryKind::branch, iv.name, "branches/" + iv.name, apply_intervention(from->policy, iv), iv.at);
     traj_.back()->source = 1 + static_cast<int>(from - arms.begin());
+    MXLAB_ASSERT(traj_[static_cast<size_t>(traj_.back()->source)]->kind == TrajectoryKind::arm, "branch '", iv.name,
+                 "' forks from a trajectory that is not an arm");
     traj_.back()->snap_gamma = snaps_gamma(iv);
     if (traj_.back()->snap_gamma && cfg_.model.block != BlockKind::mlp)
       throw Error(msg("intervention '", iv.name, "': snap_gamma covers the norms of MLP blocks only (model.block: mlp)"));
@@ -167,11 +171,12 @@ PassPolicy Trainer::pass_policy(const Trajectory& tr, bool collect, int index) c
   return p;
 }
 
-void Trainer::restrict_output(const std::vector<std::string>& names) {
+void Trainer::restrict_output(const std::vector<std::string>& branches) {
   for (auto& t : traj_) {
-    const bool keep = std::find(names.begin(), names.end(), t->name) != names.end();
+    const bool keep = t->kind == TrajectoryKind::branch &&
+                      std::find(branches.begin(), branches.end(), t->name) != branches.end();
     t->muted = !keep;
-    if (!keep && t->name != "fp32") t->dormant = true;  // the FP32 trajectory feeds the cross metrics
+    if (!keep && t->kind != TrajectoryKind::fp32) t->dormant = true;  // the FP32 trajectory feeds the cross metrics
   }
   for (auto& t : traj_)  // an arm a kept branch forks from trains (muted) until the branch starts
     if (!t->muted && t->source > 0) traj_[static_cast<size_t>(t->source)]->dormant = false;
@@ -713,10 +718,11 @@ void Trainer::step_once(bool log) {
     log_metrics(shadow);
     return;
   }
-  // An unlogged step is one capturable unit: its key is the set of live trajectories + shadow.
-  int key = shadow ? 1 : 0;
-  for (size_t i = 0; i < traj_.size() && i < 28; ++i)
-    if (live(*traj_[i])) key |= 1 << (i + 1);
+  // An unlogged step is one capturable unit: its key is the set of live trajectories (all of
+  // them) + shadow.
+  std::vector<bool> alive(traj_.size());
+  for (size_t i = 0; i < traj_.size(); ++i) alive[i] = live(*traj_[i]);
+  const int key = capture_keys_.key(shadow, alive);
   if (!be_.replay(key)) {
     const bool recording = be_.begin_capture(key);
     compute_phase(false, shadow);
@@ -804,14 +810,14 @@ Attrs Trainer::group_attrs(const Trajectory& tr) const {
   Attrs a;
   for (const auto& g : shape_.groups) a.lists["param_groups"].push_back(g.name);
   a.ints["layers"] = cfg_.model.depth;
-  a.str["policy"] = tr.name == "fp32" ? "fp32" : describe_policy(tr.policy);
-  if (tr.is_arm) {
+  a.str["policy"] = tr.kind == TrajectoryKind::fp32 ? "fp32" : describe_policy(tr.policy);
+  if (tr.kind == TrajectoryKind::arm) {
     a.str["arm"] = tr.name;
     a.str["patch"] = "{}";
     for (const ArmConfig& arm : cfg_.arms)
       if (arm.name == tr.name) a.str["patch"] = describe_patch(arm);
   }
-  if (tr.h5_group.rfind("branches/", 0) == 0) {
+  if (tr.kind == TrajectoryKind::branch) {
     a.ints["at"] = tr.start_step;
     a.str["from"] = traj_[static_cast<size_t>(tr.source)]->name;
     for (const auto& iv : cfg_.interventions)

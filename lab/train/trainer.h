@@ -12,6 +12,7 @@
 #include "lab/model/backend.h"
 #include "lab/model/curvature.h"
 #include "lab/model/mlp.h"
+#include "lab/train/capture_key.h"
 #include "lab/train/config.h"
 #include "lab/train/sink.h"
 #include "lab/train/summary.h"
@@ -41,10 +42,11 @@ class Trainer {
   // they are created. Idempotent; run() calls it if nobody has, so that a resumed run whose
   // branch datasets did not exist yet at its checkpoint still creates them with their attributes.
   void open_output();
-  // Write only the named trajectories (a branch added to a finished run): the FP32 trajectory
+  // Write only the named branches (a branch added to a finished run): the FP32 trajectory
   // still trains (cross metrics), an arm a selected branch forks from until that branch has
-  // started, other arms and branches not at all.
-  void restrict_output(const std::vector<std::string>& names);
+  // started, other arms and branches not at all. Names match branches only, never the FP32
+  // trajectory or an arm.
+  void restrict_output(const std::vector<std::string>& branches);
   // Train until `to_step` (exclusive; cfg.steps by default) or until stopped. Returns
   // "complete", "diverged" (some arm had a non-finite loss or diverged) or "interrupted"
   // (stop_requested).
@@ -63,6 +65,9 @@ class Trainer {
   // Trajectory i's per-step losses from its first step (a stopped one's up to its first
   // non-finite loss).
   std::vector<float> history(size_t i);
+  // The capture keys of the unlogged steps so far: which sets of live trajectories (and shadow
+  // or not) the run has stepped with.
+  const StepCaptureKeys& capture_keys() const { return capture_keys_; }
   // Steps at which the run wants a checkpoint saved (intervention steps, checkpoint_every).
   bool checkpoint_due(int64_t step) const;
 
@@ -146,6 +151,7 @@ class Trainer {
   int64_t probe_rows_ = 0;
   int64_t step_ = 0;
   int bias_every_ = 1;
+  StepCaptureKeys capture_keys_;  // of the unlogged steps (one per set of live trajectories)
   bool output_open_ = false;  // open_output() has declared the groups in the sink
   std::function<void(const char*)> phase_clock_;  // set_phase_clock
   struct PendingShadow {  // an unlogged shadow step whose sums are queued on the backend

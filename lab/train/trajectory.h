@@ -14,13 +14,24 @@
 
 namespace mxlab {
 
+// What a trajectory is. Code that treats the FP32 trajectory, the arms or the branches apart
+// asks this, never the name (names are checked in lab/train/names.h, but a file or a checkpoint
+// read back is only data).
+enum class TrajectoryKind {
+  fp32,    // the FP32 reference, trajectories/fp32
+  arm,     // an MX arm: trains from step 0 under its recipe, trajectories/<name>
+  branch,  // an intervention branch: starts at `at` from the state of its source arm, branches/<name>
+};
+
 struct Trajectory {
   std::string name;        // "fp32", an arm's name ("mx" without `arms:`), or the branch name
   std::string h5_group;    // "trajectories/fp32", "trajectories/<arm>", "branches/<name>"
+  TrajectoryKind kind = TrajectoryKind::fp32;
   PrecisionConfig policy;  // current policy (a branch's is patched at `at`)
   bool is_mx = false;      // logs the shadow-gradient metrics (arms and branches)
-  bool is_arm = false;     // an arm: trains from step 0 under its recipe
-  int source = -1;         // a branch: index (in the trainer's list) of the arm it forks from
+  // A branch: the index (in the trainer's list) of the arm it forks from, set from the
+  // intervention's `from` when the trainer is built; -1 for the FP32 trajectory and the arms.
+  int source = -1;
   bool snap_gamma = false; // a branch: stored gamma/beta := their quantized values when it starts
   bool reset_v = false;    // a branch: Adam's v := bc2 * g^2 of its first gradient when it starts
   int start_step = 0;      // first step this trajectory trains (branches: `at`)

@@ -102,7 +102,7 @@ TEST(Arms, ConfigReadsArmsAndRejectsBadOnes) {
   EXPECT_EQ(one[0].name, "mx");
   EXPECT_TRUE(one[0].policy == RunConfig{}.precision);
 
-  EXPECT_NE(error_of("arms:\n  - {name: fp32}\n").find("other than 'fp32'"), std::string::npos);
+  EXPECT_NE(error_of("arms:\n  - {name: fp32}\n").find("'fp32' is reserved"), std::string::npos);
   EXPECT_NE(error_of("arms:\n  - {name: a}\n  - {name: a}\n").find("duplicate arm name 'a'"), std::string::npos);
   EXPECT_NE(error_of("arms:\n  - {apply: to_fp32}\n").find("missing 'name'"), std::string::npos);
   EXPECT_NE(error_of("arms:\n  - {name: a, sett: {}}\n").find("did you mean 'set'"), std::string::npos);

@@ -351,7 +351,7 @@ TEST(Config, BadInputsGiveOneLineMessagesWithFileLineAndHint) {
       {"intervention making an impossible shape", "interventions:\n  - name: a\n    at: 10\n    set: {block_size: 48}\n",
        {"bad.yaml:4:", "intervention 'a'", "not a multiple of precision.block_size = 48"}},
       {"bad intervention name", "interventions:\n  - {name: a/b, at: 10, apply: to_fp32}\n",
-       {"bad.yaml:2:", "'a/b' must be a non-empty name"}},
+       {"bad.yaml:2:", "interventions[0].name 'a/b' holds the character '/'"}},
       {"norm contradicting layernorm: false", "model:\n  layernorm: false\n  norm: rmsnorm\n",
        {"bad.yaml:3:", "model.norm: rmsnorm contradicts model.layernorm: false", "norm: none"}},
       {"heads not dividing the width", "model: {block: attention, width: 64, heads: 3}\n",

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -118,6 +119,26 @@ TEST(ArmsGpu, PerGemmArmsEqualTheirSingleRuns) {
     if (arm.name != "mx")
       EXPECT_NE(m.groups.at("trajectories/" + arm.name).loss_all, m.groups.at("trajectories/mx").loss_all) << arm.name;
   }
+}
+
+// Captured steps are keyed on every trajectory (lab/train/capture_key.h; the CPU test of the
+// key is tests/cpu/test_names.cpp): a branch behind the FP32 trajectory and 30 arms (index 31,
+// beyond the first 28 that an earlier key held) that starts mid-run trains in the unlogged
+// steps after its start instead of a replay of the graphs recorded without it, so it equals the
+// same branch of the single-arm run, bit for bit, as does its arm.
+TEST(ArmsGpu, ABranchBeyondTheTwentyEighthTrajectoryTrainsUnderGraphs) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig multi = tiny();
+  for (int a = 0; a < 30; ++a) multi.arms.push_back({"a" + std::to_string(a), "", {}});
+  multi.interventions = {{"late", 23, "to_fp32", {}, "a29"}};  // off the log grid: 23..29 are captured
+  validate_config(multi);
+  const MemorySink m = run_cuda(multi);
+  RunConfig single = tiny();
+  single.interventions = {{"late", 23, "to_fp32", {}}};
+  const MemorySink s = run_cuda(single);
+  expect_same(m, "trajectories/a29", s, "trajectories/mx");
+  expect_same(m, "branches/late", s, "branches/late");
+  for (float l : m.groups.at("branches/late").loss_all) EXPECT_TRUE(std::isfinite(l));
 }
 
 // snap_gamma and reset_adam_v on CUDA (issue 17; CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
