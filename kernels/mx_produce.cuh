@@ -126,7 +126,7 @@ __device__ __forceinline__ void produce_quant4(const ProducedQuant& pq, float4 v
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = max_nan(amax, __shfl_xor_sync(kFull, amax, o));
   if (!active) return;
-  const int s = block_scale_exp(amax, es, pq.rule, pq.bump, pq.rounding);
+  const int s = block_scale_exp(amax, es, pq.rule, pq.bump);
   if (s == kScaleExpNaN) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) e[j] = bits_f32(kMxQuietNaN);

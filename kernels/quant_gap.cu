@@ -46,6 +46,31 @@ __device__ float input_v(const GapParams& p, int64_t i) {
   return p.round_first ? round_bf16(p.x[i], p.bf16_mode) : p.x[i];
 }
 
+constexpr uint32_t kGapQuietNaN = 0x7FC00000u;  // what the quantizer writes for a NaN block
+
+struct GapElem {
+  double rel, flag;
+};
+
+// One element of an MX block with the quantizer's scale s (kScaleExpNaN: the quantizer writes
+// NaN): Q as the quantizer makes it (quantize_element), then rel and the flag, nonfinite where
+// quant_gap_counts says so (the CPU's rule, from the same Q).
+__device__ __forceinline__ GapElem gap_elem(const GapParams& p, float v, float x, int s, const ElemSpec& es,
+                                            uint32_t salt, int64_t idx) {
+  float qv = bits_f32(kGapQuietNaN);
+  bool clamped = false;
+  if (s != kScaleExpNaN) {
+    const uint32_t rnd = p.q.rounding == Rounding::stochastic
+                             ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
+                             : 0u;
+    const ElemResult e = quantize_element(v, s, es, p.q.rounding, rnd);
+    qv = e.value;
+    clamped = e.clamped;
+  }
+  if (!quant_gap_counts(x, qv)) return GapElem{0.0, kFlagNonfinite};
+  return GapElem{quant_gap_rel(x, qv), clamped ? kFlagClamped : 0.0};
+}
+
 __global__ void __launch_bounds__(kBlock) gap_mx_kernel(GapParams p, ElemSpec es, Axis axis) {
   const bool contiguous = axis == Axis::contiguous;
   const int64_t lines = contiguous ? p.rows : p.cols;
@@ -66,20 +91,13 @@ __global__ void __launch_bounds__(kBlock) gap_mx_kernel(GapParams p, ElemSpec es
       special |= !is_finite_bits(f32_bits(v));
       amax = fmaxf(amax, fabsf(v));
     }
-    const int s = special ? 0 : shared_exponent(amax, es, p.q.rule, p.q.bump);
+    // The quantizer's scale (NaN for a block holding NaN/Inf or beyond E8M0: every element NaN).
+    const int s = block_scale_exp(special ? bits_f32(kGapQuietNaN) : amax, es, p.q.rule, p.q.bump);
     for (int64_t q = begin; q < end; ++q) {
       const int64_t idx = index(q);
-      if (special) {
-        p.rel[idx] = 0.0;
-        p.flag[idx] = kFlagNonfinite;
-        continue;
-      }
-      const uint32_t rnd = p.q.rounding == Rounding::stochastic
-                               ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
-                               : 0u;
-      const ElemResult e = quantize_element(input_v(p, idx), s, es, p.q.rounding, rnd);
-      p.rel[idx] = quant_gap_rel(p.x[idx], e.value);
-      p.flag[idx] = e.clamped ? kFlagClamped : 0.0;
+      const GapElem g = gap_elem(p, input_v(p, idx), p.x[idx], s, es, salt, idx);
+      p.rel[idx] = g.rel;
+      p.flag[idx] = g.flag;
     }
   }
 }
@@ -91,7 +109,7 @@ __global__ void __launch_bounds__(kBlock) gap_scalar_kernel(GapParams p) {
     const float v = input_v(p, i);
     const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v, p.q.rounding)
                                              : (p.q.fmt == NumFmt::fp16 ? round_fp16(v, p.q.rounding) : v);
-    const bool bad = !is_finite_bits(f32_bits(p.x[i])) || !is_finite_bits(f32_bits(qv));
+    const bool bad = !quant_gap_counts(p.x[i], qv);
     p.rel[i] = bad ? 0.0 : quant_gap_rel(p.x[i], qv);
     p.flag[i] = bad ? kFlagNonfinite : 0.0;
   }
@@ -199,21 +217,16 @@ __global__ void __launch_bounds__(kBlock) gap_one_pass_kernel(GapParams p, ElemS
       const int64_t i = base + 32 * g + lane;
       double r = 0.0, f = 0.0;
       if (mx_fmt) {
-        if (special[g]) {
-          f = kFlagNonfinite;
-        } else if (in[g]) {
-          const int s = shared_exponent(amax[g], es, p.q.rule, p.q.bump);
-          const uint32_t rnd = p.q.rounding == Rounding::stochastic
-                                   ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(i)).v[0]
-                                   : 0u;
-          const ElemResult e = quantize_element(v[g], s, es, p.q.rounding, rnd);
-          r = quant_gap_rel(x[g], e.value);
-          f = e.clamped ? kFlagClamped : 0.0;
+        if (in[g]) {
+          const int s = block_scale_exp(special[g] ? bits_f32(kGapQuietNaN) : amax[g], es, p.q.rule, p.q.bump);
+          const GapElem e = gap_elem(p, v[g], x[g], s, es, salt, i);
+          r = e.rel;
+          f = e.flag;
         }
       } else if (in[g]) {
         const float qv = p.q.fmt == NumFmt::bf16 ? round_bf16(v[g], p.q.rounding)
                                                  : (p.q.fmt == NumFmt::fp16 ? round_fp16(v[g], p.q.rounding) : v[g]);
-        const bool badv = !is_finite_bits(f32_bits(x[g])) || !is_finite_bits(f32_bits(qv));
+        const bool badv = !quant_gap_counts(x[g], qv);
         r = badv ? 0.0 : quant_gap_rel(x[g], qv);
         f = badv ? kFlagNonfinite : 0.0;
       }

@@ -1,7 +1,8 @@
 // The quantization gap of a stored tensor (backend.h, quant_gap): per element |x - Q(x)| / |x|
-// and the clamp flag, from the scalar code of lab/mx/scalar.h (shared_exponent,
-// quantize_element, round_bf16, round_fp16) and lab/model/instrument_elementwise.h
-// (quant_gap_rel), then the sums in the fixed order the CPU reference uses (chunks of
+// and the clamp flag, with Q from the quantizer's own scalar code of lab/mx/scalar.h
+// (block_scale_exp: NaN blocks as the quantizer makes them; quantize_element, round_bf16,
+// round_fp16) and lab/model/instrument_elementwise.h (quant_gap_counts: which elements enter
+// the sums; quant_gap_rel), then the sums in the fixed order the CPU reference uses (chunks of
 // kQuantGapChunk flat indices in index order, then chunk sums in order), so the result equals
 // the CPU's bit for bit. It runs once per log step on each parameter tensor (16 per trajectory
 // at L = 4), all of a trajectory's in one batch (CudaBackend::quant_gaps, one read-back): the

@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       if (o < G) amax = max_nan(amax, __shfl_xor_sync(kFullMask, amax, o));
-    const int s = block_scale_exp(amax, es, p.rule, p.bump, R);
+    const int s = block_scale_exp(amax, es, p.rule, p.bump);
     const bool special = s == kScaleExpNaN;
     if (base + grp < units) {
       if (special) {
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
         if (i0 + j < nv) tile[(i0 + j) * kStridedThreads + tid] = v;
       }
     }
-    const int s = block_scale_exp(amax, es, p.rule, p.bump, R);
+    const int s = block_scale_exp(amax, es, p.rule, p.bump);
     const bool special = s == kScaleExpNaN;
     const ElemScale sc = elem_scale(special ? 0 : s);
 #pragma unroll 2
@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
       ElemScale sc[kTileCols];
 #pragma unroll
       for (int c = 0; c < kTileCols; ++c) {
-        s[c] = block_scale_exp(amax[c], es, p.rule, p.bump, R);
+        s[c] = block_scale_exp(amax[c], es, p.rule, p.bump);
         special[c] = s[c] == kScaleExpNaN;
         sc[c] = elem_scale(special[c] ? 0 : s[c]);
       }
@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpe
       special |= !is_finite_bits(f32_bits(v));
       amax = fmaxf(amax, fabsf(v));
     }
-    const int s = special ? kScaleExpNaN : block_scale_exp(amax, es, p.rule, p.bump, p.rounding);
+    const int s = block_scale_exp(special ? bits_f32(kQuietNaN) : amax, es, p.rule, p.bump);
     special = s == kScaleExpNaN;
     for (int64_t q = begin; q < end; ++q) {
       const int64_t idx = index(q);

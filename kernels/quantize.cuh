@@ -12,8 +12,10 @@
 //     (contiguous: along each row; strided: down each column). A final partial block is
 //     zero-padded (padding never changes an output and is not counted).
 //   - round_bf16_first: every input is rounded to bf16 (per bf16_mode) before quantizing.
-//   - A block holding NaN or Inf, or without a scale (block_scale_exp: above 2^127, or values
-//     that would round past FLT_MAX), becomes all NaN (counted in nan_blocks).
+//   - A block holding NaN or Inf, or without a scale (block_scale_exp: its rule's exponent is
+//     beyond E8M0), becomes all NaN (counted in nan_blocks). In a block with a scale, an element
+//     whose dequantized value reaches 2^128 is +-Inf (possible only within one element rounding
+//     step of FLT_MAX), the rest of the block unaffected.
 //   - Stochastic rounding: the random word of element (r, c) is
 //     philox(q.seed, Stream::stochastic_round, salt, r * cols + c).v[0], with
 //     salt = *d_step when d_step is given (read on the device, so a captured CUDA graph sees

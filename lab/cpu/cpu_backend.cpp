@@ -357,62 +357,32 @@ class CpuBackend final : public Backend {
 
   QuantGap quant_gap(const float* x, int64_t rows, int64_t cols, Axis axis, const QuantSpec& q, bool round_bf16_first,
                      Rounding bf16_mode) override {
-    // Per element: rel (or "skip" for NaN/Inf blocks) and the clamp flag, then the fixed-order sums.
+    // Q is what the quantizer itself makes of v (quantize_dequantize: one walk over the blocks,
+    // the same block_scale_exp and quantize_element as every quantizer), then one pass in flat
+    // index order folds (x, Q) into the fixed-order sums: elements counted where both are finite
+    // (quant_gap_counts), `above` = the quantizer's clamped count (a clamped element is never
+    // +-Inf: its block's scale leaves room for max_normal, lab/mx/README.md).
+    if (is_mx(q.fmt) && q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
     const int64_t n = rows * cols;
-    std::vector<double> rel(static_cast<size_t>(n), 0.0);
-    std::vector<uint8_t> flag(static_cast<size_t>(n), 0);  // 1: clamped, 2: in a NaN/Inf block
-    auto v_of = [&](int64_t idx) { return round_bf16_first ? mxlab::round_bf16(x[idx], bf16_mode) : x[idx]; };
-    if (!is_mx(q.fmt)) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = v_of(i);
-        const float qv = q.fmt == NumFmt::bf16 ? mxlab::round_bf16(v, q.rounding)
-                                               : (q.fmt == NumFmt::fp16 ? round_fp16(v, q.rounding) : v);
-        if (!std::isfinite(x[i]) || !std::isfinite(qv)) flag[i] = 2;
-        else rel[i] = quant_gap_rel(x[i], qv);
-      }
-    } else {
-      if (q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
-      const ElemSpec& es = elem_spec(mx_elem(q.fmt));
-      const bool contiguous = axis == Axis::contiguous;
-      const int64_t lines = contiguous ? rows : cols, length = contiguous ? cols : rows;
-      auto index = [&](int64_t line, int64_t pos) { return contiguous ? line * cols + pos : pos * cols + line; };
-      for (int64_t line = 0; line < lines; ++line)
-        for (int64_t b = 0; b < length; b += q.block) {
-          const int64_t end = std::min<int64_t>(b + q.block, length);
-          float amax = 0.0f;
-          bool special = false;
-          for (int64_t p = b; p < end; ++p) {
-            const float v = v_of(index(line, p));
-            if (!std::isfinite(v)) special = true;
-            amax = std::max(amax, std::fabs(v));
-          }
-          const int s = special ? 0 : shared_exponent(amax, es, q.rule, q.bump);
-          for (int64_t p = b; p < end; ++p) {
-            const int64_t idx = index(line, p);
-            if (special) {
-              flag[idx] = 2;
-              continue;
-            }
-            uint32_t rnd = 0;
-            if (q.rounding == Rounding::stochastic)
-              rnd = philox(q.seed, Stream::stochastic_round, step_.step, static_cast<uint64_t>(idx)).v[0];
-            const ElemResult r = quantize_element(v_of(idx), s, es, q.rounding, rnd);
-            rel[idx] = quant_gap_rel(x[idx], r.value);
-            flag[idx] = r.clamped ? 1 : 0;
-          }
-        }
-    }
+    std::vector<float> qv(static_cast<size_t>(n));
+    if (round_bf16_first)
+      for (int64_t i = 0; i < n; ++i) qv[i] = mxlab::round_bf16(x[i], bf16_mode);
+    QuantSpec qs = q;
+    qs.salt = step_.step;  // the stochastic stream of the quantizer at this step
+    QuantStats st;
+    quantize_dequantize(round_bf16_first ? qv.data() : x, qv.data(), rows, cols, axis, qs, &st);
     QuantGap out;
+    out.above = st.clamped;
     for (int64_t c0 = 0; c0 < n; c0 += kQuantGapChunk) {
       double chunk = 0.0;
       for (int64_t i = c0; i < std::min(n, c0 + kQuantGapChunk); ++i) {
-        if (flag[i] == 2) {
+        if (!quant_gap_counts(x[i], qv[i])) {
           out.nonfinite += 1;
           continue;
         }
-        chunk += rel[i];
-        out.max_rel = std::max(out.max_rel, rel[i]);
-        out.above += flag[i];
+        const double rel = quant_gap_rel(x[i], qv[i]);
+        chunk += rel;
+        out.max_rel = std::max(out.max_rel, rel);
         out.n += 1;
       }
       out.sum_rel += chunk;

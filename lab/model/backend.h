@@ -291,16 +291,18 @@ class Backend {
   // of it, Q = quantize_dequantize(v) with v = round_bf16(x, bf16_mode) when round_bf16_first
   // (as GEMM operands do), else v = x; blocks along `axis` as in quantize(), stochastic salt =
   // StepScalars.step, q.seed as given. Per element rel = |x - Q| / |x| (quant_gap_rel; 0 where
-  // x == 0). Synchronises. Elements of a block holding NaN or Inf (which the quantizer turns
-  // into NaN) are counted in `nonfinite` only.
+  // x == 0). Synchronises. Elements where x or Q is not finite (quant_gap_counts: every element
+  // of a block the quantizer makes NaN, i.e. one holding NaN or Inf or whose scale exponent is
+  // beyond E8M0; an element that dequantizes to +-Inf at the top of the float32 range) are
+  // counted in `nonfinite` only.
   struct QuantGap {
     double sum_rel = 0.0;    // sum of rel: double sums over chunks of kQuantGapChunk flat
                              //   indices in index order, then over chunk sums in order
     double max_rel = 0.0;
     uint64_t above = 0;      // elements the quantizer clamps: |v| > max_normal * 2^s of its
                              //   block (MX only: bf16/fp16/fp32 never clamp)
-    uint64_t n = 0;          // elements evaluated (outside NaN/Inf blocks)
-    uint64_t nonfinite = 0;  // elements of NaN/Inf blocks
+    uint64_t n = 0;          // elements evaluated (x and Q finite)
+    uint64_t nonfinite = 0;  // elements where x or Q is not finite
     double mean_rel() const { return n ? sum_rel / static_cast<double>(n) : 0.0; }
     double above_frac() const { return n ? static_cast<double>(above) / static_cast<double>(n) : 0.0; }
   };

@@ -108,6 +108,14 @@ MXLAB_HD float precond_isqrt_elem(float v, float bc2, float eps) {
 }
 
 // ---- quantization gap (quant_gap) -----------------------------------------------------------
+// Whether an element enters the gap's sums: its stored value x and what the quantizer returned
+// for it, q, are both finite. Else it counts in `nonfinite` only: every element of a block the
+// quantizer makes NaN (a NaN or Inf inside, or no E8M0 scale: block_scale_exp), an element whose
+// dequantized value overflowed to +-Inf (a block within one rounding step of FLT_MAX), and a
+// non-finite scalar-format result. Both backends decide with this, from the quantizer's own q.
+MXLAB_HD bool quant_gap_counts(float x, float q) {
+  return (f32_bits(x) & 0x7F800000u) != 0x7F800000u && (f32_bits(q) & 0x7F800000u) != 0x7F800000u;
+}
 // |x - q| / |x| in double (0 for x == 0): x the stored value, q what the quantizer returns.
 MXLAB_HD double quant_gap_rel(float x, float q) {
   if (x == 0.0f) return 0.0;

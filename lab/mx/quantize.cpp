@@ -39,10 +39,10 @@ void quantize_block(const float* in, float* out, const BlockWalk& w, int64_t lin
   }
   st.blocks += 1;
   st.n += static_cast<uint64_t>(end - begin);
-  const int s = special ? kScaleExpNaN : block_scale_exp(amax, es, spec.rule, spec.bump, spec.rounding);
+  const int s = block_scale_exp(special ? std::numeric_limits<float>::quiet_NaN() : amax, es, spec.rule, spec.bump);
   if (s == kScaleExpNaN) {
-    // The OCP NaN scale makes the whole block NaN: a block holding NaN/Inf, or one with no
-    // scale (block_scale_exp); other blocks unaffected.
+    // The OCP NaN scale makes the whole block NaN: a block holding NaN/Inf, or one whose rule's
+    // exponent is beyond E8M0 (block_scale_exp); other blocks unaffected.
     st.nan_blocks += 1;
     if (out)
       for (int64_t p = begin; p < end; ++p) out[w.index(line, p)] = std::numeric_limits<float>::quiet_NaN();

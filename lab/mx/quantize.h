@@ -33,7 +33,7 @@ struct QuantStats {
   uint64_t n = 0;           // elements (padding excluded)
   uint64_t lastbin = 0;     // |Q(v)| == max_normal * X
   uint64_t clamped = 0;     // |v / X| > max_normal before saturation
-  uint64_t nan_blocks = 0;  // blocks that held NaN or Inf (they become all NaN)
+  uint64_t nan_blocks = 0;  // blocks that held NaN or Inf or whose exponent is beyond E8M0 (all NaN)
   uint64_t blocks = 0;
   void add(const QuantStats& o) {
     n += o.n; lastbin += o.lastbin; clamped += o.clamped; nan_blocks += o.nan_blocks; blocks += o.blocks;

@@ -5,10 +5,12 @@
 //
 // Conventions:
 //   - A finite float v is m * 2^(x) with m a 24-bit integer significand (see decompose()).
-//   - A block's shared scale is X = 2^s, s in [-127, 127] (an E8M0 exponent).
+//   - A block's shared scale is X = 2^s, s in [-127, 127] (an E8M0 exponent), or the NaN scale
+//     (kScaleExpNaN) where the block holds a NaN or Inf or its rule's exponent is beyond E8M0.
 //   - An element is quantized as the value r = v / X rounded onto the element's grid,
 //     saturating at +-max_normal; subnormal elements are kept; the dequantized value
-//     Q(v) = round(r) * X is returned as a float (exact: see make_float()).
+//     Q(v) = round(r) * X is returned as a float (exact: see make_float(); +-Inf where it
+//     reaches 2^128, possible only within one element rounding step of FLT_MAX).
 #pragma once
 #include <cstdint>
 
@@ -20,8 +22,9 @@ namespace mxlab {
 constexpr int kScaleExpMin = -127;  // E8M0 range used for shared exponents
 constexpr int kScaleExpMax = 127;
 // The E8M0 NaN code (0xFF) as an exponent: what shared_exponent() and block_scale_exp() return
-// for a block that has no scale. Such a block becomes all NaN, as a block holding NaN or Inf
-// does (lab/mx/README.md, "Blocks at the top of the float32 range").
+// for a block that has no scale (its rule's exponent is beyond E8M0). Such a block becomes all
+// NaN, as a block holding NaN or Inf does (lab/mx/README.md, "Blocks at the top of the float32
+// range").
 constexpr int kScaleExpNaN = 128;
 constexpr float kFloat32Max = 3.40282347e38f;
 
@@ -158,10 +161,14 @@ MXLAB_HD int e8m0_round_up_biased(float val) {
 }
 
 // The shared exponent s (X = 2^s) of a block with absolute maximum `amax` (finite, >= 0), or
-// kScaleExpNaN where the rule asks for more than 2^127 (int8 under ceil, even, rceil and
-// floor_bump, for amax near FLT_MAX; E8M0 has no larger scale). amax == 0 gives -127 (every
-// element is then 0). See DESIGN.md section 2 and lab/mx/README.md. Quantizers call
-// block_scale_exp() below, which also covers blocks whose values would leave float32.
+// kScaleExpNaN where the rule's exponent is beyond E8M0 (nothing else makes it NaN):
+//   - int8 (emax 0) under ceil, even, rceil and floor_bump, for amax near FLT_MAX: s = 128;
+//   - `even` where amax rounded to the element's mantissa width reaches 2^128: that rounded
+//     maximum has exponent 128, beyond float32 and E8M0 (torchao's EVEN: its rounded amax is
+//     Inf, the NaN scale), for every format.
+// amax == 0 gives -127 (every element is then 0). See DESIGN.md section 2 and lab/mx/README.md.
+// Quantizers and the quantization-gap instrument call block_scale_exp() below, which also takes
+// the NaN/Inf policy.
 MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bump bump) {
   if (amax == 0.0f) return kScaleExpMin;
   const Decomposed d = decompose(amax);
@@ -184,7 +191,9 @@ MXLAB_HD int shared_exponent(float amax, const ElemSpec& es, ScaleRule rule, Bum
       const int fl = floor_log2(d.m, d.x);
       const int drop = (31 - clz32(d.m)) - es.mbits;  // bits below the kept mantissa
       const bool carry = drop > 0 && ((d.m + (1u << (drop - 1))) >> (drop + es.mbits + 1)) != 0u;
-      return clamp_scale_exp(fl + (carry ? 1 : 0) - emax);
+      const int rounded_exp = fl + (carry ? 1 : 0);  // floor(log2) of the rounded amax
+      if (rounded_exp > kScaleExpMax) return kScaleExpNaN;  // rounded amax 2^128: no float32, no E8M0
+      return clamp_scale_exp(rounded_exp - emax);
     }
     case ScaleRule::rceil: {
       // Transformer Engine / torchao: descale = amax * (1/max_normal) in float32, rounded up
@@ -354,26 +363,20 @@ MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Roundin
 
 // ---- the scale of a block ----------------------------------------------------------------------
 
-// The shared exponent a quantizer uses for a block with absolute maximum `amax` (max |v_i|,
-// NaN or Inf when the block holds one), or kScaleExpNaN: the block then becomes all NaN. NaN
-// where
+// The shared exponent of a block with absolute maximum `amax` (max |v_i|; NaN or Inf when the
+// block holds one: a NaN-propagating maximum, or the caller passes NaN for such a block), or
+// kScaleExpNaN: the block then becomes all NaN. The one function every quantizer (the CPU
+// reference, every CUDA kernel) and the quantization-gap instrument call, so that they agree on
+// which blocks have a scale. NaN where
 //   - the block holds a NaN or an Inf (the NaN/Inf policy);
-//   - the rule asks for a scale above 2^127 (shared_exponent());
-//   - the block's largest value would dequantize to 2^128 or more, beyond float32 (possible for
-//     an amax within one element rounding step of FLT_MAX under every rule that rounds the scale
-//     up: ceil, even, rceil, floor_bump). Rounding is monotone, so amax decides for the whole
-//     block: it is rounded with the block's mode, stochastic rounding taken as rounding up (the
-//     random bits are left out, so the decision is the same for every seed and on both backends).
-// Only amax >= 2^127 can get there, so the element check is a cold branch.
-MXLAB_HD int block_scale_exp(float amax, const ElemSpec& es, ScaleRule rule, Bump bump, Rounding mode) {
+//   - the rule's exponent is beyond E8M0 (shared_exponent()).
+// Nothing else: a block with a valid scale is quantized element by element, and an element whose
+// dequantized value reaches 2^128 (amax within one element rounding step of FLT_MAX under ceil,
+// rceil or floor_bump, which round the scale up) is +-Inf, the rest of the block unaffected, as
+// torchao's to_dtype returns it (lab/mx/README.md, "Blocks at the top of the float32 range").
+MXLAB_HD int block_scale_exp(float amax, const ElemSpec& es, ScaleRule rule, Bump bump) {
   if (!(amax <= kFloat32Max)) return kScaleExpNaN;
-  const int s = shared_exponent(amax, es, rule, bump);
-  if (s != kScaleExpNaN && f32_bits(amax) >= 0x7F000000u) {
-    // rnd = 0: stochastic rounding goes up whenever the value is not on the grid.
-    const ElemResult top = quantize_element_exact(amax, s, es, mode, 0u);
-    if (!is_finite_bits(f32_bits(top.value))) return kScaleExpNaN;
-  }
-  return s;
+  return shared_exponent(amax, es, rule, bump);
 }
 
 // ---- scalar formats ---------------------------------------------------------------------------

@@ -6,9 +6,11 @@
 // of double reimplementations of the ops they differentiate).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lab/core/error.h"
@@ -284,6 +286,138 @@ TEST(InstrumentOps, QuantGapExactZeroNonfiniteStridedAndBf16First) {
   QuantSpec bad = q;
   bad.block = 0;
   EXPECT_THROW(h.be->quant_gap(h.put({v}), 1, 1, Axis::contiguous, bad, false, Rounding::nearest_even), Error);
+}
+
+// The gap is measured on what the quantizer makes of the tensor. Blocks whose scale is NaN (the
+// rule's exponent beyond E8M0) are all NaN after quantization, so their elements count in
+// `nonfinite` only, as a block holding NaN/Inf does; an element the quantizer makes +-Inf (its
+// dequantized value reaches 2^128) likewise; the rest of the tensor is measured as usual.
+TEST(InstrumentOps, QuantGapOfBlocksWithoutAScaleIsWhatTheQuantizerDoes) {
+  Host h;
+  const float big = std::numeric_limits<float>::max();
+  struct Case {
+    NumFmt fmt;
+    ScaleRule rule;
+    std::vector<float> x;  // two blocks of 4
+    uint64_t nonfinite;    // what the quantizer makes non-finite, worked by hand
+  };
+  const std::vector<Case> cases = {
+      // int8, ceil: ceil(log2 FLT_MAX) - 0 = 128 > 127: no E8M0 scale, block 0 all NaN.
+      {NumFmt::mxint8, ScaleRule::ceil, {big, 1.0f, -2.0f, 0.5f, 1.1f, -0.3f, 0.7f, 0.0f}, 4},
+      // int8, rceil: FLT_MAX * 64/127 rounds up to 2^128: NaN, block 1 this time.
+      {NumFmt::mxint8, ScaleRule::rceil, {1.1f, -0.3f, 0.7f, 0.0f, -big, 1.0f, 2.0f, 3.0f}, 4},
+      // E4M3, even: FLT_MAX rounded to 3 mantissa bits is 2^128, exponent 128: NaN.
+      {NumFmt::mxfp8_e4m3, ScaleRule::even, {big, 1e38f, -2.0f, 0.5f, 1.1f, -0.3f, 0.7f, 0.0f}, 4},
+      // E5M2, rceil: s = 113 is valid; 3.33e38 / 2^113 rounds to 2^15, 2^128: +Inf, that element
+      // only (1e38 -> 5 2^124, 2^126 exact, 1 -> 0).
+      {NumFmt::mxfp8_e5m2, ScaleRule::rceil, {3.33e38f, 1e38f, 0x1p126f, 1.0f, 1.1f, -0.3f, 0.7f, 0.0f}, 1},
+  };
+  for (const Case& c : cases) {
+    QuantSpec q;
+    q.fmt = c.fmt;
+    q.block = 4;
+    q.rule = c.rule;
+    std::vector<float> y(c.x.size());
+    QuantStats st;
+    quantize_dequantize(c.x.data(), y.data(), 1, 8, Axis::contiguous, q, &st);
+    uint64_t nonfinite = 0;
+    double sum = 0, mx = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (!std::isfinite(y[i])) {
+        ++nonfinite;
+        continue;
+      }
+      const double rel = quant_gap_rel(c.x[i], y[i]);
+      sum += rel;
+      mx = std::max(mx, rel);
+    }
+    const std::string what = std::string(name(c.fmt)) + " " + name(c.rule);
+    ASSERT_EQ(nonfinite, c.nonfinite) << what << ": the quantizer";
+    const Backend::QuantGap r = h.be->quant_gap(h.put(c.x), 1, 8, Axis::contiguous, q, false, Rounding::nearest_even);
+    EXPECT_EQ(r.nonfinite, c.nonfinite) << what;
+    EXPECT_EQ(r.n, 8u - c.nonfinite) << what;
+    EXPECT_EQ(r.sum_rel, sum) << what;
+    EXPECT_EQ(r.max_rel, mx) << what;
+    EXPECT_EQ(r.above, st.clamped) << what;
+    EXPECT_TRUE(std::isfinite(r.sum_rel) && std::isfinite(r.max_rel)) << what;
+  }
+}
+
+// The gap's every field from the quantizer's output, on tensors at the top of the float32 range
+// (NaN-scale blocks, +-Inf elements, clamps) and ordinary ones, every MX format, rule, rounding,
+// axis and bf16-first: n and nonfinite split by finiteness of x and Q, sum_rel / max_rel over the
+// rest in the fixed chunk order, above = the quantizer's clamped count.
+TEST(InstrumentOps, QuantGapEqualsTheQuantizersOutputAtTheTopOfTheRange) {
+  Host h;
+  const uint32_t step = 11;
+  h.be->set_step(StepScalars{step, 0.0f, 1.0f, 1.0f});
+  const int64_t rows = 37, cols = 70;  // 2450 elements: three chunks, blocks divide neither dim
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  uint64_t state = 99;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 32);
+  };
+  for (float& v : x) {
+    const uint32_t u = next();
+    const uint32_t sign = (u & 1u) << 31;
+    if (u % 23 == 0) v = bits_f32(sign | (0x7F7FFFFFu - (next() % 600000u)));  // the last rounding steps
+    else if (u % 5 == 0) v = bits_f32(sign | ((200u + next() % 55u) << 23) | (next() & 0x7FFFFFu));
+    else v = bits_f32(sign | ((110u + next() % 30u) << 23) | (next() & 0x7FFFFFu));
+  }
+  x[100] = std::numeric_limits<float>::infinity();
+  float* X = h.put(x);
+  uint64_t saw_nan_block = 0, saw_inf_elem = 0, saw_clamp = 0;
+  for (NumFmt f : {NumFmt::mxfp8_e4m3, NumFmt::mxfp8_e5m2, NumFmt::mxfp6_e3m2, NumFmt::mxfp6_e2m3,
+                   NumFmt::mxfp4_e2m1, NumFmt::mxint8})
+    for (int r = 0; r < static_cast<int>(ScaleRule::kCount); ++r)
+      for (Rounding rnd : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic})
+        for (Axis axis : {Axis::contiguous, Axis::strided})
+          for (bool first : {false, true}) {
+            QuantSpec q;
+            q.fmt = f;
+            q.block = axis == Axis::contiguous ? 32 : 8;
+            q.rule = static_cast<ScaleRule>(r);
+            q.rounding = rnd;
+            q.seed = 5;
+            std::vector<float> v = x, y(x.size());
+            if (first)
+              for (float& e : v) e = round_bf16(e, Rounding::nearest_away);
+            QuantSpec qs = q;
+            qs.salt = step;
+            QuantStats st;
+            quantize_dequantize(v.data(), y.data(), rows, cols, axis, qs, &st);
+            Backend::QuantGap want;
+            want.above = st.clamped;
+            for (int64_t c0 = 0; c0 < rows * cols; c0 += kQuantGapChunk) {
+              double chunk = 0.0;
+              for (int64_t i = c0; i < std::min(rows * cols, c0 + kQuantGapChunk); ++i) {
+                if (!std::isfinite(x[i]) || !std::isfinite(y[i])) {
+                  ++want.nonfinite;
+                  saw_inf_elem += std::isinf(y[i]);
+                  continue;
+                }
+                const double rel = quant_gap_rel(x[i], y[i]);
+                chunk += rel;
+                want.max_rel = std::max(want.max_rel, rel);
+                ++want.n;
+              }
+              want.sum_rel += chunk;
+            }
+            saw_nan_block += st.nan_blocks > 1;  // beyond the Inf's own block
+            saw_clamp += st.clamped > 0;
+            const Backend::QuantGap got = h.be->quant_gap(X, rows, cols, axis, q, first, Rounding::nearest_away);
+            const std::string what = std::string(name(f)) + " " + name(q.rule) + " " + name(rnd) +
+                                     (axis == Axis::strided ? " strided" : "") + (first ? " bf16-first" : "");
+            EXPECT_EQ(got.n, want.n) << what;
+            EXPECT_EQ(got.nonfinite, want.nonfinite) << what;
+            EXPECT_EQ(got.sum_rel, want.sum_rel) << what;
+            EXPECT_EQ(got.max_rel, want.max_rel) << what;
+            EXPECT_EQ(got.above, want.above) << what;
+          }
+  EXPECT_GT(saw_nan_block, 20u);
+  EXPECT_GT(saw_inf_elem, 20u);
+  EXPECT_GT(saw_clamp, 20u);
 }
 
 TEST(InstrumentOps, QuantGapsOfABatchAreEachTensorsQuantGap) {

@@ -67,6 +67,7 @@ int torchao_ceil(float a, const ElemSpec& es) {
 }
 int torchao_even(float a, const ElemSpec& es) {
   const uint32_t b = (f32_bits(a) + (1u << (23 - es.mbits - 1))) & 0xFF800000u;
+  if ((b >> 23) == 0xFFu) return kScaleExpNaN;  // the rounded amax is Inf: scale code 0xFF
   return torchao_clamp(static_cast<int>(b >> 23) - 127 - es.emax());
 }
 
@@ -85,7 +86,8 @@ int exact_rceil(float amax, const ElemSpec& es) {
 
 // torchao FLOOR/CEIL/EVEN take the float's exponent field (a float32 subnormal has field 0);
 // mxlab uses the exact value. Equal for every format torchao has, over every exponent field
-// and random block maxima (torchao clamps to 128, but no finite amax reaches it).
+// and random block maxima (torchao clamps to 128, which no finite amax reaches; EVEN's rounded
+// amax becomes Inf near FLT_MAX, and torchao gives a non-finite amax the NaN code 0xFF).
 TEST(ScaleRules, FloorCeilEvenMatchTorchaoDefinitions) {
   const auto amaxes = probe_amaxes(300000);
   int failures = 0;

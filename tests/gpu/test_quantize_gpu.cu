@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/quantize.cuh"
@@ -377,8 +378,9 @@ TEST(QuantizeGpu, ScalarFormatsEqualCpu) {
 
 // Blocks at the top of the float32 range (lab/mx/scalar.h, block_scale_exp): magnitudes in
 // [2^118, FLT_MAX], one element in 40 taken from the last rounding steps below 2^128 of every
-// element width (and FLT_MAX itself), so that many blocks need a scale above 2^127 or would
-// round past FLT_MAX under the rules that round the scale up, and become NaN on both sides.
+// element width (and FLT_MAX itself), so that under the rules that round the scale up many
+// blocks get the NaN scale (int8's exponent 128, `even`'s rounded amax 2^128) and many elements
+// of blocks with a valid scale dequantize to 2^128, +-Inf, on both sides.
 std::vector<float> make_top_input(int64_t rows, int64_t cols, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<float> top;
@@ -419,12 +421,26 @@ TEST(QuantizeGpu, TopOfFloat32RangeBlocksEqualCpu) {
   }
   run_cases(sizes, Axis::contiguous, 1010, make_top_input, false);
   run_cases(sizes, Axis::strided, 1111, make_top_input, false);
-  // The input does reach the NaN scale (checked on the CPU reference).
+  // The input does reach the NaN scale and +-Inf elements beside finite ones (checked on the CPU
+  // reference): E4M3 `even` has NaN blocks; E5M2 `rceil` and `ceil`, E2M1 `floor_bump` have no NaN
+  // block but +-Inf elements.
   const std::vector<float> in = make_top_input(64, 64, 1);
   QuantSpec q;
   q.fmt = NumFmt::mxfp8_e4m3;
   q.rule = ScaleRule::even;
   EXPECT_GT(mx_stats(in.data(), 64, 64, Axis::contiguous, q).nan_blocks, 0u);
+  for (const auto& fr : {std::make_pair(NumFmt::mxfp8_e5m2, ScaleRule::rceil),
+                         std::make_pair(NumFmt::mxfp8_e5m2, ScaleRule::ceil),
+                         std::make_pair(NumFmt::mxfp4_e2m1, ScaleRule::floor_bump)}) {
+    q.fmt = fr.first;
+    q.rule = fr.second;
+    std::vector<float> out(in.size());
+    QuantStats st;
+    quantize_dequantize(in.data(), out.data(), 64, 64, Axis::contiguous, q, &st);
+    EXPECT_EQ(st.nan_blocks, 0u) << name(q.fmt) << " " << name(q.rule);
+    EXPECT_GT(std::count_if(out.begin(), out.end(), [](float v) { return std::isinf(v); }), 0)
+        << name(q.fmt) << " " << name(q.rule);
+  }
 }
 
 // In place (out == in) with a separate statistics spec (diagnostic stats under another MX
