@@ -437,13 +437,13 @@ TEST(NamesSummarize, BranchesPoolByKindNotByName) {
   ASSERT_EQ(g.groups.size(), 3u);
   EXPECT_EQ(g.groups[0].values, std::vector<std::string>{"fp32"});
   EXPECT_EQ(g.groups[0].n, 2);
-  EXPECT_EQ(g.groups[0].diverged, 0) << "the FP32 group holds a branch";
+  EXPECT_EQ(g.groups[0].diverged_to_end, 0) << "the FP32 group holds a branch";
   for (const TrajectoryOutcome& t : g.groups[0].members) EXPECT_FALSE(t.branch);
   EXPECT_EQ(g.groups[0].degraded_n, 2);
   EXPECT_EQ(g.groups[0].degraded, 0);
   const OutcomeGroup& br = g.groups[1].members[0].branch ? g.groups[1] : g.groups[2];
   EXPECT_EQ(br.n, 2);
-  EXPECT_EQ(br.diverged, 2);
+  EXPECT_EQ(br.diverged_to_end, 2);
   for (const TrajectoryOutcome& t : br.members) EXPECT_TRUE(t.branch);
 }
 
