@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 #include "lab/train/config_io.h"
@@ -57,7 +58,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "eval", "Loss of a parameter snapshot under its policy and under patched policies (probe or training batch)");
   c->add_option("run", a->run, "run file <run_id>.h5 with snapshots (log.snapshot_steps)")->required()->check(CLI::ExistingFile);
-  c->add_option("--snapshot", a->snapshot, "the step of the snapshot")->required();
+  c->add_option("--snapshot", a->snapshot, "the step of the snapshot")->required()->check(integer_in(0, LLONG_MAX));
   c->add_option("--trajectory", a->trajectory, "fp32, an arm (default mx) or a branch");
   c->add_option("--apply", a->applies, "a preset to evaluate under (repeatable: one row each)");
   c->add_option("--set", a->sets, "policy fields of one more row, e.g. --set ln_affine=none (repeatable, combined)");
