@@ -33,7 +33,7 @@ int do_eval(const Args& a) {
     InterventionConfig iv{"eval", 0, "", {}};
     for (const std::string& kv : a.sets) {
       const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) throw Error(msg("--set expects field=value, got '", kv, "'"));
+      if (eq == std::string::npos || eq == 0) throw Error(msg("--set expects field=value, got ", quoted_excerpt(kv)));
       iv.set[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     patches.push_back(iv);

@@ -43,7 +43,7 @@ QuantSpec make_spec(const QuantizeOpts& o) {
   try {
     f = parse_numfmt(o.format);
   } catch (const Error&) {
-    throw Error(msg("unknown --format '", o.format, "' (valid: ", quantize_format_list(), ")"));
+    throw Error(msg("unknown --format ", quoted_excerpt(o.format), " (valid: ", quantize_format_list(), ")"));
   }
   if (f == NumFmt::fp32)
     throw Error(msg("--format fp32 would leave the data unchanged; choose one of ", quantize_format_list()));

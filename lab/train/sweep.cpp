@@ -50,7 +50,7 @@ Experiment normalize(const YNode& root, const std::string& origin) {
     if (!b->value.is_map()) fail(b->value.loc, msg("base: expected a mapping of run keys, got ", b->value.describe()));
     for (const YEntry& e : b->value.map)
       if (is_experiment_key(e.key))
-        fail(e.key_loc, msg("'", e.key, "' belongs at the top level of the experiment, not under base:"));
+        fail(e.key_loc, msg(quoted_excerpt(e.key), " belongs at the top level of the experiment, not under base:"));
     yaml_merge(ex.run, b->value);
   }
   YNode top;
@@ -129,7 +129,7 @@ Sweep parse_sweep(const YNode& s) {
   std::map<std::string, std::string> used;  // dotted key -> "sweep.grid" / "sweep.zip"
   for (const YEntry& e : s.map) {
     if (std::find(sweep_keys.begin(), sweep_keys.end(), e.key) == sweep_keys.end())
-      fail(e.key_loc, msg("unknown key '", e.key, "' in sweep", did_you_mean(e.key, sweep_keys)));
+      fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " in sweep", did_you_mean(e.key, sweep_keys)));
     const std::string group = "sweep." + e.key;
     if (e.key == "seeds") {
       if (!e.value.is_null()) sw.seeds.push_back(parse_axis("seed", e.key_loc, e.value, group));
@@ -141,7 +141,7 @@ Sweep parse_sweep(const YNode& s) {
                             e.value.describe()));
     for (const YEntry& k : e.value.map) {
       if (std::find(keys.begin(), keys.end(), k.key) == keys.end())
-        fail(k.key_loc, msg("unknown key '", k.key, "' in ", group, did_you_mean(k.key, keys)));
+        fail(k.key_loc, msg("unknown key ", quoted_excerpt(k.key), " in ", group, did_you_mean(k.key, keys)));
       if (auto it = used.find(k.key); it != used.end())
         fail(k.key_loc, msg(k.key, " is swept twice (", it->second, " and ", group, "): keep it in one of them"));
       used[k.key] = group;

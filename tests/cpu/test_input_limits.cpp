@@ -16,6 +16,7 @@
 #include "lab/train/config_io.h"
 #include "lab/train/memory_estimate.h"
 #include "lab/train/sweep.h"
+#include "lab/train/sweep_runner.h"
 #include "lab/train/yaml_tree.h"
 #include "tests/cpu/test_util.h"
 
@@ -321,4 +322,23 @@ TEST(InputLimits, NpyRankBeyondWhatNumpyLoadsIsRefused) {
   EXPECT_EQ(rc, 2) << text;
   EXPECT_TRUE(has(text, "1001 dimensions")) << text;
   EXPECT_FALSE(std::filesystem::exists(dir.path / "out.npy"));
+}
+
+TEST(InputLimits, ShardAndGpuIndicesAreNotNarrowedSilently) {
+  // 4294967297 = 2^32 + 1 would become 1 as an int: --shard 0/4294967297 is not shard 0 of 1.
+  for (const std::string& s : {"0/4294967297", "4294967296/4294967297", "0/0", "-1/4", "4/4", "1/x"}) {
+    SCOPED_TRACE(s);
+    const std::string e = error_of([&] { parse_shard(s); });
+    EXPECT_TRUE(has(e, "--shard")) << e;
+  }
+  EXPECT_EQ(parse_shard("3/16").count, 16);
+  EXPECT_TRUE(has(error_of([] { parse_gpu_list("4294967296"); }), "--gpus")) << "would be GPU 0";
+  EXPECT_TRUE(has(error_of([] { parse_gpu_list("0,-1"); }), "--gpus"));
+  EXPECT_EQ(parse_gpu_list("0,3"), (std::vector<int>{0, 3}));
+  // Through the binary, exit 2.
+  TempDir dir;
+  const std::string exp = dir.write("small.yaml", kSmall);
+  const auto [rc, text] =
+      run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() + "/out --dry-run --shard 0/4294967297");
+  EXPECT_EQ(rc, 2) << text;
 }
