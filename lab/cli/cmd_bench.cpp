@@ -349,7 +349,8 @@ void run_bench(const Args& a) {
   validate_config(cfg);
   std::unique_ptr<Backend> be = make_backend(a.device);
   const bool is_cuda = be->name().rfind("cuda", 0) == 0;
-  check_run_fits_memory(cfg, !is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path);
+  check_run_fits_memory(cfg, !is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
+                        static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
   const int steps = a.steps > 0 ? a.steps : (is_cuda ? kCudaSteps : kCpuSteps);
   const int warmup = a.warmup >= 0 ? a.warmup : (is_cuda ? kCudaWarmup : kCpuWarmup);
   const bool graphs = is_cuda && !a.no_graphs;

@@ -62,11 +62,14 @@ LD pass_activations(const RunConfig& cfg) {
   return per_layer * static_cast<LD>(m.depth);
 }
 
+// MX arms of a run (no `arms:` is the one arm `mx`); `arms` > 0 overrides.
+size_t arm_count(const RunConfig& cfg, size_t arms) { return arms > 0 ? arms : std::max<size_t>(1, cfg.arms.size()); }
+
 }  // namespace
 
-long double run_memory_bytes(const RunConfig& cfg) {
+long double run_memory_bytes(const RunConfig& cfg, size_t arms_override) {
   const LD p = student_params(cfg);
-  const LD arms = cfg.arms.empty() ? 1 : static_cast<LD>(cfg.arms.size());
+  const LD arms = static_cast<LD>(arm_count(cfg, arms_override));
   const LD mx = arms + static_cast<LD>(cfg.interventions.size());  // MX trajectories
   // Per trajectory: params, grads, m, v, prev (5 P) and one pass's activations; MX ones add the shadow copy.
   const LD per_trajectory = 5 * p + pass_activations(cfg);
@@ -102,11 +105,11 @@ std::string format_bytes(long double bytes) {
   return msg(n, " bytes (", buf, " ", kUnits[u], ")");
 }
 
-void check_run_fits_memory(const RunConfig& cfg, bool on_cpu, const std::string& who) {
-  const LD need = on_cpu ? run_memory_bytes(cfg) : run_host_setup_bytes(cfg);
+void check_run_fits_memory(const RunConfig& cfg, bool on_cpu, const std::string& who, size_t arms) {
+  const LD need = on_cpu ? run_memory_bytes(cfg, arms) : run_host_setup_bytes(cfg);
   const uint64_t have = usable_host_memory();
   if (need <= static_cast<LD>(have)) return;
-  const size_t trajectories = 1 + (cfg.arms.empty() ? 1 : cfg.arms.size()) + cfg.interventions.size();
+  const size_t trajectories = 1 + arm_count(cfg, arms) + cfg.interventions.size();
   const std::string what = on_cpu ? msg("of memory for the parameters, optimizer state and activations of its ",
                                         trajectories, " trajectories")
                                   : std::string("of host memory to build its initial parameters");

@@ -342,3 +342,15 @@ TEST(InputLimits, ShardAndGpuIndicesAreNotNarrowedSilently) {
       run_command(std::string(MXLAB_BINARY) + " run " + exp + " --out " + dir.str() + "/out --dry-run --shard 0/4294967297");
   EXPECT_EQ(rc, 2) << text;
 }
+
+TEST(InputLimits, BenchArmsCountIsInTheMemoryEstimate) {
+  // `bench --arms K` builds the trainer with K arms: K large enough must be refused up front.
+  TempDir dir;
+  const std::string exp = dir.write("small.yaml", "steps: 4\ndevice: cpu\nmodel: {depth: 1, width: 1024}\ndata: {batch: 8}\n");
+  const auto [rc, text] = mxlab_limited("bench " + exp + " --device cpu --arms 2000000", 4L << 20);
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_TRUE(has(text, "needs at least")) << text;
+  EXPECT_TRUE(has(text, "2000001 trajectories")) << text;
+  RunConfig cfg = config_from_yaml_string(kSmall, "s");
+  EXPECT_GT(run_memory_bytes(cfg, 100), run_memory_bytes(cfg) * 40);
+}
