@@ -114,8 +114,10 @@ struct Converter {
   // opening quote: find the closing one as YAML does (\" escapes in double quotes, '' in single).
   void check_quotes(const YAML::Node& n) const {
     const YAML::Mark m = n.Mark();
-    if (m.pos < 0 || static_cast<size_t>(m.pos) >= text.size()) return;
-    size_t i = static_cast<size_t>(m.pos);
+    // Marks count the characters after a UTF-8 byte order mark.
+    const size_t bom = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
+    if (m.pos < 0 || static_cast<size_t>(m.pos) + bom >= text.size()) return;
+    size_t i = static_cast<size_t>(m.pos) + bom;
     while (i < text.size() && (text[i] == '&' || text[i] == '!')) {  // an anchor or a tag before the scalar
       while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i]))) ++i;
       while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;

@@ -176,7 +176,8 @@ TEST(InputLimits, NumericOptionsOutOfRangeExit2) {
 
 TEST(InputLimits, UnterminatedQuotedStringIsAnError) {
   for (const std::string& text : {std::string("name: \"abc\nsteps: 10\n"), std::string("steps: 10\nname: 'abc\n"),
-                                  std::string("name: &n \"abc\n"), std::string("\"name: abc\n")}) {
+                                  std::string("name: &n \"abc\n"), std::string("\"name: abc\n"),
+                                  std::string("\xEF\xBB\xBFname: \"abc\nsteps: 10\n")}) {  // after a byte order mark
     SCOPED_TRACE(text);
     const std::string e = error_of([&] { config_from_yaml_string(text, "q.yaml"); });
     EXPECT_TRUE(has(e, "unterminated")) << e;
@@ -187,6 +188,8 @@ TEST(InputLimits, UnterminatedQuotedStringIsAnError) {
   EXPECT_EQ(config_from_yaml_string("name: 'it''s'\n", "q.yaml").name, "it's");
   EXPECT_EQ(config_from_yaml_string("name: it's\n", "q.yaml").name, "it's");
   EXPECT_EQ(config_from_yaml_string("name: \"a # b\" # comment\n", "q.yaml").name, "a # b");
+  EXPECT_EQ(config_from_yaml_string("\xEF\xBB\xBFname: 'it''s'\nsteps: 3\n", "q.yaml").name, "it's");
+  EXPECT_EQ(config_from_yaml_string("name: \"a\"\r\nsteps: 3\r\n", "q.yaml").name, "a");
 }
 
 TEST(InputLimits, TabIndentationIsNamed) {
