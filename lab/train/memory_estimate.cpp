@@ -71,9 +71,14 @@ long double run_memory_bytes(const RunConfig& cfg, size_t arms_override) {
   const LD p = student_params(cfg);
   const LD arms = static_cast<LD>(arm_count(cfg, arms_override));
   const LD mx = arms + static_cast<LD>(cfg.interventions.size());  // MX trajectories
-  // Per trajectory: params, grads, m, v, prev (5 P) and one pass's activations; MX ones add the shadow copy.
-  const LD per_trajectory = 5 * p + pass_activations(cfg);
-  const LD floats = (1 + mx) * per_trajectory + mx * p + teacher_params(cfg);
+  // Per trajectory: params, grads, m, v, prev (5 P), one pass's activations and the loss of every
+  // step; MX ones add the shadow copy.
+  const LD per_trajectory = 5 * p + pass_activations(cfg) + static_cast<LD>(std::max(cfg.steps, 1));
+  // The probe batch (inputs and targets) of snapshots and curvature.
+  const bool probe = cfg.log.curvature_every > 0 || cfg.log.snapshot_every > 0 || !cfg.log.snapshot_steps.empty();
+  const LD probe_rows = cfg.log.probe_batch > 0 ? cfg.log.probe_batch : static_cast<LD>(cfg.data.batch) * cfg.data.seq_len;
+  const LD floats = (1 + mx) * per_trajectory + mx * p + teacher_params(cfg) +
+                    (probe ? 2 * probe_rows * static_cast<LD>(cfg.model.width) : 0);
   return floats * 4;
 }
 

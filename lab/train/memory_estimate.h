@@ -12,9 +12,9 @@ namespace mxlab {
 
 // A lower bound of the bytes one run keeps in its backend's memory: per trajectory (FP32, every
 // arm, every intervention branch) its parameters, gradients, Adam moments and previous
-// parameters (plus the shadow copy for MX trajectories) and the activations of one pass
-// (every layer's input, hidden pre- and post-activation, the attention probabilities); the
-// teacher's parameters. Computed in floating point from the configuration's integers, so that
+// parameters (plus the shadow copy for MX trajectories), the activations of one pass (every
+// layer's input, hidden pre- and post-activation, the attention probabilities) and the loss of
+// every step; the teacher's parameters; the probe batch of snapshots and curvature. Computed in floating point from the configuration's integers, so that
 // no size overflows however large the configuration.
 // `arms` > 0 stands for that many arms instead of cfg.arms (`mxlab bench --arms K`).
 long double run_memory_bytes(const RunConfig& cfg, size_t arms = 0);

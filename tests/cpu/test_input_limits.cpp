@@ -254,6 +254,8 @@ TEST(InputLimits, ModelTooLargeForMemoryExit2WithBytes) {
   for (const std::string& args :
        {"run " + exp + out + " --set model.width=1048576", "run " + exp + out + " --set model.depth=1000000 --set model.width=4096",
         "run " + exp + out + " --set data.batch=2000000000 --set data.seq_len=1000",
+        "run " + exp + out + " --steps 2000000000 --set 'arms=[{name: a}, {name: b}, {name: c}]'",
+        "run " + exp + out + " --set log.snapshot_steps=[1] --set log.probe_batch=2000000000 --set model.width=4096",
         "bench " + exp + " --device cpu --width 1048576", "dump-step " + exp + out + " --set model.width=1048576"}) {
     SCOPED_TRACE(args);
     const auto [rc, text] = mxlab_limited(args, 4L << 20);
