@@ -41,12 +41,14 @@
 
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 #include "lab/model/curvature.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
+#include "lab/train/memory_estimate.h"
 #include "lab/train/run_file.h"
 #include "lab/train/sweep.h"
 #include "lab/train/trainer.h"
@@ -347,6 +349,8 @@ void run_bench(const Args& a) {
   validate_config(cfg);
   std::unique_ptr<Backend> be = make_backend(a.device);
   const bool is_cuda = be->name().rfind("cuda", 0) == 0;
+  check_run_fits_memory(cfg, !is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
+                        static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
   const int steps = a.steps > 0 ? a.steps : (is_cuda ? kCudaSteps : kCpuSteps);
   const int warmup = a.warmup >= 0 ? a.warmup : (is_cuda ? kCudaWarmup : kCpuWarmup);
   const bool graphs = is_cuda && !a.no_graphs;
@@ -628,12 +632,15 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.width=256 (repeatable)")
       ->allow_extra_args(false);
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--steps", args->steps, "timed steps per figure (default 200 on CUDA, 3 on the CPU)");
-  sub->add_option("--warmup", args->warmup, "warm-up steps per figure (default 10 on CUDA, 1 on the CPU)");
-  sub->add_option("--depth", args->depth, "override model.depth");
-  sub->add_option("--width", args->width, "override model.width");
-  sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)");
-  sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)");
+  sub->add_option("--steps", args->steps, "timed steps per figure (default 200 on CUDA, 3 on the CPU)")
+      ->check(integer_in(1));
+  sub->add_option("--warmup", args->warmup, "warm-up steps per figure (default 10 on CUDA, 1 on the CPU)")
+      ->check(integer_in(0));
+  sub->add_option("--depth", args->depth, "override model.depth")->check(integer_in(1));
+  sub->add_option("--width", args->width, "override model.width")->check(integer_in(1));
+  sub->add_option("--batch", args->batch, "override data.batch (sequences with data.seq_len > 1)")->check(integer_in(1));
+  sub->add_option("--run", args->run, "which run of a sweep to bench (index as in mxlab plan; default 0)")
+      ->check(integer_in(0));
   sub->add_flag("--no-graphs", args->no_graphs, "launch every op eagerly instead of replaying CUDA graphs");
   sub->add_flag("--no-producer-quant", args->no_producer_quant,
                 "CUDA: every GEMM quantizes its operands itself, instead of taking the MX operand its producer "
@@ -642,16 +649,17 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--arms", args->arms,
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
                   "experiment's own arms: are used)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1));
   sub->add_option("--only", args->only,
                   "time one figure only (fp32, mx, shadow, data, paired, curvature), no cuBLAS floors");
   sub->add_option("--log-steps", args->log_steps,
                   "also time N logged trainer steps (log_every 1, metrics to a temporary HDF5 file) against an "
                   "unlogged one, phase by phase")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1));
   sub->add_option("--curvature-iters", args->curvature_iters,
                   "Lanczos steps per eigenvalue of the curvature figure (log.curvature_iters)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(2));
   sub->callback([args] { run_bench(*args); });
 });
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/train/config_io.h"
 #include "lab/train/sweep.h"
@@ -31,7 +32,8 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("config", args->path, "experiment YAML file (omit for the built-in defaults)");
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.width=256 (repeatable)")
       ->allow_extra_args(false);
-  sub->add_option("--run", args->run, "for a sweep: the index of the run to print (see `mxlab plan`)");
+  sub->add_option("--run", args->run, "for a sweep: the index of the run to print (see `mxlab plan`)")
+      ->check(integer_in(0));
   sub->add_flag("--id", args->id_only, "print only the run id (hash of the fields that change results)");
   sub->callback([args] {
     RunConfig cfg;

@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/npy.h"
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
+#include "lab/train/memory_estimate.h"
 
 namespace mxlab::cli {
 namespace {
@@ -53,6 +55,7 @@ void write_groups(const std::string& dir, const std::string& prefix, const NetSh
 void dump_step(const Args& a) {
   if (a.step < 0) throw Error(msg("--step ", a.step, " must be >= 0"));
   const RunConfig cfg = load_config(a.path, a.sets);
+  check_run_fits_memory(cfg, false, a.path);  // its parameters are built on the host
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);
   if (ec) throw Error(msg("--out ", a.out, ": cannot create the directory (", ec.message(), ")"));
@@ -113,7 +116,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   sub->add_option("--out", args->out, "directory to write the .npy files and config.yaml into")->required();
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.block=attention (repeatable)")
       ->allow_extra_args(false);
-  sub->add_option("--step", args->step, "the step whose batch to use (default 0)");
+  sub->add_option("--step", args->step, "the step whose batch to use (default 0)")->check(integer_in(0));
   sub->callback([args] { dump_step(*args); });
 });
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 #include "lab/train/config_io.h"
@@ -32,7 +33,7 @@ int do_eval(const Args& a) {
     InterventionConfig iv{"eval", 0, "", {}};
     for (const std::string& kv : a.sets) {
       const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) throw Error(msg("--set expects field=value, got '", kv, "'"));
+      if (eq == std::string::npos || eq == 0) throw Error(msg("--set expects field=value, got ", quoted_excerpt(kv)));
       iv.set[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     patches.push_back(iv);
@@ -57,7 +58,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "eval", "Loss of a parameter snapshot under its policy and under patched policies (probe or training batch)");
   c->add_option("run", a->run, "run file <run_id>.h5 with snapshots (log.snapshot_steps)")->required()->check(CLI::ExistingFile);
-  c->add_option("--snapshot", a->snapshot, "the step of the snapshot")->required();
+  c->add_option("--snapshot", a->snapshot, "the step of the snapshot")->required()->check(integer_in(0, LLONG_MAX));
   c->add_option("--trajectory", a->trajectory, "fp32, an arm (default mx) or a branch");
   c->add_option("--apply", a->applies, "a preset to evaluate under (repeatable: one row each)");
   c->add_option("--set", a->sets, "policy fields of one more row, e.g. --set ln_affine=none (repeatable, combined)");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/io/writable_dir.h"
 #include "lab/train/csv_export.h"
@@ -64,7 +65,8 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its snapshots as .npy");
   c->add_option("run", a->run, "run file <run_id>.h5")->required()->check(CLI::ExistingFile);
   c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)");
-  c->add_option("--snapshot", a->snapshot, "with --npy: the step of the parameter snapshots to write");
+  c->add_option("--snapshot", a->snapshot, "with --npy: the step of the parameter snapshots to write")
+      ->check(integer_in(0, LLONG_MAX));
   c->add_option("--npy", a->npy,
                 "directory for the snapshot's .npy files: <trajectory>/<group>.npy (m/, v/: Adam), probe_x/y.npy");
   c->callback([a] { set_exit_code(do_export(*a)); });

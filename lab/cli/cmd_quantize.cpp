@@ -8,6 +8,7 @@
 #include <string>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/io/npy.h"
 #include "lab/mx/format.h"
@@ -42,7 +43,7 @@ QuantSpec make_spec(const QuantizeOpts& o) {
   try {
     f = parse_numfmt(o.format);
   } catch (const Error&) {
-    throw Error(msg("unknown --format '", o.format, "' (valid: ", quantize_format_list(), ")"));
+    throw Error(msg("unknown --format ", quoted_excerpt(o.format), " (valid: ", quantize_format_list(), ")"));
   }
   if (f == NumFmt::fp32)
     throw Error(msg("--format fp32 would leave the data unchanged; choose one of ", quantize_format_list()));
@@ -121,10 +122,11 @@ const Registrar reg(kOrder, [](CLI::App& app) {
                   "(bf16/fp16: nearest_* only)")
       ->capture_default_str();
   sub->add_option("--block-size", o->block, "Elements per block (a last block that is short is zero-padded)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(1));
   sub->add_option("--bump", o->bump, "floor_bump only: clamp (bump blocks that would clamp) or always")
       ->capture_default_str();
-  sub->add_option("--seed", o->seed, "Seed of the stochastic-rounding stream")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Seed of the stochastic-rounding stream")->capture_default_str()->check(unsigned_64());
   sub->add_option("--in", o->in, "Input .npy (float32, C order, rank >= 1)")->required();
   sub->add_option("--out", o->out, "Output .npy (written atomically)")->required();
   sub->add_flag("--stats", o->stats, "Print last-bin/clamped fractions, NaN blocks and relative error");

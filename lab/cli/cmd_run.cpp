@@ -5,17 +5,20 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
 #include "lab/io/writable_dir.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/index.h"
+#include "lab/train/memory_estimate.h"
 #include "lab/train/run_driver.h"
 #include "lab/train/run_file.h"
 #include "lab/train/sweep.h"
@@ -101,7 +104,13 @@ int do_run(const RunArgs& a) {
   } else {
     for (const ExpandedRun& r : runs) devices.insert(r.cfg.device);
   }
-  for (const std::string& d : devices) make_backend(d);  // throws mxlab::Error with the fix
+  std::map<std::string, bool> on_cpu;  // device -> whether its runs live in host memory
+  for (const std::string& d : devices) on_cpu[d] = make_backend(d)->name().rfind("cuda", 0) != 0;  // throws with the fix
+  // A model too large for this machine: refused with the bytes it needs, before any run starts.
+  for (const ExpandedRun& r : runs) {
+    const bool cpu = opt.gpus.empty() && on_cpu[opt.device.empty() ? r.cfg.device : opt.device];
+    check_run_fits_memory(r.cfg, cpu, msg(a.exp, ": run ", r.index, " (", r.id, ")"));
+  }
 
   bool show_progress = true;
   for (const ExpandedRun& r : runs) show_progress = show_progress && r.cfg.log.progress;
@@ -128,12 +137,13 @@ const Registrar reg(20, [](CLI::App& app) {
   c->add_option("--out", a->out, "output directory for <run_id>.h5 files and index.csv")->capture_default_str();
   c->add_option("--device", a->device, "cpu | auto | cuda | cuda:N (overrides the YAML's device)");
   c->add_option("--jobs,-j", a->jobs, "runs at once (threads; on one GPU they share it through concurrent streams); "
-                                      "default 1, or one per GPU with --gpus");
+                                      "default 1, or one per GPU with --gpus")
+      ->check(integer_in(1));
   c->add_option("--gpus", a->gpus, "spread the runs over these GPUs of this host, e.g. 0,1,2,3 (job j uses the "
                                    "(j mod n)-th)");
   c->add_option("--shard", a->shard, "run only runs with index % n == i (0-based), e.g. --shard 3/16; default: "
                                      "from SLURM_ARRAY_TASK_ID/COUNT (or MIN/MAX) when set");
-  c->add_option("--steps", a->steps, "override the number of steps of every run");
+  c->add_option("--steps", a->steps, "override the number of steps of every run")->check(integer_in(1));
   c->add_option("--set", a->sets, "override a config key of every run: --set optimizer.lr=3e-4 (repeatable)");
   c->add_flag("--quiet", a->quiet, "no live progress line");
   c->add_flag("--dry-run", a->dry_run, "list this shard's runs and what would happen to each, run nothing");

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "lab/cli/commands.h"
+#include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/train/group_stats.h"
 #include "lab/train/index.h"
@@ -120,7 +121,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   c->add_option("--degraded-factor", a->grouping.degraded_factor,
                 "with --by: degraded = final loss > this x the run's FP32 min loss")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(finite_positive())
       ->needs(by);
   c->callback([a, by] {
     a->by_given = by->count() > 0;

@@ -1,6 +1,6 @@
 // mxlab command-line entry point (CLI11). Subcommands are registered by lab/cli/*.cpp.
-// Every failure ends here as one line on stderr and one of the exit codes of
-// lab/core/exit_codes.h.
+// Every failure ends here as one line on stderr (control bytes escaped, cut at a length no
+// real message reaches: see one_line_message) and one of the exit codes of lab/core/exit_codes.h.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -18,16 +18,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     // CLI11 would print two lines and exit with its own codes (100+); a usage error is bad input.
-    std::fprintf(stderr, "mxlab: error: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "mxlab: error: %s (see --help)\n", mxlab::one_line_message(e.what()).c_str());
     return mxlab::kExitBadInput;
   } catch (const mxlab::IoError& e) {
-    std::fprintf(stderr, "mxlab: error: %s\n", e.what());
+    std::fprintf(stderr, "mxlab: error: %s\n", mxlab::one_line_message(e.what()).c_str());
     return mxlab::kExitIo;
   } catch (const mxlab::Error& e) {
-    std::fprintf(stderr, "mxlab: error: %s\n", e.what());
+    std::fprintf(stderr, "mxlab: error: %s\n", mxlab::one_line_message(e.what()).c_str());
     return mxlab::kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mxlab: error: %s\n", e.what());
+    std::fprintf(stderr, "mxlab: error: %s\n", mxlab::one_line_message(e.what()).c_str());
     return mxlab::kExitInternal;
   }
   return mxlab::cli::exit_code();

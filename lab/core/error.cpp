@@ -2,6 +2,7 @@
 #include "lab/core/error.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace mxlab {
@@ -28,6 +29,55 @@ std::string io_message(const std::string& verb, const std::string& path, int err
   }
   return msg("cannot ", verb, " ", path, ": ", cause, " (", fix, ")");
 }
+
+std::string excerpt(const std::string& text, size_t max_chars) {
+  // Cut at a character boundary: never in the middle of a UTF-8 sequence.
+  size_t cut = text.size();
+  if (cut > max_chars) {
+    cut = max_chars;
+    for (int back = 0; back < 3 && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80; ++back) --cut;
+  }
+  std::string out;
+  out.reserve(cut + 8);
+  for (size_t i = 0; i < cut; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x80) {  // a whole UTF-8 character passes; any other byte is shown as \xHH
+      const size_t len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+      bool ok = len > 0 && i + len <= cut && !(c >= 0xF8);
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+      if (ok) {
+        out.append(text, i, len);
+        i += len - 1;
+        continue;
+      }
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (cut < text.size()) out += msg("... (", text.size(), " bytes)");
+  return out;
+}
+
+std::string quoted_excerpt(const std::string& text, size_t max_chars) {
+  const std::string e = excerpt(text, max_chars);
+  if (text.size() <= max_chars) return "'" + e + "'";
+  // 'abc...' (N bytes): the length outside the quotes.
+  const size_t dots = e.rfind("... (");
+  return "'" + e.substr(0, dots + 3) + "'" + e.substr(dots + 3);
+}
+
+std::string one_line_message(const std::string& message) { return excerpt(message, 2000); }
 
 void throw_io_error(const std::string& verb, const std::string& path, int err) {
   throw IoError(io_message(verb, path, err), path, err);

@@ -39,6 +39,22 @@ std::string msg(const Args&... args) {
   return os.str();
 }
 
+// Text from the user (a YAML value, a key, an option, a file's content) as it may appear inside a
+// one-line error message: control bytes and bytes that are not UTF-8 written as \n, \t or \xHH
+// (UTF-8 characters kept), and cut after `max_chars`
+// bytes (at a UTF-8 character boundary) with "..." and the full length, e.g.
+//   excerpt("abc")                 -> abc
+//   excerpt(10 MB of 'x')          -> xxxx...xxx... (10485760 bytes)
+// so that a 10 MB scalar or a whole file never ends up in a message. Every message that echoes
+// such text goes through this (or quoted_excerpt).
+constexpr size_t kExcerptChars = 80;
+std::string excerpt(const std::string& text, size_t max_chars = kExcerptChars);
+// The same in single quotes: 'abc', 'xxxx...' (10485760 bytes).
+std::string quoted_excerpt(const std::string& text, size_t max_chars = kExcerptChars);
+// A whole error message made safe to print as one line: excerpt() with a generous cap (a
+// message is never cut where one with the quoted excerpts above fits).
+std::string one_line_message(const std::string& message);
+
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& what);
 
 }  // namespace mxlab

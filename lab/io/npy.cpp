@@ -20,25 +20,13 @@ namespace mxlab {
 namespace {
 
 // Header text as it may appear in a one-line message: a damaged header can hold newlines and
-// binary bytes (when its terminator is gone, the data runs into it), so non-printable bytes are
-// written as \xHH, trailing padding is dropped and the text is cut to a readable length.
+// binary bytes (when its terminator is gone, the data runs into it), so trailing padding is
+// dropped and the rest goes through excerpt() (lab/core/error.h), a header being longer than
+// the usual quoted value.
 std::string printable(const std::string& text) {
-  constexpr size_t kMaxShown = 160;
   size_t end = text.size();
   while (end > 0 && (text[end - 1] == ' ' || text[end - 1] == '\n')) --end;
-  std::string out;
-  for (size_t k = 0; k < end && out.size() < kMaxShown; ++k) {
-    const unsigned char c = static_cast<unsigned char>(text[k]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (out.size() >= kMaxShown && end > kMaxShown) out += "...";
-  return out;
+  return excerpt(text.substr(0, end), 160);
 }
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -46,6 +34,14 @@ constexpr size_t kMagicLen = 6;
 // NumPy pads the header so the data starts at a multiple of this (it uses 64 since 1.16).
 constexpr size_t kHeaderAlign = 64;
 constexpr size_t kMaxV1HeaderLen = 65535;
+
+// Why an array of this rank cannot be exchanged with NumPy, or "" (rank 1 to kNpyMaxDims).
+std::string rank_problem(size_t rank) {
+  if (rank <= kNpyMaxDims) return "";
+  return msg("the array has ", rank, " dimensions, more than the ", kNpyMaxDims,
+             " every NumPy can load (NumPy 1 stops at 32, NumPy 2 at 64): reshape it to ", kNpyMaxDims,
+             " dimensions or fewer");
+}
 
 // A readable name for a NumPy dtype string, for error messages.
 std::string dtype_name(const std::string& descr) {
@@ -240,6 +236,7 @@ NpyArray parse_npy(const std::string& bytes, const std::string& what) {
     throw Error(msg(what, ": array is in Fortran (column-major) order; save numpy.ascontiguousarray(x) instead"));
   if (shape.empty())
     throw Error(msg(what, ": array has rank 0 (a scalar); mxlab needs rank >= 1"));
+  if (const std::string problem = rank_problem(shape.size()); !problem.empty()) throw Error(msg(what, ": ", problem));
 
   NpyArray a;
   a.shape = shape;
@@ -279,6 +276,8 @@ NpyArray read_npy(const std::string& path) {
 }
 
 std::string encode_npy(const std::vector<int64_t>& shape, const float* data) {
+  if (const std::string problem = rank_problem(shape.size()); !problem.empty())
+    throw Error(msg("cannot write a .npy file: ", problem));
   std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
   int64_t n = 1;
   for (size_t k = 0; k < shape.size(); ++k) {

@@ -1,13 +1,18 @@
 // Reading and writing float32 NumPy .npy files (format versions 1.0, 2.0 and 3.0), the
 // exchange format of `mxlab quantize` with Python. Only what the lab needs: dtype float32
-// ('<f4', or '>f4' which is byte-swapped on read), C order, any rank >= 1. Everything else
+// ('<f4', or '>f4' which is byte-swapped on read), C order, rank 1 to 32 (kNpyMaxDims). Everything else
 // is refused with an mxlab::Error that names the file, what is wrong and how to fix it.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mxlab {
+
+// The most dimensions an .npy file may have: what every NumPy reads (NumPy 1's NPY_MAXDIMS;
+// NumPy 2 raised it to 64). Reading and writing refuse more, naming the limit.
+constexpr size_t kNpyMaxDims = 32;
 
 struct NpyArray {
   std::vector<int64_t> shape;  // rank >= 1, C (row-major) order

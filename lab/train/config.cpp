@@ -77,21 +77,21 @@ bool all_digits(const std::string& t, size_t from) {
 int parse_int(const YNode& n, const std::string& key) {
   const std::string& t = need_scalar(n, key, "an integer");
   const size_t from = (!t.empty() && (t[0] == '+' || t[0] == '-')) ? 1 : 0;
-  if (!all_digits(t, from)) fail(n.loc, msg(key, ": expected an integer, got '", t, "'"));
+  if (!all_digits(t, from)) fail(n.loc, msg(key, ": expected an integer, got ", quoted_excerpt(t)));
   errno = 0;
   const long long v = std::strtoll(t.c_str(), nullptr, 10);
   if (errno == ERANGE || v < INT_MIN || v > INT_MAX)
-    fail(n.loc, msg(key, ": ", t, " is out of range (integers here are 32-bit)"));
+    fail(n.loc, msg(key, ": ", excerpt(t), " is out of range (integers here are 32-bit)"));
   return static_cast<int>(v);
 }
 
 uint64_t parse_u64(const YNode& n, const std::string& key) {
   const std::string& t = need_scalar(n, key, "a non-negative integer");
   if (!all_digits(t, (!t.empty() && t[0] == '+') ? 1 : 0))
-    fail(n.loc, msg(key, ": expected a non-negative integer, got '", t, "'"));
+    fail(n.loc, msg(key, ": expected a non-negative integer, got ", quoted_excerpt(t)));
   errno = 0;
   const unsigned long long v = std::strtoull(t.c_str(), nullptr, 10);
-  if (errno == ERANGE) fail(n.loc, msg(key, ": ", t, " is out of range (at most 18446744073709551615)"));
+  if (errno == ERANGE) fail(n.loc, msg(key, ": ", excerpt(t), " is out of range (at most 18446744073709551615)"));
   return static_cast<uint64_t>(v);
 }
 
@@ -112,9 +112,9 @@ float parse_float(const YNode& n, const std::string& key) {
     ok = all_digits(t.substr(i), 0);
     i = t.size();
   }
-  if (!ok || i != t.size()) fail(n.loc, msg(key, ": expected a number, got '", t, "'"));
+  if (!ok || i != t.size()) fail(n.loc, msg(key, ": expected a number, got ", quoted_excerpt(t)));
   const float v = std::strtof(t.c_str(), nullptr);
-  if (!std::isfinite(v)) fail(n.loc, msg(key, ": ", t, " is out of float range"));
+  if (!std::isfinite(v)) fail(n.loc, msg(key, ": ", excerpt(t), " is out of float range"));
   return v;
 }
 
@@ -122,7 +122,7 @@ bool parse_bool(const YNode& n, const std::string& key) {
   const std::string& t = need_scalar(n, key, "true or false");
   if (t == "true" || t == "True" || t == "TRUE") return true;
   if (t == "false" || t == "False" || t == "FALSE") return false;
-  fail(n.loc, msg(key, ": expected true or false, got '", t, "'"));
+  fail(n.loc, msg(key, ": expected true or false, got ", quoted_excerpt(t)));
 }
 
 // " (did you mean 'x'? valid: a, b, c)" or " (valid: a, b, c)": for enum values, where the
@@ -138,7 +138,7 @@ size_t parse_choice(const YNode& n, const std::string& key, const std::vector<st
   const std::string& t = need_scalar(n, key, what);
   for (size_t i = 0; i < names.size(); ++i)
     if (t == names[i]) return i;
-  fail(n.loc, msg(key, ": unknown ", what, " '", t, "'", hint_with_list(t, names)));
+  fail(n.loc, msg(key, ": unknown ", what, " ", quoted_excerpt(t), hint_with_list(t, names)));
 }
 
 // Shortest decimal that reads back to the same float, spelt so that YAML 1.1 readers
@@ -354,7 +354,7 @@ void set_rounding(PrecisionConfig& p, const YNode& n, const std::string& key) {
   for (const YEntry& e : n.map) {
     const int i = rounding_role_index(e.key);
     if (i < 0)
-      fail(e.key_loc, msg("unknown role '", e.key, "' in ", key, hint_with_list(e.key, rounding_role_names())));
+      fail(e.key_loc, msg("unknown role ", quoted_excerpt(e.key), " in ", key, hint_with_list(e.key, rounding_role_names())));
     role_override(p, kRoles[i]) = parse_rounding_mode(e.value, key + "." + e.key);
   }
 }
@@ -449,7 +449,7 @@ std::vector<Item> build_schema() {
   top({"device", [](RunConfig& c, const YNode& n, const std::string& k) { c.device = need_scalar(n, k, "a device"); },
        [](const RunConfig& c) { return yaml_quote(c.device); },
        [](const RunConfig& c) {
-         return valid_device(c.device) ? std::string() : msg("'", c.device, "' is not a device (use cpu, auto, cuda or cuda:N)");
+         return valid_device(c.device) ? std::string() : msg(quoted_excerpt(c.device), " is not a device (use cpu, auto, cuda or cuda:N)");
        },
        true});
 
@@ -642,7 +642,7 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
     const std::string role = key.substr(9);
     const int i = rounding_role_index(role);
     if (i < 0)
-      fail(value.loc, msg("unknown role '", role, "' in ", label, hint_with_list(role, rounding_role_names())));
+      fail(value.loc, msg("unknown role ", quoted_excerpt(role), " in ", label, hint_with_list(role, rounding_role_names())));
     role_override(p, kRoles[i]) = parse_rounding_mode(value, label);
     return;
   }
@@ -654,7 +654,7 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
     return;
   }
   const Leaf* leaf = find_leaf(precision_item(), key);
-  if (!leaf) fail(value.loc, msg("unknown precision field '", key, "' in set", hint_with_list(key, precision_keys())));
+  if (!leaf) fail(value.loc, msg("unknown precision field ", quoted_excerpt(key), " in set", hint_with_list(key, precision_keys())));
   RunConfig tmp;
   tmp.precision = p;
   leaf->set(tmp, value, label);
@@ -695,7 +695,7 @@ struct Parser {
       if (!item) {
         std::vector<std::string> valid = item_keys();
         for (const char* k : {"extends", "base", "sweep"}) valid.emplace_back(k);  // read by lab/train/sweep.cpp
-        fail(e.key_loc, msg("unknown key '", e.key, "' at the top level", did_you_mean(e.key, valid)));
+        fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " at the top level", did_you_mean(e.key, valid)));
       }
       if (item->key == "interventions") {
         parse_interventions(e.value);
@@ -716,7 +716,7 @@ struct Parser {
           }
           const Leaf* leaf = find_leaf(*item, f.key);
           if (!leaf)
-            fail(f.key_loc, msg("unknown key '", f.key, "' in ", e.key,
+            fail(f.key_loc, msg("unknown key ", quoted_excerpt(f.key), " in ", e.key,
                                 did_you_mean(f.key, item->key == "precision" ? precision_keys() : leaf_keys(*item))));
           set_leaf(*leaf, f.value, e.key + "." + f.key);
         }
@@ -767,7 +767,7 @@ struct Parser {
     }
     for (const std::string& part : preset_parts(text))
       if (part == "none" || std::find(names.begin(), names.end(), part) == names.end())
-        fail(value.loc, msg(key, ": unknown preset '", part, "' in '", text, "'", hint_with_list(part, intervention_presets())));
+        fail(value.loc, msg(key, ": unknown preset ", quoted_excerpt(part), " in ", quoted_excerpt(text), hint_with_list(part, intervention_presets())));
     return text;
   }
 
@@ -803,7 +803,7 @@ struct Parser {
         continue;
       }
       if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0 && f.key.rfind("gemm.", 0) != 0)
-        fail(f.key_loc, msg("unknown precision field '", f.key, "' in ", key,
+        fail(f.key_loc, msg("unknown precision field ", quoted_excerpt(f.key), " in ", key,
                             hint_with_list(f.key, precision_keys())));
       PrecisionConfig scratch;
       set_precision_field(scratch, f.key, f.value, key + "." + f.key);
@@ -830,7 +830,7 @@ struct Parser {
         if (e.key == "name") arm.name = need_scalar(e.value, key, "a name");
         else if (e.key == "apply") arm.apply = parse_preset(e.value, key);
         else if (e.key == "set") parse_patch_set(e.value, key, arm.set);
-        else fail(e.key_loc, msg("unknown key '", e.key, "' in ", label, did_you_mean(e.key, keys)));
+        else fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " in ", label, did_you_mean(e.key, keys)));
         where[key] = e.value.loc;
       }
       if (!n.find("name")) fail(n.loc, msg(label, ": missing 'name' (it names the arm's group trajectories/<name>)"));
@@ -865,7 +865,7 @@ struct Parser {
         } else if (e.key == "from") {
           iv.from = need_scalar(e.value, key, "an arm name");
         } else {
-          fail(e.key_loc, msg("unknown key '", e.key, "' in ", label, did_you_mean(e.key, keys)));
+          fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " in ", label, did_you_mean(e.key, keys)));
         }
         where[key] = e.value.loc;
       }
@@ -1287,21 +1287,21 @@ std::vector<std::string> config_keys() {
 
 void apply_overrides(YNode& root, const std::vector<std::string>& overrides) {
   for (const std::string& o : overrides) {
-    const YLoc loc{"--set " + o, 0};
+    const YLoc loc{"--set " + excerpt(o), 0};
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       throw Error(msg(loc.str(), ": expected KEY=VALUE with a dotted key (e.g. --set model.width=256)"));
     const std::string key = o.substr(0, eq);
     const std::vector<std::string> path = split_dotted(key);
     for (const std::string& p : path)
-      if (p.empty()) throw Error(msg(loc.str(), ": '", key, "' is not a dotted key (e.g. model.width)"));
+      if (p.empty()) throw Error(msg(loc.str(), ": ", quoted_excerpt(key), " is not a dotted key (e.g. model.width)"));
     // Check the key here, where the whole dotted name can be suggested.
     const Item* item = find_item(path[0]);
     const std::vector<std::string> keys = config_keys();
     const bool known = (item && ((!item->section && path.size() == 1) ||
                                  (item->section && (path.size() == 1 || (path.size() == 2 && find_leaf(*item, path[1])))))) ||
                        std::find(keys.begin(), keys.end(), key) != keys.end();
-    if (!known) throw Error(msg(loc.str(), ": unknown key '", key, "'", did_you_mean(key, keys)));
+    if (!known) throw Error(msg(loc.str(), ": unknown key ", quoted_excerpt(key), did_you_mean(key, keys)));
     if (root.is_null()) {
       root.kind = YNode::Kind::map;
       root.loc = loc;

@@ -5,7 +5,9 @@
 #include "lab/train/sweep.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -48,7 +50,7 @@ Experiment normalize(const YNode& root, const std::string& origin) {
     if (!b->value.is_map()) fail(b->value.loc, msg("base: expected a mapping of run keys, got ", b->value.describe()));
     for (const YEntry& e : b->value.map)
       if (is_experiment_key(e.key))
-        fail(e.key_loc, msg("'", e.key, "' belongs at the top level of the experiment, not under base:"));
+        fail(e.key_loc, msg(quoted_excerpt(e.key), " belongs at the top level of the experiment, not under base:"));
     yaml_merge(ex.run, b->value);
   }
   YNode top;
@@ -72,7 +74,8 @@ Experiment load_tree(const YNode& root, const std::string& origin, const fs::pat
   if (parent.is_relative()) parent = dir / parent;
   std::error_code ec;
   if (!fs::is_regular_file(parent, ec))
-    fail(ext->value.loc, msg("extends: ", parent.string(), " is not a readable file (paths are relative to the file that extends)"));
+    fail(ext->value.loc, msg("extends: ", excerpt(parent.string()),
+                             " is not a readable file (paths are relative to the file that extends)"));
   const std::string key = fs::weakly_canonical(parent, ec).string();
   if (std::find(chain.begin(), chain.end(), key) != chain.end()) {
     std::string cycle;
@@ -126,7 +129,7 @@ Sweep parse_sweep(const YNode& s) {
   std::map<std::string, std::string> used;  // dotted key -> "sweep.grid" / "sweep.zip"
   for (const YEntry& e : s.map) {
     if (std::find(sweep_keys.begin(), sweep_keys.end(), e.key) == sweep_keys.end())
-      fail(e.key_loc, msg("unknown key '", e.key, "' in sweep", did_you_mean(e.key, sweep_keys)));
+      fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " in sweep", did_you_mean(e.key, sweep_keys)));
     const std::string group = "sweep." + e.key;
     if (e.key == "seeds") {
       if (!e.value.is_null()) sw.seeds.push_back(parse_axis("seed", e.key_loc, e.value, group));
@@ -138,7 +141,7 @@ Sweep parse_sweep(const YNode& s) {
                             e.value.describe()));
     for (const YEntry& k : e.value.map) {
       if (std::find(keys.begin(), keys.end(), k.key) == keys.end())
-        fail(k.key_loc, msg("unknown key '", k.key, "' in ", group, did_you_mean(k.key, keys)));
+        fail(k.key_loc, msg("unknown key ", quoted_excerpt(k.key), " in ", group, did_you_mean(k.key, keys)));
       if (auto it = used.find(k.key); it != used.end())
         fail(k.key_loc, msg(k.key, " is swept twice (", it->second, " and ", group, "): keep it in one of them"));
       used[k.key] = group;
@@ -167,15 +170,24 @@ std::vector<ExpandedRun> expand(const Experiment& ex, const std::vector<std::str
   YNode run = ex.run;
   apply_overrides(run, overrides);
 
-  size_t n_grid = 1;
-  for (const SweepAxis& a : sw.grid) n_grid *= a.values.size();
+  // The number of runs, exactly (integer arithmetic: a product that overflows 64 bits is
+  // reported as such, never as a rounded floating-point number).
+  std::vector<size_t> factors;
+  for (const SweepAxis& a : sw.grid) factors.push_back(a.values.size());
   const size_t n_zip = sw.zip.empty() ? 1 : sw.zip[0].values.size();
   const size_t n_seed = sw.seeds.empty() ? 1 : sw.seeds[0].values.size();
-  const double total_estimate = static_cast<double>(n_grid) * static_cast<double>(n_zip) * static_cast<double>(n_seed);
-  if (total_estimate > static_cast<double>(kMaxRuns))
-    throw Error(msg(origin, ": the sweep expands to ", total_estimate, " runs (more than ", kMaxRuns,
-                    "): split it into several experiments"));
-  const size_t total = n_grid * n_zip * n_seed;
+  factors.push_back(n_zip);
+  factors.push_back(n_seed);
+  uint64_t total64 = 1;
+  bool overflow = false;
+  for (size_t f : factors) overflow = overflow || __builtin_mul_overflow(total64, static_cast<uint64_t>(f), &total64);
+  if (overflow || total64 > kMaxRuns)
+    throw Error(msg(origin, ": the sweep expands to ",
+                    overflow ? msg("more than ", std::numeric_limits<uint64_t>::max()) : std::to_string(total64),
+                    " runs (at most ", kMaxRuns, " in one experiment): split it into several experiments"));
+  const size_t total = static_cast<size_t>(total64);
+  size_t n_grid = 1;
+  for (const SweepAxis& a : sw.grid) n_grid *= a.values.size();
 
   std::vector<ExpandedRun> runs;
   runs.reserve(total);

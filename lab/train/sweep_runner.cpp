@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -30,7 +31,7 @@ long parse_long(const std::string& text, const std::string& what) {
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0) throw Error(msg(what, ": expected a whole number, got '", text, "'"));
+  if (text.empty() || *end != '\0' || errno != 0) throw Error(msg(what, ": expected a whole number, got ", quoted_excerpt(text)));
   return v;
 }
 
@@ -70,16 +71,21 @@ struct JobState {
 ShardSpec parse_shard(const std::string& text) {
   const auto slash = text.find('/');
   const std::string form = " (expected i/n with 0 <= i < n, e.g. --shard 0/4)";
-  if (slash == std::string::npos) throw Error(msg("--shard ", text, ": no '/'", form));
-  ShardSpec s;
+  const std::string option = "--shard " + excerpt(text);
+  if (slash == std::string::npos) throw Error(msg(option, ": no '/'", form));
+  long index = 0, count = 0;
   try {
-    s.index = static_cast<int>(parse_long(text.substr(0, slash), "--shard " + text));
-    s.count = static_cast<int>(parse_long(text.substr(slash + 1), "--shard " + text));
+    index = parse_long(text.substr(0, slash), option);
+    count = parse_long(text.substr(slash + 1), option);
   } catch (const Error& e) {
     throw Error(e.what() + form);
   }
-  if (s.count < 1 || s.index < 0 || s.index >= s.count) throw Error(msg("--shard ", text, ": out of range", form));
-  s.origin = "--shard " + text;
+  // Checked before narrowing to int: 0/4294967297 is not shard 0 of 1.
+  if (count < 1 || count > INT_MAX || index < 0 || index >= count) throw Error(msg(option, ": out of range", form));
+  ShardSpec s;
+  s.index = static_cast<int>(index);
+  s.count = static_cast<int>(count);
+  s.origin = option;
   return s;
 }
 
@@ -99,6 +105,7 @@ std::optional<ShardSpec> shard_from_env(const std::function<const char*(const ch
     const long step = step_env.value_or(1);
     if (step < 1 || *max < *min) throw Error(msg("Slurm array ", *min, "-", *max, ":", step, " is not a range", fix));
     const long n = (*max - *min) / step + 1;
+    if (n > INT_MAX) throw Error(msg("Slurm array ", *min, "-", *max, ":", step, " has more than ", INT_MAX, " tasks", fix));
     if (*id < *min || *id > *max || (*id - *min) % step != 0)
       throw Error(msg("SLURM_ARRAY_TASK_ID=", *id, " is not a task of the array ", *min, "-", *max, ":", step, fix));
     if (count && *count != n)
@@ -108,7 +115,7 @@ std::optional<ShardSpec> shard_from_env(const std::function<const char*(const ch
     s.count = static_cast<int>(n);
     s.origin = msg("SLURM_ARRAY_TASK_ID=", *id, " of the array ", *min, "-", *max, step > 1 ? msg(":", step) : "");
   } else if (count) {
-    if (*count < 1 || *id < 0 || *id >= *count)
+    if (*count < 1 || *count > INT_MAX || *id < 0 || *id >= *count)
       throw Error(msg("SLURM_ARRAY_TASK_ID=", *id, " is outside 0..SLURM_ARRAY_TASK_COUNT-1 (count ", *count, ")", fix));
     s.index = static_cast<int>(*id);
     s.count = static_cast<int>(*count);
@@ -132,8 +139,8 @@ std::vector<int> parse_gpu_list(const std::string& text) {
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
     const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const long g = parse_long(item, "--gpus " + text + " (a list of GPU indices such as 0,1,2,3)");
-    if (g < 0) throw Error(msg("--gpus ", text, ": GPU indices are >= 0"));
+    const long g = parse_long(item, "--gpus " + excerpt(text) + " (a list of GPU indices such as 0,1,2,3)");
+    if (g < 0 || g > INT_MAX) throw Error(msg("--gpus ", excerpt(text), ": GPU indices are integers from 0 to ", INT_MAX));
     gpus.push_back(static_cast<int>(g));
     if (comma == std::string::npos) break;
     start = comma + 1;

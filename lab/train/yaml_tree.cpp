@@ -32,7 +32,7 @@ YEntry* YNode::find(const std::string& key) {
 
 std::string YNode::describe() const {
   switch (kind) {
-    case Kind::scalar: return "'" + text + "'";
+    case Kind::scalar: return quoted_excerpt(text);
     case Kind::map: return "a mapping";
     case Kind::seq: return "a list";
     default: return "nothing";
@@ -80,43 +80,127 @@ int mark_line(const YAML::Node& n, int fallback) {
   return m.line >= 0 ? m.line + 1 : fallback;  // yaml-cpp marks are 0-based
 }
 
-YNode convert(const YAML::Node& n, const std::string& origin, int fallback_line) {
-  YNode out;
-  out.loc = {origin, fallback_line};
-  switch (n.Type()) {
-    case YAML::NodeType::Scalar:
-      out.kind = YNode::Kind::scalar;
-      out.text = n.Scalar();
-      out.loc.line = mark_line(n, fallback_line);
-      break;
-    case YAML::NodeType::Sequence:
-      out.kind = YNode::Kind::seq;
-      out.loc.line = mark_line(n, fallback_line);
-      for (const YAML::Node& e : n) out.seq.push_back(convert(e, origin, out.loc.line));
-      break;
-    case YAML::NodeType::Map:
-      out.kind = YNode::Kind::map;
-      out.loc.line = mark_line(n, fallback_line);
-      for (auto it = n.begin(); it != n.end(); ++it) {
-        const int key_line = mark_line(it->first, out.loc.line);
-        if (!it->first.IsScalar())
-          throw Error(msg(YLoc{origin, key_line}.str(), ": mapping keys must be plain names"));
-        YEntry e;
-        e.key = it->first.Scalar();
-        e.key_loc = {origin, key_line};
-        if (const YEntry* prev = out.find(e.key))
-          throw Error(msg(e.key_loc.str(), ": duplicate key '", e.key, "' (first given at line ", prev->key_loc.line,
-                          "): keep one of them"));
-        // A null value (`key:` with nothing after it) has no position of its own: use the key's.
-        e.value = convert(it->second, origin, key_line);
-        out.map.push_back(std::move(e));
-      }
-      break;
-    default:  // Null, Undefined
-      out.kind = YNode::Kind::null;
-      break;
+// What one document may expand to. yaml-cpp keeps an alias (*a) as a second reference to its
+// anchor's node, but the tree built here copies it, so nested aliases multiply ("billion laughs":
+// 9 levels of ten aliases each, 530 bytes of text, are 10^9 nodes). The bounds are far above any
+// experiment (a few hundred keys and values) and far below what would exhaust memory.
+constexpr size_t kMaxTreeNodes = 100000;                  // keys, values and list items
+constexpr size_t kMaxAliasBytes = size_t{16} << 20;       // scalar bytes beyond those of the text itself
+
+// One document being converted: where it came from, its text (for quoted-scalar checks) and
+// what it has expanded to so far.
+struct Converter {
+  const std::string& origin;
+  const std::string& text;
+  size_t nodes = 0, bytes = 0;
+
+  [[noreturn]] void too_large(int line) const {
+    const std::string what = nodes > kMaxTreeNodes
+                                 ? msg("more than ", kMaxTreeNodes, " keys and values")
+                                 : msg("more than ", text.size() + kMaxAliasBytes, " bytes of text (the file holds ",
+                                       text.size(), ")");
+    throw Error(msg(YLoc{origin, line}.str(), ": the YAML expands to ", what,
+                    ": aliases (*name) repeat what their anchor (&name) holds, and nested aliases multiply it; "
+                    "write the values out, or use fewer aliases"));
   }
-  return out;
+  void count(size_t scalar_bytes, int line) {
+    ++nodes;
+    bytes += scalar_bytes;
+    if (nodes > kMaxTreeNodes || bytes > text.size() + kMaxAliasBytes) too_large(line);
+  }
+
+  // yaml-cpp 0.7 reads a quoted scalar with no closing quote up to the end of the text and
+  // accepts it (`name: "abc` then swallows every line after it). The node's mark is at its
+  // opening quote: find the closing one as YAML does (\" escapes in double quotes, '' in single).
+  void check_quotes(const YAML::Node& n) const {
+    const YAML::Mark m = n.Mark();
+    // Marks count the characters after a UTF-8 byte order mark.
+    const size_t bom = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
+    if (m.pos < 0 || static_cast<size_t>(m.pos) + bom >= text.size()) return;
+    size_t i = static_cast<size_t>(m.pos) + bom;
+    while (i < text.size() && (text[i] == '&' || text[i] == '!')) {  // an anchor or a tag before the scalar
+      while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+      while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+    }
+    if (i >= text.size()) return;
+    const char q = text[i];
+    if (q != '"' && q != '\'') return;  // a plain or block scalar
+    for (++i; i < text.size(); ++i) {
+      if (q == '"' && text[i] == '\\') {
+        ++i;
+      } else if (text[i] == q) {
+        if (q == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+          ++i;
+        } else {
+          return;
+        }
+      }
+    }
+    throw Error(msg(YLoc{origin, m.line + 1}.str(), ": YAML syntax error: unterminated ",
+                    q == '"' ? "double" : "single", "-quoted string (column ", m.column + 1, "): add the closing ",
+                    q, " (or remove the opening one)"));
+  }
+
+  YNode convert(const YAML::Node& n, int fallback_line) {
+    YNode out;
+    out.loc = {origin, fallback_line};
+    switch (n.Type()) {
+      case YAML::NodeType::Scalar:
+        out.kind = YNode::Kind::scalar;
+        out.loc.line = mark_line(n, fallback_line);
+        count(n.Scalar().size(), out.loc.line);
+        check_quotes(n);
+        out.text = n.Scalar();
+        break;
+      case YAML::NodeType::Sequence:
+        out.kind = YNode::Kind::seq;
+        out.loc.line = mark_line(n, fallback_line);
+        count(0, out.loc.line);
+        for (const YAML::Node& e : n) out.seq.push_back(convert(e, out.loc.line));
+        break;
+      case YAML::NodeType::Map:
+        out.kind = YNode::Kind::map;
+        out.loc.line = mark_line(n, fallback_line);
+        count(0, out.loc.line);
+        for (auto it = n.begin(); it != n.end(); ++it) {
+          const int key_line = mark_line(it->first, out.loc.line);
+          if (!it->first.IsScalar())
+            throw Error(msg(YLoc{origin, key_line}.str(), ": mapping keys must be plain names"));
+          count(it->first.Scalar().size(), key_line);
+          check_quotes(it->first);
+          YEntry e;
+          e.key = it->first.Scalar();
+          e.key_loc = {origin, key_line};
+          if (const YEntry* prev = out.find(e.key))
+            throw Error(msg(e.key_loc.str(), ": duplicate key ", quoted_excerpt(e.key), " (first given at line ",
+                            prev->key_loc.line, "): keep one of them"));
+          // A null value (`key:` with nothing after it) has no position of its own: use the key's.
+          e.value = convert(it->second, key_line);
+          out.map.push_back(std::move(e));
+        }
+        break;
+      default:  // Null, Undefined
+        out.kind = YNode::Kind::null;
+        count(0, fallback_line);
+        break;
+    }
+    return out;
+  }
+};
+
+// yaml-cpp reports a tab in the indentation as e.g. "illegal map value": say what it is. The
+// line of the error (1-based) if its indentation holds a tab, else 0.
+int tab_indented_line(const std::string& text, int line) {
+  if (line <= 0) return 0;
+  size_t at = 0;
+  for (int l = 1; l < line; ++l) {
+    at = text.find('\n', at);
+    if (at == std::string::npos) return 0;
+    ++at;
+  }
+  for (size_t i = at; i < text.size() && (text[i] == ' ' || text[i] == '\t'); ++i)
+    if (text[i] == '\t') return line;
+  return 0;
 }
 
 void relocate(YNode& n, const YLoc& loc) {
@@ -161,14 +245,16 @@ YNode yaml_parse(const std::string& text, const std::string& origin) {
     docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     const YLoc at{origin, e.mark.line >= 0 ? e.mark.line + 1 : 0};
+    if (tab_indented_line(text, at.line) > 0)
+      throw Error(msg(at.str(), ": YAML syntax error: tabs are not allowed in YAML indentation: indent with spaces"));
     const std::string col = e.mark.column >= 0 ? msg(" (column ", e.mark.column + 1, ")") : "";
     throw Error(msg(at.str(), ": YAML syntax error: ", e.msg, col));
   }
   if (docs.size() > 1)
     throw Error(msg(origin, ": holds ", docs.size(), " YAML documents (separated by ---): put one experiment per file"));
   if (docs.empty()) return YNode{YNode::Kind::null, {}, {}, {}, {origin, 0}};
-  YNode root = convert(docs[0], origin, 1);
-  return root;
+  Converter conv{origin, text};
+  return conv.convert(docs[0], 1);
 }
 
 YNode yaml_load_file(const std::string& path) {
@@ -278,6 +364,9 @@ std::string did_you_mean(const std::string& bad, const std::vector<std::string>&
   int best = limit + 1;
   std::string best_name;
   for (const std::string& v : valid) {
+    // Lengths further apart than the limit cannot be within it (and a huge name costs nothing).
+    const size_t gap = bad.size() > v.size() ? bad.size() - v.size() : v.size() - bad.size();
+    if (gap > static_cast<size_t>(limit)) continue;
     const int d = edit_distance(bad, v);
     if (d < best) {
       best = d;

@@ -49,8 +49,11 @@ struct YEntry {
 };
 
 // Parse YAML text. Syntax errors, duplicate keys and non-scalar keys throw mxlab::Error
-// "ORIGIN:LINE: ..." (yaml-cpp itself keeps both copies of a duplicated key). Aliases are
-// copied, so the tree has no shared nodes.
+// "ORIGIN:LINE: ..." (yaml-cpp itself keeps both copies of a duplicated key), and so do a quoted
+// string with no closing quote (which yaml-cpp accepts) and a tab in the indentation (said as
+// such). Aliases are copied, so the tree has no shared nodes; a document that would expand to
+// more than 100000 keys and values, or to 16 MiB more scalar text than it holds (nested aliases,
+// "billion laughs"), is refused before it can exhaust memory.
 YNode yaml_parse(const std::string& text, const std::string& origin);
 // Read and parse an experiment file; a missing, unreadable or empty (comment-only) file throws
 // mxlab::Error naming the path.
