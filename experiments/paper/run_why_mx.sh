@@ -3,6 +3,9 @@
 # GPU tests, then train a shard of one experiment's seeds over the GPUs under a deadline, and
 # bring back what the analysis needs (only runs that finished count: run files stay behind).
 #   bash experiments/paper/run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N ...
+# Without `build`, the binaries are .devbin/ when carried (bench/pack_devbin.sh), else build/.
+# A shard stopped by the deadline resumes from its checkpoints when the same command runs again
+# on the same warm machine (runs/ is git-ignored and stays there).
 # e.g. bash experiments/paper/run_why_mx.sh $OUT 570 build gputests why_mx_e1=0/20
 # EXP names experiments/paper/EXP.yaml; SHARD/N is mxlab run's --shard (run k of the sweep is in
 # shard k mod N). Each shard runs with --gpus over every visible GPU (one run per GPU at a time);
@@ -22,6 +25,12 @@ nvidia-smi -L | tee "$LOGS/device.txt"
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 GPUS=$(seq -s, 0 $((NGPU - 1)))
 BIN=build/mxlab
+TESTS=build/mxlab_gpu_tests
+# Binaries packed on the development machine (bench/pack_devbin.sh; carry .devbin): no build here.
+if [ -x .devbin/mxlab ]; then
+  BIN=.devbin/mxlab; TESTS=.devbin/mxlab_gpu_tests
+  echo "using .devbin (revision $(head -c 12 .devbin/REVISION 2>/dev/null || echo unknown))"
+fi
 pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null; }
 trap pack EXIT
 for step in "$@"; do
@@ -32,9 +41,10 @@ for step in "$@"; do
       cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
       ninja -C build -j16 mxlab mxlab_gpu_tests > "$LOGS/build.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build.log"; exit 1; }
       echo "built in $(( $(date +%s) - T0 )) s"
+      BIN=build/mxlab; TESTS=build/mxlab_gpu_tests
       ;;
     gputests)
-      build/mxlab_gpu_tests --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
+      "$TESTS" --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
       echo "gpu tests exit $?"
       grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED TEST|tests ran" "$LOGS/gpu_tests.log" | head -30
       ;;
