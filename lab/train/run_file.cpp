@@ -289,7 +289,13 @@ void RunFile::truncate_from(int64_t step) {
   for (const char* top : {"trajectories", "branches"})
     if (f.is_group(top))
       for (const auto& g : f.list_groups(top)) groups.push_back(std::string(top) + "/" + g);
-  for (const auto& g : groups) {
+  for (const auto& g : groups) truncate_group_from(g, step);
+}
+
+void RunFile::truncate_group_from(const std::string& g, int64_t step) {
+  h5::H5File& f = *impl_->file;
+  if (!f.is_group(g)) return;
+  {
     // Rows before `step` were flushed before its checkpoint was written, so every dataset has
     // them; rows after it may be on disk in some datasets and not others (a kill inside a
     // flush), which is why all are cut to their axis dataset's count (`step`, or the `axis`

@@ -48,6 +48,7 @@ class RunFile : public MetricSink {
   // Writes everything to disk, then refreshes the snapshot.
   void flush() override;
   void truncate_from(int64_t step) override;
+  void truncate_group_from(const std::string& group, int64_t step) override;
   // Drop every row of one group's datasets (a branch whose `mxlab branch` was interrupted is
   // computed again from its start).
   void clear_group(const std::string& group);

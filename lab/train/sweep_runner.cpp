@@ -201,6 +201,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     else if (r.status == "failed") detail = "error: " + r.error;
     else if (r.status == "busy") detail = "being run by another process (" + r.error + ")";
     if (r.resumed) detail += msg(", resumed from step ", r.resumed_from);
+    if (!r.note.empty()) detail += ", " + r.note;
     if (r.status != "skipped" && r.status != "busy") detail += msg(", ", format_duration(r.seconds));
     if (!r.device.empty() && r.status != "skipped" && r.status != "busy") detail += ", " + r.device;
     const std::string sw = swept_text(run.swept);
@@ -259,6 +260,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       r.resumed_from = o.resumed_from;
       r.divergence_step = o.divergence_step;
       r.divergence_arm = o.divergence_arm;
+      r.note = o.note;
       r.device = device.empty() ? run.cfg.device : device;
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       {
@@ -337,6 +339,7 @@ std::string format_sweep_report(const SweepResult& result) {
     if (!r.divergence_arm.empty() && r.divergence_arm != "mx")
       note = "first diverged: arm " + r.divergence_arm + (note.empty() ? "" : "; " + note);
     if (r.resumed) note = msg("resumed from step ", r.resumed_from) + (note.empty() ? "" : "; " + note);
+    if (!r.note.empty()) note = r.note + (note.empty() ? "" : "; " + note);
     row.push_back(note);
     rows.push_back(row);
     ++counts[r.status];

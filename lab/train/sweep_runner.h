@@ -64,6 +64,7 @@ struct SweepRunResult {
   int64_t resumed_from = 0;
   int64_t divergence_step = -1;  // earliest over the MX arms
   std::string divergence_arm;    // which arm ("" when none)
+  std::string note;              // RunOutcome::note: the run started again over a damaged file
   double seconds = 0.0;
 };
 
