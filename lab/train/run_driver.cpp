@@ -312,7 +312,7 @@ void RunLock::heartbeat() {
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   if (now - last_beat_ < kLockHeartbeatSeconds) return;
   last_beat_ = now;
-  ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+  ::utimensat(AT_FDCWD, path_.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
 }
 
 void RunLock::release() {

@@ -15,6 +15,7 @@
 
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
+#include "lab/io/out_file.h"
 
 namespace mxlab {
 
@@ -47,10 +48,19 @@ void copy_atomically(const std::string& from, const std::string& to) {
   const std::string tmp = to + ".tmp";
   std::FILE* in = std::fopen(from.c_str(), "rb");
   if (!in) throw_io_error("read", from, errno);
-  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  int fd = -1;
+  try {
+    fd = create_fresh_file(tmp, to);
+  } catch (...) {
+    std::fclose(in);
+    throw;
+  }
+  std::FILE* out = ::fdopen(fd, "wb");
   if (!out) {
     const int err = errno;
+    ::close(fd);
     std::fclose(in);
+    std::remove(tmp.c_str());
     throw_io_error("write", to, err);
   }
   constexpr size_t kBuffer = 1 << 20;
@@ -167,6 +177,7 @@ RunFile::RunFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RunFile::~RunFile() = default;
 
 std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& root) {
+  refuse_symlink(path);  // a link there is the user's: neither follow nor replace it
   auto impl = std::make_unique<Impl>();
   impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::create);
   h5::H5Object r = impl->file->object("/");

@@ -16,6 +16,7 @@
 
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
+#include "lab/io/out_file.h"
 #include "lab/core/text_table.h"
 
 namespace mxlab {
@@ -162,6 +163,9 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     std::filesystem::create_directories(opt.out_dir, ec);
     if (ec) throw Error(msg("cannot create output directory ", opt.out_dir, ": ", ec.message()));
   }
+  // A run file name that is a symbolic link would fail its run the same way at any time: say
+  // so before any run starts (lab/io/out_file.h).
+  for (const ExpandedRun& r : runs) refuse_symlink(opt.out_dir + "/" + r.id + ".h5");
   SweepResult result;
   result.runs.resize(runs.size());
   for (size_t k = 0; k < runs.size(); ++k) {
