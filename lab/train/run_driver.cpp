@@ -368,6 +368,17 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string status = peek(out.path, "status");
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
+      // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
+      if (!damage_of(out.path).empty()) {
+        try {
+          std::lock_guard<std::mutex> g(hdf5_mutex());
+          RunFile::open(out.path);
+        } catch (const std::exception& e) {
+          out.status = "failed";
+          out.error = e.what();
+          return out;
+        }
+      }
       out.status = "skipped";
       std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path);
       return out;

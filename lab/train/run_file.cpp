@@ -88,59 +88,11 @@ void copy_atomically(const std::string& from, const std::string& to) {
   }
 }
 
-void read_all_attrs(const h5::H5File& f, const std::string& path) {
-  const h5::H5Object o = f.object(path);
-  for (const std::string& a : o.attr_names()) {
-    try {
-      o.get_attr_strings(a);
-    } catch (const Error&) {
-      o.get_attr_doubles(a);  // numeric, or damaged: then this throws too
-    }
-  }
-}
-
-// Opens every object below `group`, following every link (h5file's listings skip links that
-// cannot be opened, which is exactly what damage looks like), and reads every attribute and
-// dataset back. Throws mxlab::Error at the first failure.
-void check_group(const h5::H5File& f, const std::string& group) {
-  read_all_attrs(f, group);
-  const hid_t g = H5Gopen2(f.id(), group.c_str(), H5P_DEFAULT);
-  if (g < 0) throw Error(msg("cannot open group '", group, "'"));
-  std::vector<std::string> names;
-  H5G_info_t info;
-  bool ok = H5Gget_info(g, &info) >= 0;
-  for (hsize_t i = 0; ok && i < info.nlinks; ++i) {
-    const ssize_t len = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    ok = len >= 0;
-    if (!ok) break;
-    std::string name(static_cast<size_t>(len) + 1, '\0');
-    ok = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) >= 0;
-    name.resize(static_cast<size_t>(len));
-    names.push_back(name);
-  }
-  H5Gclose(g);
-  if (!ok) throw Error(msg("cannot list group '", group, "'"));
-  for (const std::string& n : names) {
-    const std::string child = group == "/" ? n : group + "/" + n;
-    const hid_t o = H5Oopen(f.id(), child.c_str(), H5P_DEFAULT);
-    if (o < 0) throw Error(msg("cannot open '", child, "'"));
-    const H5I_type_t kind = H5Iget_type(o);
-    H5Oclose(o);
-    if (kind == H5I_GROUP) {
-      check_group(f, child);
-    } else if (kind == H5I_DATASET) {
-      read_all_attrs(f, child);
-      f.read_doubles(child);
-    }
-  }
-}
-
 // Why `path` is not a readable run file ("" if it is). A file locked by another process is an
 // error, not damage: repairing it would clobber a live run.
 std::string damage_of(const std::string& path) {
   try {
-    const h5::H5File f(path, h5::H5File::Mode::read);
-    check_group(f, "/");
+    const h5::H5File f(path, h5::H5File::Mode::read);  // reads it whole first (lab/io/h5check.h)
     return "";
   } catch (const Error& e) {
     const std::string why = e.what();
@@ -188,6 +140,7 @@ std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& r
 }
 
 std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
+  refuse_symlink(path);
   const std::string damage = damage_of(path);
   if (!damage.empty()) {
     const std::string snap = snapshot_path(path);
