@@ -13,7 +13,6 @@
 // The batch is the one the trainer draws at step N; the policy is all FP32 (the reference path).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "lab/model/mlp.h"
 #include "lab/train/config_io.h"
 #include "lab/train/memory_estimate.h"
+#include "lab/train/table_text.h"
 
 namespace mxlab::cli {
 namespace {
@@ -99,11 +99,7 @@ void dump_step(const Args& a) {
   write_npy(a.out + "/out.npy", batch_shape, host(*be, ws.out, n).data());
   const float loss = be->read_scalar(ws.loss);
   write_npy(a.out + "/loss.npy", {1}, &loss);
-  const std::string text = dump_config(cfg);
-  std::ofstream f(a.out + "/config.yaml", std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw Error(msg("--out ", a.out, ": cannot write config.yaml"));
+  write_text_atomically(a.out + "/config.yaml", dump_config(cfg));
   std::printf("dump-step: %s step %d: loss %.9g, %zu student and %zu teacher groups written to %s\n", a.path.c_str(),
               a.step, static_cast<double>(loss), S.groups.size(), T.groups.size(), a.out.c_str());
 }

@@ -14,6 +14,7 @@
 #include "lab/cli/commands.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
+#include "lab/io/out_file.h"
 #include "lab/io/writable_dir.h"
 #include "lab/train/csv_export.h"
 #include "lab/train/snapshot_export.h"
@@ -28,35 +29,78 @@ struct Args {
   int64_t snapshot = -1;
 };
 
-// The CSVs are written into a staging folder inside DIR and moved into DIR only when every one
-// of them was written, so that a failure (a full disk halfway) leaves no partial set behind.
+// What one output directory gets: files written into a fresh staging folder inside it, by
+// their paths relative to it.
+struct Staged {
+  std::string dir, staging;
+  bool created = false;  // `dir` did not exist before
+  std::vector<std::string> files;
+};
+
+Staged make_staging(const std::string& dir) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(dir, ec);
+  ensure_writable_dir(dir);
+  std::string tmpl = dir + "/.mxlab-export.XXXXXX";  // mkdtemp: a new directory, never a link
+  if (!::mkdtemp(tmpl.data())) throw_io_error("write in directory", dir, errno);
+  return {dir, tmpl, !existed, {}};
+}
+
+void add_files(Staged& s, const std::vector<std::string>& written) {
+  for (const std::string& p : written) {
+    const std::string rel = std::filesystem::path(p).lexically_relative(s.staging).lexically_normal().string();
+    if (rel.empty() || rel.rfind("..", 0) == 0 || rel[0] == '/')
+      throw Error(msg("internal: export wrote ", p, " outside its staging folder ", s.staging));
+    s.files.push_back(rel);
+  }
+}
+
+// Everything is written into staging folders inside DIR first (CSV and .npy alike) and moved
+// into place only when every file of the export was written, so that a failure (a damaged run
+// file, a full disk halfway) leaves no partial set behind. Files are moved with rename(2), which
+// replaces a link of that name instead of writing through it; a subfolder that is a link is
+// refused (lab/io/out_file.h).
 int do_export(const Args& a) {
   if (a.dir.empty() && a.npy.empty()) throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR");
   if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
   if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
-  if (!a.dir.empty()) {
-    ensure_writable_dir(a.dir);
-    const std::string staging = a.dir + "/.mxlab-export." + std::to_string(::getpid());
-    std::vector<std::string> done;
+  std::vector<Staged> stages;
+  std::vector<std::string> done;
+  try {
+    if (!a.dir.empty()) {
+      stages.push_back(make_staging(a.dir));
+      add_files(stages.back(), export_run_csv(a.run, stages.back().staging));
+    }
+    if (!a.npy.empty()) {
+      stages.push_back(make_staging(a.npy));
+      add_files(stages.back(), export_snapshot_npy(a.run, a.snapshot, stages.back().staging));
+    }
     try {
-      for (const std::string& p : export_run_csv(a.run, staging)) {
-        const std::string name = std::filesystem::path(p).filename().string();
-        const std::string to = a.dir + "/" + name;
-        if (std::rename(p.c_str(), to.c_str()) != 0) throw_io_error("write", to, errno);
-        done.push_back(to);
-      }
+      for (const Staged& s : stages)
+        for (const std::string& rel : s.files) {
+          const std::string to = s.dir + "/" + rel;
+          make_dirs_below(s.dir, std::filesystem::path(to).parent_path().string());
+          if (std::rename((s.staging + "/" + rel).c_str(), to.c_str()) != 0) throw_io_error("write", to, errno);
+          done.push_back(to);
+        }
     } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove_all(staging, ec);
+      for (const std::string& p : done) std::remove(p.c_str());
       throw;
     }
-    std::error_code ec;
-    std::filesystem::remove(staging, ec);
-    for (const std::string& p : done) std::printf("%s\n", p.c_str());
+  } catch (...) {
+    for (const Staged& s : stages) {
+      std::error_code ec;
+      std::filesystem::remove_all(s.staging, ec);
+      if (s.created) std::filesystem::remove(s.dir, ec);  // only if empty
+    }
+    throw;
   }
-  if (!a.npy.empty())
-    for (const std::string& p : export_snapshot_npy(a.run, a.snapshot, a.npy)) std::printf("%s\n", p.c_str());
+  for (const Staged& s : stages) {
+    std::error_code ec;
+    std::filesystem::remove_all(s.staging, ec);
+  }
+  for (const std::string& p : done) std::printf("%s\n", p.c_str());
   return 0;
 }
 

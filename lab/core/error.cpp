@@ -25,6 +25,10 @@ std::string io_message(const std::string& verb, const std::string& path, int err
     case EACCES:
     case EPERM: cause = "permission denied"; fix = "write to a directory you may write to"; break;
     case ENOENT: cause = "no such file or directory"; fix = "check the path"; break;
+    case ELOOP:
+      cause = "it is a symbolic link";
+      fix = "mxlab writes no file through a link inside its output directories: remove the link";
+      break;
     default: cause = std::strerror(err); fix = "check the file system"; break;
   }
   return msg("cannot ", verb, " ", path, ": ", cause, " (", fix, ")");

@@ -5,7 +5,10 @@
 #include "lab/io/h5file.h"
 
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +18,8 @@
 #include <vector>
 
 #include "lab/core/error.h"
+#include "lab/io/h5check.h"
+#include "lab/io/out_file.h"
 
 namespace mxlab::h5 {
 
@@ -138,11 +143,12 @@ std::vector<std::string> read_strings(hid_t attr, size_t count, const std::strin
     throw Error(msg("HDF5: attribute ", what, " in ", file, " is not a string"));
   std::vector<std::string> out(count);
   const htri_t is_vlen = H5Tis_variable_str(ftype.get());
+  const H5T_cset_t cset = H5Tget_cset(ftype.get());
+  if (is_vlen < 0 || cset < 0) fail("cannot read the type of string attribute", file, what);
   if (is_vlen > 0) {
     // Same character set as stored (HDF5 does not convert ASCII <-> UTF-8).
     Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    if (!mtype.ok() || H5Tset_size(mtype.get(), H5T_VARIABLE) < 0 ||
-        H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())) < 0)
+    if (!mtype.ok() || H5Tset_size(mtype.get(), H5T_VARIABLE) < 0 || H5Tset_cset(mtype.get(), cset) < 0)
       fail("cannot make a string type", file);
     std::vector<char*> ptrs(count, nullptr);
     if (count > 0 && H5Aread(attr, mtype.get(), ptrs.data()) < 0) fail("cannot read string attribute", file, what);
@@ -152,9 +158,9 @@ std::vector<std::string> read_strings(hid_t attr, size_t count, const std::strin
     }
   } else {
     const size_t len = H5Tget_size(ftype.get());
+    if (len == 0) fail("cannot read the type of string attribute", file, what);
     Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    if (len == 0 || !mtype.ok() || H5Tset_size(mtype.get(), len) < 0 ||
-        H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())) < 0)
+    if (!mtype.ok() || H5Tset_size(mtype.get(), len) < 0 || H5Tset_cset(mtype.get(), cset) < 0)
       fail("cannot make a string type", file);
     std::vector<char> buf(len * count + 1, '\0');
     if (count > 0 && H5Aread(attr, mtype.get(), buf.data()) < 0) fail("cannot read string attribute", file, what);
@@ -169,11 +175,44 @@ std::vector<std::string> read_strings(hid_t attr, size_t count, const std::strin
   return out;
 }
 
+// Size in bytes of the file that holds object `id` (0 if unknown).
+uint64_t file_size_of(hid_t id) {
+  const hid_t f = H5Iget_file_id(id);
+  if (f < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return 0;
+  }
+  hsize_t size = 0;
+  if (H5Fget_filesize(f, &size) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    size = 0;
+  }
+  H5Fclose(f);
+  return static_cast<uint64_t>(size);
+}
+
+// Whether `count` elements of `elem_bytes` bytes each can be in a file of `file_bytes` bytes:
+// a damaged shape or type claims more (an extendable dataset may hold one chunk of fill values
+// beyond what was written, hence the slack). Refusing it keeps a damaged size from becoming a
+// huge allocation.
+bool fits_in_file(uint64_t count, uint64_t elem_bytes, uint64_t file_bytes) {
+  constexpr uint64_t kSlack = uint64_t{64} << 20;
+  if (file_bytes == 0) return true;
+  if (elem_bytes != 0 && count > (UINT64_MAX / 4) / elem_bytes) return false;
+  return count * elem_bytes <= 2 * file_bytes + kSlack;
+}
+
 // Number of elements of an attribute's dataspace (1 for a scalar).
 size_t attr_element_count(hid_t attr, const std::string& file, const std::string& what) {
   Handle space(H5Aget_space(attr), H5Sclose);
   const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
   if (n < 0) fail("cannot read the shape of attribute", file, what);
+  Handle type(H5Aget_type(attr), H5Tclose);
+  const size_t elem = type.ok() ? H5Tget_size(type.get()) : 0;
+  if (elem == 0) fail("cannot read the type of attribute", file, what);
+  if (!fits_in_file(static_cast<uint64_t>(n), elem, file_size_of(attr)))
+    throw Error(msg("HDF5: attribute ", what, " in ", file, " claims ", n, " elements, more than the file holds: the "
+                    "file is damaged"));
   return static_cast<size_t>(n);
 }
 
@@ -182,25 +221,46 @@ H5T_class_t attr_class(hid_t attr) {
   return t.ok() ? H5Tget_class(t.get()) : H5T_NO_CLASS;
 }
 
-// Kind of the object at `path` (H5I_GROUP, H5I_DATASET), or H5I_BADID if there is none.
-// Walks the path one link at a time because H5Lexists fails on a missing parent.
-H5I_type_t object_kind(hid_t file, const std::string& path) {
+// A link that exists but does not open: a soft link may dangle (nothing there); a hard link
+// that does not open is damage, and says so instead of looking like an absent object.
+H5I_type_t unopenable_link(hid_t loc, const std::string& name, const std::string& file_name, const std::string& path) {
+  const StackText why = hdf5_error_stack();  // of the failed open (the next call clears it)
+  H5L_info_t info;
+  const herr_t rc = H5Lget_info(loc, name.c_str(), &info, H5P_DEFAULT);
+  H5Eclear2(H5E_DEFAULT);
+  if (rc >= 0 && info.type != H5L_TYPE_HARD) return H5I_BADID;
+  throw Error(msg("HDF5: cannot open object '", path, "' in ", file_name, " (the file is damaged): ", why.text));
+}
+
+// Kind of the object at `path` (H5I_GROUP, H5I_DATASET), or H5I_BADID if there is none; an
+// error when a link on the way is damaged. Walks the path one link at a time because H5Lexists
+// fails on a missing parent.
+H5I_type_t object_kind(hid_t file, const std::string& file_name, const std::string& path) {
   if (path.empty() || path == "/") return H5I_GROUP;
   size_t pos = 0;
+  std::string parent = "/";
   while (true) {
     pos = path.find('/', pos + 1);
     const std::string prefix = path.substr(0, pos);
-    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
+    const htri_t exists = H5Lexists(file, prefix.c_str(), H5P_DEFAULT);
+    if (exists == 0) return H5I_BADID;
+    if (exists < 0) {
+      // Fails on a parent that is not a group (nothing there), or on damage.
       H5Eclear2(H5E_DEFAULT);
-      return H5I_BADID;
+      const hid_t g = H5Gopen2(file, parent.c_str(), H5P_DEFAULT);
+      if (g < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return H5I_BADID;
+      }
+      H5Gclose(g);
+      H5Lexists(file, prefix.c_str(), H5P_DEFAULT);  // again, for its error stack
+      fail("cannot look up link (the file is damaged)", file_name, prefix);
     }
     if (pos == std::string::npos) break;
+    parent = prefix;
   }
   const hid_t id = H5Oopen(file, path.c_str(), H5P_DEFAULT);
-  if (id < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return H5I_BADID;
-  }
+  if (id < 0) return unopenable_link(file, path, file_name, path);
   const H5I_type_t kind = H5Iget_type(id);
   H5Oclose(id);
   return kind;
@@ -225,11 +285,13 @@ std::vector<std::string> list_links_of_kind(hid_t file, const std::string& file_
     const ssize_t len = H5Lget_name_by_idx(gid.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
     if (len < 0) fail("cannot list group", file_name, g);
     std::string name(static_cast<size_t>(len) + 1, '\0');
-    H5Lget_name_by_idx(gid.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+    if (H5Lget_name_by_idx(gid.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) != len)
+      fail("cannot list group", file_name, g);
     name.resize(static_cast<size_t>(len));
     const hid_t child = H5Oopen(gid.get(), name.c_str(), H5P_DEFAULT);
     if (child < 0) {
-      H5Eclear2(H5E_DEFAULT);  // dangling soft link: neither a group nor a dataset
+      // A dangling soft link is neither a group nor a dataset; a hard link must open.
+      unopenable_link(gid.get(), name, file_name, g == "/" ? name : g + "/" + name);
       continue;
     }
     if (H5Iget_type(child) == kind) names.push_back(name);
@@ -434,13 +496,52 @@ std::vector<double> H5Object::get_attr_doubles(const std::string& name) const {
 
 // ---------------------------------------------------------------- H5File
 
+namespace {
+
+// The file descriptor HDF5 holds for file `id` (sec2 driver), or -1.
+int file_descriptor(hid_t id) {
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(id, H5P_DEFAULT, &handle) < 0 || handle == nullptr) {
+    H5Eclear2(H5E_DEFAULT);
+    return -1;
+  }
+  return *static_cast<int*>(handle);
+}
+
+}  // namespace
+
+void H5File::open_image(const std::string& image) {
+  // HDF5's in-memory driver on a copy of the image, under a name of its own that names no file
+  // (with an image, the driver refuses a name that exists; open files are told apart by name).
+  static std::atomic<uint64_t> counter{0};
+  const std::string name = msg("/dev/null/mxlab-image-", ::getpid(), "-", counter.fetch_add(1));
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.ok() || H5Pset_fapl_core(fapl.get(), size_t{1} << 20, 0) < 0 ||
+      H5Pset_file_image(fapl.get(), const_cast<char*>(image.data()), image.size()) < 0)
+    fail("cannot set up reading", path_);
+  id_ = H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl.get());
+  if (id_ < 0) fail("cannot open file for reading", path_);
+}
+
 H5File::H5File(const std::string& path, Mode mode) : path_(path) {
   silence_hdf5_printing();
   switch (mode) {
-    case Mode::create:
-      id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    case Mode::create: {
+      // Created under a name of its own with O_EXCL (never through a link, never truncating a
+      // file that other names share), then renamed over `path`.
+      const std::string fresh = msg(path, ".new.", ::getpid());
+      if (::unlink(fresh.c_str()) != 0 && errno != ENOENT) throw_io_error("create", path, errno);
+      id_ = H5Fcreate(fresh.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
       if (id_ < 0) fail("cannot create file (is the directory there and writable?)", path);
+      if (std::rename(fresh.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        H5Fclose(id_);
+        id_ = -1;
+        ::unlink(fresh.c_str());
+        throw_io_error("create", path, err);
+      }
       break;
+    }
     case Mode::append:
     case Mode::read: {
       const unsigned flags = mode == Mode::append ? H5F_ACC_RDWR : H5F_ACC_RDONLY;
@@ -449,8 +550,30 @@ H5File::H5File(const std::string& path, Mode mode) : path_(path) {
       } else {
         throw Error(msg("HDF5: cannot open ", path, ": no such file (check the path)"));
       }
+      if (mode == Mode::append) refuse_symlink(path);
+      if (!inside_file_check()) {
+        // Read whole by another process first; reading, this process decodes only the clean
+        // image that process made (h5check.h).
+        const std::shared_ptr<const std::string> image = clean_image(path);
+        if (mode == Mode::read) {
+          open_image(*image);
+          break;
+        }
+      }
       id_ = H5Fopen(path.c_str(), flags, H5P_DEFAULT);
       if (id_ < 0) fail(mode == Mode::append ? "cannot open file for appending" : "cannot open file for reading", path);
+      if (mode == Mode::append) {
+        // What HDF5 opened must be the regular file named `path`, not one a link put there since.
+        struct stat opened {}, named {};
+        const int fd = file_descriptor(id_);
+        const bool same = fd >= 0 && ::fstat(fd, &opened) == 0 && ::lstat(path.c_str(), &named) == 0 &&
+                          S_ISREG(named.st_mode) && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
+        if (!same) {
+          H5Fclose(id_);
+          id_ = -1;
+          throw_io_error("write", path, ELOOP);
+        }
+      }
       break;
     }
   }
@@ -483,7 +606,7 @@ void H5File::close() {
 }
 
 void H5File::create_group(const std::string& group) {
-  const H5I_type_t kind = object_kind(id_, group);
+  const H5I_type_t kind = object_kind(id_, path_, group);
   if (kind == H5I_GROUP) return;
   if (kind != H5I_BADID) throw Error(msg("HDF5: ", path_, ": '", group, "' exists and is not a group"));
   Handle lcpl = intermediate_groups_lcpl(path_);
@@ -491,9 +614,9 @@ void H5File::create_group(const std::string& group) {
   if (!g.ok()) fail("cannot create group", path_, group);
 }
 
-bool H5File::exists(const std::string& object) const { return object_kind(id_, object) != H5I_BADID; }
-bool H5File::is_group(const std::string& object) const { return object_kind(id_, object) == H5I_GROUP; }
-bool H5File::is_dataset(const std::string& object) const { return object_kind(id_, object) == H5I_DATASET; }
+bool H5File::exists(const std::string& object) const { return object_kind(id_, path_, object) != H5I_BADID; }
+bool H5File::is_group(const std::string& object) const { return object_kind(id_, path_, object) == H5I_GROUP; }
+bool H5File::is_dataset(const std::string& object) const { return object_kind(id_, path_, object) == H5I_DATASET; }
 
 std::vector<std::string> H5File::list_groups(const std::string& group) const {
   return list_links_of_kind(id_, path_, group, H5I_GROUP);
@@ -505,7 +628,7 @@ std::vector<std::string> H5File::list_datasets(const std::string& group) const {
 
 H5Object H5File::object(const std::string& path) const {
   const std::string p = normalize_path(path);
-  if (object_kind(id_, p) == H5I_BADID) throw Error(msg("HDF5: ", path_, ": no group or dataset '", p, "'"));
+  if (object_kind(id_, path_, p) == H5I_BADID) throw Error(msg("HDF5: ", path_, ": no group or dataset '", p, "'"));
   const hid_t id = H5Oopen(id_, p.c_str(), H5P_DEFAULT);
   if (id < 0) fail("cannot open object", path_, p);
   return H5Object(id, path_, p);
@@ -527,16 +650,27 @@ std::vector<hsize_t> dataset_dims(hid_t dset, const std::string& file, const std
 }
 
 Handle open_dataset(hid_t file, const std::string& file_name, const std::string& path) {
-  if (object_kind(file, path) != H5I_DATASET) throw Error(msg("HDF5: ", file_name, ": no dataset '", path, "'"));
+  if (object_kind(file, file_name, path) != H5I_DATASET) throw Error(msg("HDF5: ", file_name, ": no dataset '", path, "'"));
   Handle d(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!d.ok()) fail("cannot open dataset", file_name, path);
   return d;
 }
 
-size_t element_count(const std::vector<hsize_t>& dims) {
-  size_t n = 1;
-  for (hsize_t d : dims) n *= static_cast<size_t>(d);
-  return n;
+// Elements of a dataset about to be read whole, refused when the file cannot hold that many
+// (a damaged shape or element type).
+size_t checked_count(hid_t dset, hid_t type, const std::string& file, const std::string& path) {
+  const size_t elem = H5Tget_size(type);
+  if (elem == 0) fail("cannot read the type of dataset", file, path);
+  uint64_t n = 1;
+  bool overflow = false;
+  for (hsize_t d : dataset_dims(dset, file, path)) {
+    if (d != 0 && n > UINT64_MAX / d) overflow = true;
+    else n *= d;
+  }
+  if (overflow || !fits_in_file(n, elem, file_size_of(dset)))
+    throw Error(msg("HDF5: dataset '", path, "' in ", file, " claims more elements than the file holds: the file is "
+                    "damaged"));
+  return static_cast<size_t>(n);
 }
 
 }  // namespace
@@ -549,11 +683,12 @@ std::vector<uint64_t> H5File::dataset_shape(const std::string& dataset) const {
 
 std::vector<double> H5File::read_doubles(const std::string& dataset) const {
   Handle d = open_dataset(id_, path_, dataset);
-  std::vector<double> v(element_count(dataset_dims(d.get(), path_, dataset)));
   Handle type(H5Dget_type(d.get()), H5Tclose);
-  const H5T_class_t cls = H5Tget_class(type.get());
+  const H5T_class_t cls = type.ok() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  if (cls == H5T_NO_CLASS) fail("cannot read the type of dataset", path_, dataset);
   if (cls != H5T_FLOAT && cls != H5T_INTEGER)
     throw Error(msg("HDF5: dataset '", dataset, "' in ", path_, " is not numeric"));
+  std::vector<double> v(checked_count(d.get(), type.get(), path_, dataset));
   if (!v.empty() && H5Dread(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     fail("cannot read dataset", path_, dataset);
   return v;
@@ -561,10 +696,12 @@ std::vector<double> H5File::read_doubles(const std::string& dataset) const {
 
 std::vector<int64_t> H5File::read_int64s(const std::string& dataset) const {
   Handle d = open_dataset(id_, path_, dataset);
-  std::vector<int64_t> v(element_count(dataset_dims(d.get(), path_, dataset)));
   Handle type(H5Dget_type(d.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_INTEGER)
+  const H5T_class_t cls = type.ok() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  if (cls == H5T_NO_CLASS) fail("cannot read the type of dataset", path_, dataset);
+  if (cls != H5T_INTEGER)
     throw Error(msg("HDF5: dataset '", dataset, "' in ", path_, " is not an integer dataset (use read_doubles)"));
+  std::vector<int64_t> v(checked_count(d.get(), type.get(), path_, dataset));
   if (!v.empty() && H5Dread(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     fail("cannot read dataset", path_, dataset);
   return v;

@@ -3,6 +3,12 @@
 // for appending and truncated when a run resumes, and whole-dataset readers for tests and
 // tools. Written against the HDF5 1.10 C API (also builds with 1.12/1.14). Every failure
 // throws mxlab::Error naming the file, the object and HDF5's own message; HDF5 never prints.
+// An existing file is read whole in a child process first, and this process then reads the
+// clean copy that the child made of it, so that a damaged file is an error and never a crash
+// of this process (lab/io/h5check.h); a link that exists but does not open is
+// damage, not an absent object; sizes read from a file are checked against its size before
+// anything is allocated for them. Nothing is written through a symbolic link
+// (lab/io/out_file.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -67,9 +73,11 @@ class H5Series;
 class H5File {
  public:
   enum class Mode {
-    create,  // create, truncating any existing file
-    append,  // open an existing file read-write (resume); error if it does not exist
-    read,    // open an existing file read-only
+    create,  // create, replacing any existing file: a new file under a name of its own (O_EXCL),
+             // renamed over `path` (a link there is replaced, never followed)
+    append,  // open an existing file read-write (resume) once it was read whole (h5check.h);
+             // error if it does not exist or is damaged, IoError (ELOOP) if it is a symbolic link
+    read,    // open an existing file read-only (its clean image, in memory)
   };
   H5File(const std::string& path, Mode mode);
   ~H5File();  // closes; errors at this point are swallowed: call close() to see them
@@ -123,6 +131,7 @@ class H5File {
   Hid id() const { return id_; }
 
  private:
+  void open_image(const std::string& image);  // read mode: the file's clean image (h5check.h)
   std::string path_;
   Hid id_ = -1;
 };

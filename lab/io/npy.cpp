@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lab/core/error.h"
+#include "lab/io/out_file.h"
 
 namespace mxlab {
 
@@ -319,13 +320,17 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
   const std::string bytes = encode_npy(shape, data);
   const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw_io_error("write", path, errno);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      const int err = errno != 0 ? errno : EIO;
-      f.close();
+    const int fd = create_fresh_file(tmp, path);  // never through a link (lab/io/out_file.h)
+    size_t off = 0;
+    int err = 0;
+    while (off < bytes.size() && err == 0) {
+      const ssize_t w = ::write(fd, bytes.data() + off, bytes.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) err = w < 0 ? errno : EIO;
+      else off += static_cast<size_t>(w);
+    }
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) {
       std::remove(tmp.c_str());
       throw_io_error("write", path, err);
     }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lab/core/error.h"
+#include "lab/io/out_file.h"
 
 namespace mxlab {
 
@@ -49,8 +50,7 @@ class Buffer {
 
 void write_atomic(const std::string& path, const std::vector<unsigned char>& bytes) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw_io_error("write checkpoint", path, errno);
+  const int fd = create_fresh_file(tmp, path);  // never through a link (lab/io/out_file.h)
   size_t off = 0;
   int err = 0;
   while (off < bytes.size() && err == 0) {

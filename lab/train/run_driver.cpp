@@ -199,6 +199,10 @@ class LockedRunFile : public MetricSink {
     std::lock_guard<std::mutex> g(hdf5_mutex());
     f_->truncate_from(step);
   }
+  void truncate_group_from(const std::string& group, int64_t step) override {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    f_->truncate_group_from(group, step);
+  }
 
  private:
   std::unique_ptr<RunFile> f_;
@@ -207,6 +211,17 @@ class LockedRunFile : public MetricSink {
 std::string peek(const std::string& path, const std::string& attr) {
   std::lock_guard<std::mutex> g(hdf5_mutex());
   return RunFile::peek_root_str(path, attr);
+}
+
+// Why `path` cannot be read whole ("" when it can).
+std::string damage_of(const std::string& path) {
+  std::lock_guard<std::mutex> g(hdf5_mutex());
+  try {
+    h5::H5File f(path, h5::H5File::Mode::read);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 // Earliest divergence over the MX arms recorded in a finished file, counted as the run's status
@@ -302,7 +317,7 @@ void RunLock::heartbeat() {
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   if (now - last_beat_ < kLockHeartbeatSeconds) return;
   last_beat_ = now;
-  ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+  ::utimensat(AT_FDCWD, path_.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
 }
 
 void RunLock::release() {
@@ -358,6 +373,17 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string status = peek(out.path, "status");
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
+      // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
+      if (!damage_of(out.path).empty()) {
+        try {
+          std::lock_guard<std::mutex> g(hdf5_mutex());
+          RunFile::open(out.path);
+        } catch (const std::exception& e) {
+          out.status = "failed";
+          out.error = e.what();
+          return out;
+        }
+      }
       out.status = "skipped";
       std::pair<int64_t, std::string> excursion;
       std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
@@ -373,7 +399,10 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     // Resume from the latest valid checkpoint of an unfinished file of this configuration.
     int64_t resume_step = 0;
     std::string resume_ckpt;
-    if (file_exists(out.path) && peek(out.path, "run_id") == out.run_id) {
+    std::string restart_why;  // why a file of this run that is there is replaced by a new one
+    const bool had_file = file_exists(out.path);
+    const std::string had_id = had_file ? peek(out.path, "run_id") : "";
+    if (had_file && had_id == out.run_id) {
       const std::vector<int64_t> steps = list_checkpoints(opt.out_dir, out.run_id);
       for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
         const std::string p = checkpoint_path(opt.out_dir, out.run_id, *it);
@@ -393,13 +422,29 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
         } catch (const IoError&) {
           throw;  // a full disk is no reason to start over (and truncate the file): fail, keep it
         } catch (const Error& e) {
-          std::fprintf(stderr, "mxlab: warning: cannot reopen %s (%s): starting the run again\n", out.path.c_str(),
-                       e.what());
+          restart_why = msg("it cannot be reopened (", e.what(), ")");
           file.reset();
           resume_ckpt.clear();
           resume_step = 0;
         }
       }
+    }
+    // Starting from step 0 over a file of this run is silent only when that file is readable
+    // and simply has no checkpoint yet (killed early): anything else is said on stderr, in the
+    // report and in the new file's `restart_reason`.
+    if (had_file && !file && restart_why.empty()) {
+      const std::string damage = damage_of(out.path);
+      if (!damage.empty())
+        restart_why = msg("it is damaged (", damage, ") and ",
+                          had_id == out.run_id ? "no checkpoint of the run is valid" : "has no readable snapshot");
+      else if (had_id != out.run_id)
+        restart_why = had_id.empty() ? std::string("it is not an mxlab run file (no run_id)")
+                                     : msg("it holds run ", had_id, ", not this one");
+    }
+    if (!restart_why.empty()) {
+      std::fprintf(stderr, "mxlab: warning: %s: %s: starting the run again from step 0\n", out.path.c_str(),
+                   restart_why.c_str());
+      out.note = "started again from step 0 (the file there was damaged or not this run's)";
     }
     if (!file) {
       Attrs root;
@@ -416,6 +461,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       root.str["start_time"] = utc_now();
       root.str["status"] = "running";
       root.ints["steps"] = cfg.steps;
+      if (!restart_why.empty()) root.str["restart_reason"] = "the file of this run found here was replaced: " + restart_why;
       std::lock_guard<std::mutex> g(hdf5_mutex());
       file = std::make_unique<LockedRunFile>(RunFile::create(out.path, root));
     }

@@ -52,6 +52,10 @@ struct RunOutcome {
   int64_t excursion_step = -1;   // earliest excursion (summary.h) over the MX arms (-1: none or unknown)
   std::string excursion_arm;     // the arm it happened in ("" when none)
   int64_t steps_run = 0;         // steps trained by this call
+  // Set when a file of this run that was there (damaged, or not this run's) was replaced and
+  // the run started again from step 0 (also warned on stderr and kept in the file's
+  // `restart_reason`).
+  std::string note;
 };
 
 // Never throws for a problem of the run itself (bad device, I/O or numeric error inside the

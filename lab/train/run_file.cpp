@@ -15,6 +15,7 @@
 
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
+#include "lab/io/out_file.h"
 
 namespace mxlab {
 
@@ -47,10 +48,19 @@ void copy_atomically(const std::string& from, const std::string& to) {
   const std::string tmp = to + ".tmp";
   std::FILE* in = std::fopen(from.c_str(), "rb");
   if (!in) throw_io_error("read", from, errno);
-  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  int fd = -1;
+  try {
+    fd = create_fresh_file(tmp, to);
+  } catch (...) {
+    std::fclose(in);
+    throw;
+  }
+  std::FILE* out = ::fdopen(fd, "wb");
   if (!out) {
     const int err = errno;
+    ::close(fd);
     std::fclose(in);
+    std::remove(tmp.c_str());
     throw_io_error("write", to, err);
   }
   constexpr size_t kBuffer = 1 << 20;
@@ -78,59 +88,11 @@ void copy_atomically(const std::string& from, const std::string& to) {
   }
 }
 
-void read_all_attrs(const h5::H5File& f, const std::string& path) {
-  const h5::H5Object o = f.object(path);
-  for (const std::string& a : o.attr_names()) {
-    try {
-      o.get_attr_strings(a);
-    } catch (const Error&) {
-      o.get_attr_doubles(a);  // numeric, or damaged: then this throws too
-    }
-  }
-}
-
-// Opens every object below `group`, following every link (h5file's listings skip links that
-// cannot be opened, which is exactly what damage looks like), and reads every attribute and
-// dataset back. Throws mxlab::Error at the first failure.
-void check_group(const h5::H5File& f, const std::string& group) {
-  read_all_attrs(f, group);
-  const hid_t g = H5Gopen2(f.id(), group.c_str(), H5P_DEFAULT);
-  if (g < 0) throw Error(msg("cannot open group '", group, "'"));
-  std::vector<std::string> names;
-  H5G_info_t info;
-  bool ok = H5Gget_info(g, &info) >= 0;
-  for (hsize_t i = 0; ok && i < info.nlinks; ++i) {
-    const ssize_t len = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    ok = len >= 0;
-    if (!ok) break;
-    std::string name(static_cast<size_t>(len) + 1, '\0');
-    ok = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) >= 0;
-    name.resize(static_cast<size_t>(len));
-    names.push_back(name);
-  }
-  H5Gclose(g);
-  if (!ok) throw Error(msg("cannot list group '", group, "'"));
-  for (const std::string& n : names) {
-    const std::string child = group == "/" ? n : group + "/" + n;
-    const hid_t o = H5Oopen(f.id(), child.c_str(), H5P_DEFAULT);
-    if (o < 0) throw Error(msg("cannot open '", child, "'"));
-    const H5I_type_t kind = H5Iget_type(o);
-    H5Oclose(o);
-    if (kind == H5I_GROUP) {
-      check_group(f, child);
-    } else if (kind == H5I_DATASET) {
-      read_all_attrs(f, child);
-      f.read_doubles(child);
-    }
-  }
-}
-
 // Why `path` is not a readable run file ("" if it is). A file locked by another process is an
 // error, not damage: repairing it would clobber a live run.
 std::string damage_of(const std::string& path) {
   try {
-    const h5::H5File f(path, h5::H5File::Mode::read);
-    check_group(f, "/");
+    const h5::H5File f(path, h5::H5File::Mode::read);  // reads it whole first (lab/io/h5check.h)
     return "";
   } catch (const Error& e) {
     const std::string why = e.what();
@@ -167,6 +129,7 @@ RunFile::RunFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RunFile::~RunFile() = default;
 
 std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& root) {
+  refuse_symlink(path);  // a link there is the user's: neither follow nor replace it
   auto impl = std::make_unique<Impl>();
   impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::create);
   h5::H5Object r = impl->file->object("/");
@@ -177,6 +140,7 @@ std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& r
 }
 
 std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
+  refuse_symlink(path);
   const std::string damage = damage_of(path);
   if (!damage.empty()) {
     const std::string snap = snapshot_path(path);
@@ -289,7 +253,13 @@ void RunFile::truncate_from(int64_t step) {
   for (const char* top : {"trajectories", "branches"})
     if (f.is_group(top))
       for (const auto& g : f.list_groups(top)) groups.push_back(std::string(top) + "/" + g);
-  for (const auto& g : groups) {
+  for (const auto& g : groups) truncate_group_from(g, step);
+}
+
+void RunFile::truncate_group_from(const std::string& g, int64_t step) {
+  h5::H5File& f = *impl_->file;
+  if (!f.is_group(g)) return;
+  {
     // Rows before `step` were flushed before its checkpoint was written, so every dataset has
     // them; rows after it may be on disk in some datasets and not others (a kill inside a
     // flush), which is why all are cut to their axis dataset's count (`step`, or the `axis`

@@ -3,9 +3,11 @@
 // Crash safety. HDF5 (without SWMR) is consistent on disk only between flushes: a process killed
 // inside H5Fflush can leave object headers half-written, and such a file may open yet fail on
 // one group. So every flush() also copies the flushed file to `<path>.snapshot` (temp + rename),
-// and open() checks the whole file (every object, attribute and dataset read back) and, when it
-// is damaged, puts the snapshot back: the state of the last completed flush, which holds every
-// row a checkpoint written after that flush needs.
+// and open() checks the whole file (every object, attribute and dataset read back, in another
+// process: lab/io/h5check.h) and, when it is damaged, puts the snapshot back: the state of the
+// last completed flush, which holds every row a checkpoint written after that flush needs.
+// Neither create() nor open() writes through a symbolic link: a run file that is one is refused
+// (IoError, ELOOP; lab/io/out_file.h).
 #pragma once
 #include <memory>
 #include <string>
@@ -18,7 +20,7 @@ constexpr int kSchemaVersion = 1;
 
 class RunFile : public MetricSink {
  public:
-  // Create (truncate) `path` with the given root attributes.
+  // Create `path` (replacing a file there) with the given root attributes.
   static std::unique_ptr<RunFile> create(const std::string& path, const Attrs& root);
   // Open an existing run file to append (resume, branches added after the fact). A damaged file
   // is replaced by its snapshot, with a warning on stderr; throws mxlab::Error when neither is
@@ -48,6 +50,7 @@ class RunFile : public MetricSink {
   // Writes everything to disk, then refreshes the snapshot.
   void flush() override;
   void truncate_from(int64_t step) override;
+  void truncate_group_from(const std::string& group, int64_t step) override;
   // Drop every row of one group's datasets (a branch whose `mxlab branch` was interrupted is
   // computed again from its start).
   void clear_group(const std::string& group);

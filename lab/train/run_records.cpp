@@ -3,6 +3,7 @@
 #include "lab/train/run_records.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include "lab/io/h5file.h"
 #include "lab/train/config_io.h"
 #include "lab/train/run_driver.h"
+#include "lab/train/run_file.h"
 #include "lab/train/summary.h"
 #include "lab/train/yaml_tree.h"
 
@@ -140,6 +142,58 @@ std::vector<std::pair<std::string, std::string>> canonical_config(const std::str
   return out;
 }
 
+// Text read from a file, for a one-line message: at most 40 characters, control and non-ASCII
+// bytes as \xHH (a damaged string can hold anything).
+std::string shown(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 40; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return text.size() > 40 ? out + "..." : out;
+}
+
+// Throws mxlab::Error when a file that HDF5 reads whole is still not a whole run record: a
+// status outside the schema's; or, once the run has ended (complete, diverged, interrupted),
+// a missing part of what the file itself declares: with the root attribute `arms` (every file
+// of a build that knows arms has it) the fp32 trajectory and each arm; a branch of each
+// intervention of its configuration; the summary attributes of each group (a branch that never
+// started has none). Damage can rename an object or an attribute as well as break it. (Files
+// without `arms`, of older builds or made by hand, are taken as they are.)
+void check_whole(const h5::H5File& f, const RunRecord& rec, const std::string& yaml) {
+  static const std::set<std::string> kStatuses = {"running", "complete", "diverged", "failed", "interrupted"};
+  if (!kStatuses.count(rec.status))
+    throw Error(msg("its status '", shown(rec.status), "' is none of running, complete, diverged, failed, interrupted: "
+                    "the file is damaged"));
+  if (rec.status != "complete" && rec.status != "diverged" && rec.status != "interrupted") return;
+  const std::string ended = rec.status == "interrupted" ? "was interrupted" : "ended";
+  std::vector<std::string> expected;
+  if (f.has_attr("/", "arms")) {
+    expected.push_back(std::string(kTrajectories) + "/" + kFp32);
+    for (const std::string& a : f.get_attr_strings("/", "arms")) expected.push_back(std::string(kTrajectories) + "/" + a);
+  }
+  try {
+    for (const InterventionConfig& iv : config_from_yaml_string(yaml, rec.path).interventions)
+      expected.push_back(std::string(kBranches) + "/" + iv.name);
+  } catch (const Error&) {  // a configuration of another schema: its branches are not known
+  }
+  for (const std::string& g : expected)
+    if (!f.is_group(g)) throw Error(msg("it has no group ", shown(g), " although its run ", ended, ": the file is damaged"));
+  for (const GroupRecord& g : rec.groups) {
+    if (g.source == "file") continue;
+    const bool never_started = f.has_attr(g.h5_path, "state") && f.get_attr_string(g.h5_path, "state") == "not_started";
+    if (!never_started)
+      throw Error(msg("group ", shown(g.h5_path), " has no summary attributes (steps_run, ...) although its run ", ended,
+                      ": the file is damaged"));
+  }
+}
+
 bool is_int_text(const std::string& s) {
   size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
   if (i >= s.size()) return false;
@@ -221,6 +275,7 @@ RunRecord read_run_record(const std::string& path) {
       });
       rec.groups.insert(rec.groups.end(), br.begin(), br.end());
     }
+    check_whole(f, rec, str("config_yaml"));
     rec.readable = true;
   } catch (const std::exception& e) {
     rec.readable = false;
@@ -232,6 +287,9 @@ RunRecord read_run_record(const std::string& path) {
     } else {
       rec.status = "unreadable";
       rec.error = e.what();
+      if (::access(RunFile::snapshot_path(path).c_str(), F_OK) == 0)
+        rec.error += msg(" (", RunFile::snapshot_path(path), " holds its state at its last flush: `mxlab run` of its "
+                         "experiment puts it back)");
     }
     return rec;
   }

@@ -2,6 +2,7 @@
 // (lab/train/run_file.h) writes them to HDF5 per lab/train/SCHEMA.md, and tests use the
 // in-memory MemorySink. Keeping the trainer ignorant of HDF5 keeps both simple.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -48,6 +49,9 @@ class MetricSink {
   virtual void flush() = 0;
   // Resume: drop rows with step >= `step` in every group (rows logged after a checkpoint).
   virtual void truncate_from(int64_t step) = 0;
+  // Drop the rows with step >= `step` of one group, in every series (a trajectory stopped on a
+  // non-finite loss keeps only the steps it ran).
+  virtual void truncate_group_from(const std::string& group, int64_t step) = 0;
 };
 
 // In-memory sink for tests.
@@ -91,9 +95,11 @@ class MemorySink : public MetricSink {
   }
   void flush() override {}
   void truncate_from(int64_t step) override {
-    for (auto& [name, g] : groups) {
-      while (!g.rows.empty() && g.rows.back().step >= step) g.rows.pop_back();
-    }
+    for (auto& [name, g] : groups) truncate_group_from(name, step);
+  }
+  void truncate_group_from(const std::string& group, int64_t step) override {
+    auto& rows = groups[group].rows;
+    rows.erase(std::remove_if(rows.begin(), rows.end(), [&](const MetricRow& r) { return r.step >= step; }), rows.end());
   }
   // Values of one scalar metric of a group, in row order (NaN where absent), over the rows of
   // one axis (the logged rows by default).

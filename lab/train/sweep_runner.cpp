@@ -17,6 +17,7 @@
 
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
+#include "lab/io/out_file.h"
 #include "lab/core/text_table.h"
 
 namespace mxlab {
@@ -169,6 +170,9 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     std::filesystem::create_directories(opt.out_dir, ec);
     if (ec) throw Error(msg("cannot create output directory ", opt.out_dir, ": ", ec.message()));
   }
+  // A run file name that is a symbolic link would fail its run the same way at any time: say
+  // so before any run starts (lab/io/out_file.h).
+  for (const ExpandedRun& r : runs) refuse_symlink(opt.out_dir + "/" + r.id + ".h5");
   SweepResult result;
   result.runs.resize(runs.size());
   for (size_t k = 0; k < runs.size(); ++k) {
@@ -212,6 +216,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       if (!r.excursion_arm.empty() && r.excursion_arm != "mx") detail += " (arm " + r.excursion_arm + ")";
     }
     if (r.resumed) detail += msg(", resumed from step ", r.resumed_from);
+    if (!r.note.empty()) detail += ", " + r.note;
     if (r.status != "skipped" && r.status != "busy") detail += msg(", ", format_duration(r.seconds));
     if (!r.device.empty() && r.status != "skipped" && r.status != "busy") detail += ", " + r.device;
     const std::string sw = swept_text(run.swept);
@@ -272,6 +277,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       r.divergence_arm = o.divergence_arm;
       r.excursion_step = o.excursion_step;
       r.excursion_arm = o.excursion_arm;
+      r.note = o.note;
       r.device = device.empty() ? run.cfg.device : device;
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       {
@@ -353,6 +359,7 @@ std::string format_sweep_report(const SweepResult& result) {
     if (!r.excursion_arm.empty() && r.excursion_arm != "mx")
       note = "first excursion: arm " + r.excursion_arm + (note.empty() ? "" : "; " + note);
     if (r.resumed) note = msg("resumed from step ", r.resumed_from) + (note.empty() ? "" : "; " + note);
+    if (!r.note.empty()) note = r.note + (note.empty() ? "" : "; " + note);
     row.push_back(note);
     rows.push_back(row);
     ++counts[r.status];

@@ -66,6 +66,7 @@ struct SweepRunResult {
   std::string divergence_arm;    // which arm ("" when none)
   int64_t excursion_step = -1;   // earliest excursion (summary.h) over the MX arms
   std::string excursion_arm;     // which arm ("" when none)
+  std::string note;              // RunOutcome::note: the run started again over a damaged file
   double seconds = 0.0;
 };
 
@@ -82,7 +83,8 @@ int sweep_exit_code(const std::vector<SweepRunResult>& runs);
 // Runs `runs` (already sharded) with opt.jobs threads. Jobs take runs in expansion order; a
 // failing run does not stop the others; a stop request lets each running job checkpoint and
 // mark its file interrupted, and no new run starts. Throws mxlab::Error only for bad options
-// or an output directory that cannot be created.
+// or an output directory that cannot be created, and IoError (before any run starts) when a
+// run's file name <out>/<run_id>.h5 is a symbolic link: nothing is written through it.
 SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& opt);
 
 // The table of what happened (index, run id, swept values, status, divergence step, note)

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "lab/core/error.h"
+#include "lab/io/out_file.h"
 #include "lab/train/run_driver.h"
 
 namespace mxlab {
@@ -84,8 +85,14 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   // into each other's temp file; the last rename wins with a complete file.
   const std::string tmp = msg(path, ".tmp.", host_name(), ".", ::getpid(), ".",
                               std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw_io_error("write", path, errno);
+  const int fd = create_fresh_file(tmp, path);  // never through a link (lab/io/out_file.h)
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    std::remove(tmp.c_str());
+    throw_io_error("write", path, e);
+  }
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
                   ::fsync(fileno(f)) == 0;
   const int err = errno;

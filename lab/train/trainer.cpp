@@ -783,12 +783,15 @@ std::vector<float> Trainer::history(size_t i) {
   const int64_t first = tr.start_step;
   const int64_t n = std::max<int64_t>(0, step_ - first);
   std::vector<float> hist = download(tr.loss_hist + first, static_cast<size_t>(n));
-  // A stopped trajectory's history ends at its last computed step.
-  while (!hist.empty() && std::isnan(hist.back()) && tr.stopped) {
-    // Keep the first NaN (the non-finite step), drop the untouched tail.
-    if (hist.size() >= 2 && std::isnan(hist[hist.size() - 2])) hist.pop_back();
-    else break;
-  }
+  // A stopped trajectory ran up to its first non-finite step: what was computed after it, on
+  // non-finite weights, until the stop was noticed on a log step, and the untouched tail are
+  // not steps it ran.
+  if (tr.stopped)
+    for (size_t t = 0; t < hist.size(); ++t)
+      if (!std::isfinite(hist[t])) {
+        hist.resize(t + 1);
+        break;
+      }
   return hist;
 }
 
@@ -893,8 +896,11 @@ void Trainer::finish(const std::string& status) {
     a.num["max_gamma_lastbin"] = tr.max_gamma_lastbin;
     a.str["state"] = tr.stopped ? "stopped_nonfinite" : "ran";
     sink_.set_group_attrs(tr.h5_group, a);
-    const int64_t n = std::max<int64_t>(0, step_ - tr.start_step);
-    sink_.write_loss_history(tr.h5_group, download(tr.loss_hist + tr.start_step, static_cast<size_t>(n)));
+    // The record holds the steps the trajectory ran (steps_run), no more: a stopped one ends at
+    // its first non-finite step, and the steps computed after it until the stop was noticed
+    // on a log step are dropped from every series (SCHEMA.md, "Summary attributes").
+    if (tr.stopped) sink_.truncate_group_from(tr.h5_group, tr.start_step + s.steps_run);
+    sink_.write_loss_history(tr.h5_group, download(tr.loss_hist + tr.start_step, static_cast<size_t>(s.steps_run)));
   }
   // Everything is on disk before the status says so: a kill inside this flush leaves a file
   // that still says `running` (and resumes), never a `complete` one with missing data.

@@ -301,7 +301,12 @@ TEST_F(Resume, DamagedFileWithoutSnapshotStartsOver) {
   const Proc r = run_mxlab(run_args(out));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(contains(r.output, "resumed from step")) << r.output;
+  // Not silently: a one-line warning, the report's note and the new file's restart_reason.
+  EXPECT_EQ(count_of(r.output, "mxlab: warning: " + file + ": it is damaged ("), 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "starting the run again from step 0\n")) << r.output;
+  EXPECT_EQ(count_of(r.output, "started again from step 0"), 2) << r.output;  // its line and the table
   EXPECT_EQ(root_str(file, "status"), "complete");
+  EXPECT_TRUE(contains(root_str(file, "restart_reason"), "it is damaged")) << root_str(file, "restart_reason");
   expect_same_run_files(ref_file_, file);
 }
 
