@@ -387,6 +387,16 @@ class BootRow:
     p_rmst: float
 
 
+def bootstrap_p(est, boot):
+    """Two-sided bootstrap p of an estimate `est` against its draws `boot`: (1 + #{|D* - D| >= |D|}) /
+    (draws + 1). The comparison has a relative tolerance (1e-9 of |D|): a draw at D* = 0 or 2D
+    lies on the boundary, and whether its computed |D* - D| lands an ulp above or below |D| depends
+    on the order of a sum (numpy and BLAS versions differ), which must not change the p-value."""
+    boot = np.asarray(boot, dtype=float)
+    hits = np.count_nonzero(np.abs(boot - est) >= abs(est) * (1 - 1e-9) - 1e-12)
+    return float(min(1.0, (1 + hits) / (boot.size + 1)))
+
+
 def cluster_bootstrap(time, event, seed, arm, ref, arms=None, tau=None, draws=DRAWS, rng_seed=RNG_SEED):
     """(tau, [BootRow]): arm - reference differences in F(tau) and RMST(tau), per arm and for the
     mean over the arms, with seeds resampled with replacement (every arm of a drawn seed comes
@@ -424,8 +434,7 @@ def cluster_bootstrap(time, event, seed, arm, ref, arms=None, tau=None, draws=DR
         for x in (f, r):
             est, boot = x[0], x[1:]
             lo, hi = np.percentile(boot, [2.5, 97.5])
-            p = (1 + np.count_nonzero(np.abs(boot - est) >= abs(est) - 1e-12)) / (draws + 1)
-            out += [float(est), float(lo), float(hi), float(min(1.0, p))]
+            out += [float(est), float(lo), float(hi), bootstrap_p(est, boot)]
         rows.append(BootRow(*out))
 
     for a in arms:

@@ -6,7 +6,9 @@ running average of ‖g_mx − g_fp32‖² / ‖g_fp32‖², cross-trajectory) n
 gains in the last quantization bin (`gamma_lastbin_max`, the worst layer). Section 9 of
 results/README.md found both at the same level in stable and diverging runs over 5 seeds, with no
 test. This script is that test, written before the code-faithful 20k series it is meant for were
-seen (issue 17, part M: `results/code_faithful_20k/series_*`).
+seen (part M: `results/code_faithful_20k/series_*`).
+results/reanalysis_excursion.py runs this test at the first spike, with intervals and power
+(results/README.md §12).
 
 Design (a nested case-control on the risk set, stratified by learning rate):
   - Subjects: the trajectories named by --trajectory (default mx) in runs.csv of each series

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A recipe-arms study over seeds (issue 13; issue 17's fresh-seed survival study): merges the
+"""A recipe-arms study over seeds (results/README.md §10; §11's fresh-seed survival study): merges the
 shards' summaries and prints its table, tests and figure, from committed CSVs only.
 
 Each shard (`[MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUT` on the
@@ -8,7 +8,7 @@ summarize DIR --csv`, one row per trajectory); commit those under results/study_
 
   python3 results/study_arms.py [--dir results/study_arms] [--figure results/figures/study_arms_lr5e-4.png]
 
-Part M (issue 17, 20k steps at two learning rates) the same way, one study per lr:
+Part M (§11, 20k steps at two learning rates) the same way, one study per lr:
 
   python3 results/study_arms.py --dir results/fresh_seeds_20k --prefix summary_fresh_seeds_20k_shard \
       --split optimizer.lr --figure results/figures/fresh_seeds_20k.png --title "fresh seeds, 20k steps"
@@ -22,7 +22,7 @@ family-level exchangeability test: is FP32 a seed's failing trajectory less ofte
 and a permutation test of a seed effect: do the MX arms fail in the same seeds? Only runs whose
 every trajectory finished count there (an interrupted run is listed and left out).
 
-Censored statistics (issue 17): "steps to divergence" per arm as Kaplan-Meier estimates with 95 %
+Censored statistics: "steps to divergence" per arm as Kaplan-Meier estimates with 95 %
 log-log bands, and log-rank tests of every arm against FP32 and against the reference (Holm within
 each family), from analysis/mxlab_analysis/survival.py. Here every trajectory counts, an
 interrupted run's too: an event at its divergence step, else censored where it stopped.
@@ -35,6 +35,8 @@ diverged only when that excursion lasted at least W steps (divergence step <= st
 every trajectory is censored at steps_run - W otherwise: the same window for all, so the tests
 stay fair. W = 0 (default) is the plain criterion. --sensitivity 0,250,500,1000 prints, per W,
 each arm's events and its log-rank p-values (Holm) against FP32 and the reference.
+Its divergence is the old rule, which looks into the future (stats_util.diverged_to_end);
+results/reanalysis_excursion.py redoes §10-§11 with the excursion (README §12).
 Standard library + numpy (through the survival module), matplotlib for the figure.
 """
 import argparse

@@ -341,6 +341,18 @@ def test_cluster_bootstrap_by_hand_and_keeps_seeds_together(ps):
     assert again == rows  # fixed seed
 
 
+def test_bootstrap_p_counts_the_boundary_up_to_rounding(ps):
+    """A draw at D* = 0 is on the boundary |D* - D| = |D|. Computed, it may come out a few ulp off
+    zero (RMST differences of ~4000 steps: ulp ~ 1e-12), depending on the summation order of the
+    numpy / BLAS version; it must count as a hit either way. A draw inside the boundary does not."""
+    est = 4050.123
+    assert ps.bootstrap_p(est, [3e-12]) == 1.0
+    assert ps.bootstrap_p(est, [-3e-12]) == 1.0
+    assert ps.bootstrap_p(-est, [-3e-12, 2 * -est * (1 - 1e-15)]) == 1.0
+    assert ps.bootstrap_p(est, [2025.0]) == 0.5
+    assert ps.bootstrap_p(est, [2025.0, 0.0, 9000.0]) == 0.75
+
+
 def test_cluster_bootstrap_detects_a_large_paired_difference(ps):
     n = 30
     seed = [s for s in range(n) for _ in range(2)]
