@@ -28,8 +28,12 @@ using Map = Eigen::Map<RowMajor>;
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(CpuGemm gemm) : gemm_(gemm) {}
   std::string name() const override { return "cpu"; }
-  std::string math_mode() const override { return "IEEE FP32 (Eigen GEMM, FP32 accumulation, no TF32)"; }
+  std::string math_mode() const override {
+    return gemm_ == CpuGemm::eigen ? "IEEE FP32 (Eigen GEMM, FP32 accumulation, no TF32)"
+                                   : "IEEE FP32 (GEMM products accumulated in double, rounded once)";
+  }
 
   // ---- memory ----
   float* alloc(size_t n) override {
@@ -545,7 +549,17 @@ class CpuBackend final : public Backend {
                     float beta, const ElementwiseRound& out) {
     Map c(C, M, N);
     product_.resize(M, N);
-    if (K == 0) {
+    if (gemm_ == CpuGemm::double_sum) {
+      // Each element the double sum of its K products (exact products of floats), in k order,
+      // rounded to float once: the same float as any order of an exact (or double) summation.
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0.0;
+          for (int64_t k = 0; k < K; ++k)
+            acc += dot_term(a_kc ? qa[i * K + k] : qa[k * M + i], b_kc ? qb[j * K + k] : qb[k * N + j]);
+          product_(i, j) = static_cast<float>(acc);
+        }
+    } else if (K == 0) {
       product_.setZero();
     } else {
       const ConstMap as(qa, a_kc ? M : K, a_kc ? K : M);
@@ -563,6 +577,8 @@ class CpuBackend final : public Backend {
         c(i, j) = ew_round(v, out.bf16, out.mode);
       }
   }
+
+  CpuGemm gemm_;
 
   QuantStats& slot(int s) {
     MXLAB_ASSERT(s >= 0 && static_cast<size_t>(s) < stats_.size(), "statistics slot ", s, " not reset (have ",
@@ -619,6 +635,6 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(CpuGemm gemm) { return std::make_unique<CpuBackend>(gemm); }
 
 }  // namespace mxlab
