@@ -177,6 +177,32 @@ class CpuBackend final : public Backend {
                                        bias ? bias[j] : 0.0f, bias != nullptr, r.bf16, r.mode);
   }
 
+  void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                      const ResidualRound& rr) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        out[i * d + j] = residual_r_elem(x[i * d + j], y[i * d + j], bias ? bias[j] : 0.0f, bias != nullptr,
+                                         rr.y_in.bf16, rr.y_in.mode, rr.bias_in.bf16, rr.bias_in.mode, rr.inner.bf16,
+                                         rr.inner.mode, rr.out.bf16, rr.out.mode);
+  }
+
+  void layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                         int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+    MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
+    for (int64_t i = 0; i < rows; ++i)
+      ln_vec_fwd_row(x + i * d, gamma, beta, y + i * d, xn + i * d, vare + i, d, eps, r.bf16, r.mode);
+  }
+
+  void layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                         float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                         const ElementwiseRound& dy_in) override {
+    for (int64_t i = 0; i < rows; ++i)
+      ln_vec_bwd_row(dy + i * d, xn + i * d, vare[i], gamma, dx + i * d, d, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+    if (dgamma || dbeta)
+      for (int64_t j = 0; j < d; ++j)
+        ln_vec_bwd_col(dy, xn, dgamma, dbeta, rows, d, j, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+  }
+
   void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
     for (int64_t j = 0; j < d; ++j) {
       double s = 0.0;
