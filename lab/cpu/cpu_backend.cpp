@@ -196,6 +196,7 @@ class CpuBackend final : public Backend {
   void layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
                          float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
                          const ElementwiseRound& dy_in) override {
+    MXLAB_ASSERT(dx != dy, "layernorm_vec_bwd: dx must not alias dy");
     for (int64_t i = 0; i < rows; ++i)
       ln_vec_bwd_row(dy + i * d, xn + i * d, vare[i], gamma, dx + i * d, d, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
     if (dgamma || dbeta)

@@ -378,8 +378,9 @@ class Backend {
                            int64_t col0);
 
   // ==== the paper's emulator (microxcaling) op by op (lab/model/README.md, "The paper's emulator") ====
-  // Both backends implement these, bit-identical: element steps of lab/model/elementwise.h, and
-  // every sum a double sum in index order (over j in a row, over rows for a column), as the CPU's.
+  // Both backends implement these, bit-identical: element steps of lab/model/elementwise.h (every
+  // rounding R the library's lib_round: a zero comes out +0), and every sum a double sum in index
+  // order (over j in a row, over rows for a column), as the CPU's.
   // The defaults throw (test doubles that never run precision.layernorm: vector / residual: fp32).
 
   // microxcaling's LayerNorm forward over the last axis of x[rows x d], R = r: xq = R(x) (the
@@ -398,7 +399,8 @@ class Backend {
                                  float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
                                  const ElementwiseRound& dy_in);
   // The residual update with its roundings spelt out: out = R_out(x + R_in(R_y(y) + R_b(b_j))), or
-  // out = R_out(x + R_y(y)) without a bias (residual_add is {y_in, none, r, r}). out may be x.
+  // out = R_out(x + R_y(y)) without a bias; every rounding the library's (lib_round: a zero comes
+  // out +0; otherwise residual_add is {y_in, none, r, r}). out may be x.
   struct ResidualRound {
     ElementwiseRound y_in, bias_in, inner, out;
   };

@@ -67,6 +67,12 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
                "workspace was not made for this network (depth ", s.depth, ", workspace ", ws.a_in.size(), ")");
   if (pol.p.block_size <= 0)
     throw Error(msg("precision.block_size must be positive (got ", pol.p.block_size, ")"));
+  const PrecisionConfig& p = pol.p;
+  const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
+                            p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
+  if (emulator_ops && (s.attention() || s.norm == NormKind::rmsnorm || s.norm == NormKind::mxnorm))
+    throw Error("precision.layernorm / gelu / residual / bias / ln_beta_grad (the paper's emulator's ops) are "
+                "implemented for MLP blocks with layernorm or no norm: leave them at their defaults for this model");
 }
 
 void check_model(const char* what, int depth, int width, int hidden_mult, Act act) {
@@ -694,7 +700,7 @@ ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
       r.bf16_mode = p.elementwise_rounding;
       break;
     case ParamGroup::b2:
-      break;  // added in FP32
+      break;  // never quantized (precision.bias: elementwise rounds it to bf16 where it is added)
   }
   return r;
 }

@@ -1051,7 +1051,10 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
 
 // ---- public API ------------------------------------------------------------------------
 
-const char* act_name(Act a) { return kActNames[static_cast<int>(a)]; }
+const char* act_name(Act a) {
+  if (a == Act::gelu_vector) return "gelu_vector";  // a pass's substitute, never configured
+  return kActNames[static_cast<int>(a)];
+}
 
 std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
 
