@@ -2,9 +2,12 @@
 // library's (microxcaling's) GeLU and LayerNorm in bf16 vector ops, the residual add with its
 // roundings spelt out, and what precision.layernorm / gelu / residual / bias / ln_beta_grad and the
 // paper_emulator preset do to a step. Expected values marked "microxcaling" were computed by the
-// library itself (mx.gelu, mx.layer_norm with bfloat 16 and its "nearest" rounding, on CPU; the
-// script is in the commit message of this file's first commit); tests/torch/paper_emulator.py
-// compares whole steps with the library.
+// library itself on the CPU (Debian's torch 1.13): specs = mx.finalize_mx_specs({w_elem_format,
+// a_elem_format: fp8_e4m3, scale_bits: 8, block_size: 32, bfloat: 16, custom_cuda: False,
+// quantize_backprop: True}); y = mx.gelu(x, mx_specs=specs), y.backward(g), and
+// y = mx.layer_norm(x, (8,), w, b, 1e-5, mx_specs=specs), y.backward(dy), printed as floats
+// (and, for the exhaustive GeLU check, FNV-1a over the outputs' bit patterns, little-endian bytes);
+// tests/torch/paper_emulator.py compares whole steps with the library.
 #include <gtest/gtest.h>
 
 #include <cmath>
