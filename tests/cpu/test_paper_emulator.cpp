@@ -21,7 +21,11 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/elementwise.h"
 #include "lab/model/mlp.h"
+#include "lab/io/h5file.h"
 #include "lab/train/config_io.h"
+#include "lab/train/eval.h"
+#include "tests/cpu/run_binary_util.h"
+#include "tests/cpu/test_util.h"
 
 using namespace mxlab;
 
@@ -497,6 +501,30 @@ TEST(PaperEmulatorConfig, RefusesWhatItDoesNotImplement) {
   refused("precision: {layernorm: sideways}\n", "unknown layernorm ops 'sideways'");
   // Without a norm the residual may stay FP32 (the GEMM rounds its input).
   EXPECT_NO_THROW(config_from_yaml_string("model: {layernorm: false}\nprecision: {residual: fp32}\n", "t.yaml"));
+}
+
+// The preset as an arm, an intervention and an eval patch, through the binary: eval of the arm's
+// snapshot on its step's batch reproduces the loss the arm recorded there, and eval of the other
+// arm's snapshot with `apply: paper_emulator` the loss of the branch that switches to it there.
+TEST(PaperEmulatorCli, ArmInterventionAndEvalAgree) {
+  mxlab::test::TempDir dir;
+  const std::string exp = dir.write(
+      "e.yaml",
+      "steps: 16\nseed: 2\nmodel: {depth: 2, width: 32, hidden_mult: 2}\ndata: {batch: 32}\n"
+      "log: {log_every: 4, progress: false, snapshot_steps: [8]}\n"
+      "arms:\n  - {name: mx}\n  - {name: pe, apply: paper_emulator}\n"
+      "interventions:\n  - {name: to_pe, at: 8, apply: paper_emulator}\n");
+  std::string file;
+  ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/r", &file));
+  auto be = make_cpu_backend();
+  const h5::H5File f(file, h5::H5File::Mode::read);
+  const std::vector<EvalRow> own = eval_snapshot(*be, file, "pe", 8, {}, true);
+  EXPECT_EQ(static_cast<float>(own[0].loss), static_cast<float>(f.read_doubles("trajectories/pe/loss_all")[8]));
+  const std::vector<EvalRow> sw = eval_snapshot(*be, file, "mx", 8, {{"e", 0, "paper_emulator", {}}}, true);
+  ASSERT_EQ(sw.size(), 2u);
+  EXPECT_EQ(static_cast<float>(sw[1].loss), static_cast<float>(f.read_doubles("branches/to_pe/loss_all")[0]));
+  EXPECT_NE(sw[0].loss, sw[1].loss);
+  EXPECT_NE(sw[1].policy.find("layernorm=vector"), std::string::npos) << sw[1].policy;
 }
 
 }  // namespace
