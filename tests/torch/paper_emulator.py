@@ -46,7 +46,10 @@ Asserted: the `paper_emulator` preset matches the paper_code composition bit for
 `double` (output, loss, every gradient, every updated weight with mxlab's Adam formula), and
 `paper_emulator` with `gelu: vector, residual: elementwise` matches mx_ops the same way; under
 `fp32` both stay within the bounds of `FP32_BOUNDS`; the element functions agree exhaustively
-over every bf16 input where the lab claims they do (exp after bf16 rounding). The lab's closest
+over every bf16 input where the lab claims they do (exp after bf16 rounding); negative controls:
+the preset with any one of its fields put back to the lab's default no longer matches; the MX
+teacher's targets (data.mx_teacher_targets, `gelu: vector_teacher`) match the released code's
+teacher under the injection bit for bit, and with the lab's GeLU they do not. The lab's closest
 policy before the preset (the code-faithful recipe) is tabulated, not asserted.
 
 Run: /usr/bin/python3 tests/torch/paper_emulator.py --mxlab build/mxlab [--table results/paper_emulator_fidelity.md]
