@@ -397,6 +397,25 @@ class CudaBackend final : public Backend {
     ctx();
     launch_residual_add(out, x, y, bias, rows, d, r, y_in, cur());
   }
+  // The paper's emulator op by op (lab/model/README.md): bit-identical to the CPU's.
+  void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                      const ResidualRound& rr) override {
+    ctx();
+    launch_residual_add_r(out, x, y, bias, rows, d, rr, cur());
+  }
+  void layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                         int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+    MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
+    ctx();
+    launch_layernorm_vec_fwd(x, gamma, beta, y, xn, vare, rows, d, eps, r, cur());
+  }
+  void layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                         float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                         const ElementwiseRound& dy_in) override {
+    MXLAB_ASSERT(dx != dy, "layernorm_vec_bwd: dx must not alias dy");
+    ctx();
+    launch_layernorm_vec_bwd(dy, xn, vare, gamma, dx, dgamma, dbeta, rows, d, r, dy_in, cur());
+  }
   void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
     ctx();
     double* scratch = lane_scratch(col_sum_scratch_doubles(rows, d, 1));

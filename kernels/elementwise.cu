@@ -237,6 +237,31 @@ struct ResidualOp {
   __device__ void one(int64_t i) const { out[i] = f(x[i], y[i], i % d); }
 };
 
+// residual_add_r: out = R_out(x + R_in(R_y(y) + R_b(b))) (residual_r_elem).
+struct ResidualROp {
+  float* out;  // may be x
+  const float* x;
+  const float* y;
+  const float* bias;  // (d) or null
+  int64_t d;
+  Backend::ResidualRound rr;
+  __device__ float f(float xv, float yv, int64_t c) const {
+    return residual_r_elem(xv, yv, bias ? bias[c] : 0.0f, bias != nullptr, rr.y_in.bf16, rr.y_in.mode,
+                           rr.bias_in.bf16, rr.bias_in.mode, rr.inner.bf16, rr.inner.mode, rr.out.bf16, rr.out.mode);
+  }
+  __device__ void vec(int64_t v) const {
+    const int64_t c = (4 * v) % d;  // d % 4 == 0 on this path: c..c+3 lie in one row
+    float4 a = ld4(x, v);
+    const float4 b = ld4(y, v);
+    a.x = f(a.x, b.x, c);
+    a.y = f(a.y, b.y, c + 1);
+    a.z = f(a.z, b.z, c + 2);
+    a.w = f(a.w, b.w, c + 3);
+    st4(out, v, a);
+  }
+  __device__ void one(int64_t i) const { out[i] = f(x[i], y[i], i % d); }
+};
+
 struct AddOp {
   float* dst;
   const float* a;
@@ -264,6 +289,7 @@ void dispatch_act(Act act, int64_t n, bool vec_ok, cudaStream_t s, Args... args)
     case Act::gelu: launch_ew(OpT<Act::gelu>{args...}, n, vec_ok, s); break;
     case Act::gelu_tanh: launch_ew(OpT<Act::gelu_tanh>{args...}, n, vec_ok, s); break;
     case Act::linear: launch_ew(OpT<Act::linear>{args...}, n, vec_ok, s); break;
+    case Act::gelu_vector: launch_ew(OpT<Act::gelu_vector>{args...}, n, vec_ok, s); break;
     default: throw Error(msg("activation ", static_cast<int>(act), " has no element-wise kernel"));
   }
 }
@@ -304,6 +330,7 @@ void dispatch_act_produce(Act act, const ProducedQuant& pq, int64_t n, cudaStrea
     case Act::gelu: launch_produce(OpT<Act::gelu>{args...}, pq, n, s); break;
     case Act::gelu_tanh: launch_produce(OpT<Act::gelu_tanh>{args...}, pq, n, s); break;
     case Act::linear: launch_produce(OpT<Act::linear>{args...}, pq, n, s); break;
+    case Act::gelu_vector: launch_produce(OpT<Act::gelu_vector>{args...}, pq, n, s); break;
     default: throw Error(msg("activation ", static_cast<int>(act), " has no producer kernel"));
   }
 }
@@ -369,6 +396,12 @@ void launch_residual_add(float* out, const float* x, const float* y, const float
                          const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s) {
   const bool vec_ok = d % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(y);  // bias read per element
   launch_ew(ResidualOp{out, x, y, bias, d, r.bf16, r.mode, y_in.bf16, y_in.mode}, rows * d, vec_ok, s);
+}
+
+void launch_residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                           const Backend::ResidualRound& rr, cudaStream_t s) {
+  const bool vec_ok = d % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(y);  // bias read per element
+  launch_ew(ResidualROp{out, x, y, bias, d, rr}, rows * d, vec_ok, s);
 }
 
 bool launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s,

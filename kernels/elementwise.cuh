@@ -26,7 +26,7 @@ void launch_randn(float* out, int64_t n, uint64_t seed, Stream stream, float sca
 // a = R(act(R_h(h))); h: (rows, cols), or (rows, 2*cols) = [u | gate] for swiglu; a: (rows, cols).
 // R_h (h_in): the rounding of a GEMM output deferred to this consumer (Backend::act_fwd).
 // pq (optional): also write a's MX quantization (kernels/mx_produce.cuh) in the same pass.
-// Returns whether it did: only for relu, gelu, gelu_tanh and linear, cols % 32 == 0 and
+// Returns whether it did: only for relu, gelu, gelu_tanh, linear and gelu_vector, cols % 32 == 0 and
 // 16-byte aligned h and a (otherwise a alone is written, as without pq).
 bool launch_act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
                     const ElementwiseRound& h_in, cudaStream_t s, const ProducedQuant* pq = nullptr);
@@ -41,6 +41,11 @@ bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
 // R(x + R_y(y))); R_y = y_in rounds y as it is read. out may be x.
 void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                          const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s);
+
+// out (rows, d) = R_out(x + R_in(R_y(y) + R_b(bias))) (without bias R_out(x + R_y(y))): the
+// roundings of Backend::residual_add_r. out may be x.
+void launch_residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                           const Backend::ResidualRound& rr, cudaStream_t s);
 
 // dst = R(a + b). pq: as launch_act_fwd's, with dst seen as rows of 32-multiple length (the
 // caller checked); returns whether it wrote pq's operand (n % 32 == 0, aligned pointers).

@@ -285,4 +285,56 @@ void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd,
   launch_col_sum_ln(dy, xhat, dgamma, dbeta, rows, d, scratch, s, dy_in);
 }
 
+// ---- the MX emulation library's layernorm (precision.layernorm: vector) ----
+namespace {
+
+__global__ void ln_vec_fwd_kernel(const float* x, const float* gamma, const float* beta, float* y, float* xn,
+                                  float* vare, int64_t rows, int64_t d, float eps, bool rb, Rounding rm) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ln_vec_fwd_row(x + i * d, gamma, beta, y + i * d, xn + i * d, vare + i, d, eps, rb, rm);
+}
+
+__global__ void ln_vec_bwd_kernel(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                                  int64_t rows, int64_t d, bool rb, Rounding rm, bool db, Rounding dm) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ln_vec_bwd_row(dy + i * d, xn + i * d, vare[i], gamma, dx + i * d, d, rb, rm, db, dm);
+}
+
+__global__ void ln_vec_col_kernel(const float* dy, const float* xn, float* dgamma, float* dbeta, int64_t rows,
+                                  int64_t d, bool rb, Rounding rm, bool db, Rounding dm) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ln_vec_bwd_col(dy, xn, dgamma, dbeta, rows, d, j, rb, rm, db, dm);
+}
+
+constexpr int kVecThreads = 64;  // one row (column) per thread
+
+}  // namespace
+
+void launch_layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                              int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return;
+  ln_vec_fwd_kernel<<<grid_for(rows, kVecThreads), kVecThreads, 0, s>>>(x, gamma, beta, y, xn, vare, rows, d, eps,
+                                                                         r.bf16, r.mode);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+void launch_layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                              float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                              const ElementwiseRound& dy_in, cudaStream_t s) {
+  if (d <= 0) return;
+  if (rows > 0) {
+    ln_vec_bwd_kernel<<<grid_for(rows, kVecThreads), kVecThreads, 0, s>>>(dy, xn, vare, gamma, dx, rows, d, r.bf16,
+                                                                           r.mode, dy_in.bf16, dy_in.mode);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+  if (dgamma || dbeta) {
+    ln_vec_col_kernel<<<grid_for(d, kVecThreads), kVecThreads, 0, s>>>(dy, xn, dgamma, dbeta, rows, d, r.bf16, r.mode,
+                                                                        dy_in.bf16, dy_in.mode);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+}
+
 }  // namespace mxlab::cuda

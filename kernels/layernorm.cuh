@@ -37,4 +37,15 @@ void launch_layernorm_bwd(const float* dy, const float* xhat, const float* rstd,
                           const ElementwiseRound& dy_in, double* scratch, cudaStream_t s,
                           LnKernel kernel = LnKernel::automatic);
 
+// The MX emulation library's layernorm in vector ops (Backend::layernorm_vec_fwd / _bwd): one
+// thread per row (and per column for dgamma, dbeta) running lab/model/elementwise.h's
+// ln_vec_fwd_row / ln_vec_bwd_row / ln_vec_bwd_col as the CPU does, so every double sum runs in the
+// same order and the results equal the CPU's bit for bit. Slow (uncoalesced rows); the mode exists
+// for fidelity to the paper's emulator, not for speed. dx must not alias dy.
+void launch_layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                              int64_t rows, int64_t d, float eps, const ElementwiseRound& r, cudaStream_t s);
+void launch_layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                              float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                              const ElementwiseRound& dy_in, cudaStream_t s);
+
 }  // namespace mxlab::cuda

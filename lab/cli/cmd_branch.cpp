@@ -177,7 +177,7 @@ const Registrar reg(30, [](CLI::App& app) {
   c->add_option("--at", a->at, "step from which the patch applies")->required();
   c->add_option("--apply", a->apply, "preset: to_fp32, skip_ln_quant, bump_exponent, bump_exponent_always, "
                                      "forward_only, bf16_activations, bf16_weights, bf16_fwd_activations, to_fp32_keep_gamma_q, "
-                                     "snap_gamma, reset_adam_v; several joined by '+', e.g. snap_gamma+to_fp32");
+                                     "snap_gamma, reset_adam_v, paper_emulator; several joined by '+', e.g. snap_gamma+to_fp32");
   c->add_option("--set", a->sets, "policy field patch, e.g. --set activation=bf16 (repeatable)");
   c->add_option("--name", a->name, "branch name (group branches/<name>): letters, digits, '_', '-', '.', not "
                                    "starting with '.', not fp32 or mx")->required();

@@ -1,7 +1,8 @@
-// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--step N]`: one FP32 training step
-// of the student on the CPU reference backend, written out as float32 .npy files so that an
-// outside implementation (tests/torch/crosscheck.py, PyTorch autograd) can rebuild the network,
-// load the same weights and batch, and compare the loss and every gradient:
+// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--step N] [--trajectory T] [--gemm G]`:
+// one training step of the student on the CPU reference backend, written out as float32 .npy
+// files so that an outside implementation (tests/torch/crosscheck.py, PyTorch autograd;
+// tests/torch/paper_emulator.py, the MX emulation library) can rebuild the network, load the
+// same weights and batch, and compare the loss, every gradient and the updated weights:
 //   config.yaml                 the resolved configuration (`mxlab dump-config` format)
 //   student.<group>.npy         initial student parameters, one file per group of lab/model
 //                               (e.g. student.layer0.W1.npy [H1, d], student.layer0.gamma.npy [d])
@@ -10,7 +11,22 @@
 //   out.npy                     the student's output [batch, seq_len, d]
 //   loss.npy                    [1]
 //   grad.<group>.npy            the gradient of the loss, one file per student group
-// The batch is the one the trainer draws at step N; the policy is all FP32 (the reference path).
+//   updated.<group>.npy         the parameters after the trainer's optimizer update of step N
+//                               from a zero optimizer state (Adam: m = v = 0, bias corrections of
+//                               step N), one file per student group
+//   policy.txt                  the trajectory and its precision policy, one line
+//   bf16_table.npy              [65536 x 4]: for every bfloat16 bit pattern x (as float32, in
+//                               pattern order) the scalar functions the step evaluates on
+//                               bf16-rounded inputs: x, act_value(model.activation, x),
+//                               act_deriv(model.activation, x), det_exp(x) (lab/model/
+//                               elementwise.h), so that an outside check can use the lab's
+//                               element functions and tell them apart from its composition
+// The batch is the one the trainer draws at step N. The trajectory (`--trajectory`) is `fp32`
+// (default: the all-FP32 reference path) or one of the run's MX arms (`mx` without `arms:`),
+// whose step is the trainer's: that arm's policy, its own targets under data.mx_teacher_targets
+// (target.npy then holds them). `--gemm double` accumulates every GEMM product in double and
+// rounds it once (lab/cpu/cpu_backend.h), which makes the step independent of the summation
+// order an outside GEMM uses.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -22,7 +38,9 @@
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/npy.h"
+#include "lab/model/elementwise.h"
 #include "lab/model/mlp.h"
+#include "lab/train/batch.h"
 #include "lab/train/config_io.h"
 #include "lab/train/memory_estimate.h"
 #include "lab/train/table_text.h"
@@ -36,6 +54,8 @@ struct Args {
   std::string path, out;
   std::vector<std::string> sets;
   int step = 0;
+  std::string trajectory = "fp32";
+  std::string gemm = "eigen";
 };
 
 std::vector<float> host(Backend& be, const float* p, size_t n) {
@@ -54,8 +74,26 @@ void write_groups(const std::string& dir, const std::string& prefix, const NetSh
 
 void dump_step(const Args& a) {
   if (a.step < 0) throw Error(msg("--step ", a.step, " must be >= 0"));
+  if (a.gemm != "eigen" && a.gemm != "double")
+    throw Error(msg("--gemm ", a.gemm, ": use eigen (the reference FP32 product) or double"));
   const RunConfig cfg = load_config(a.path, a.sets);
   check_run_fits_memory(cfg, false, a.path);  // its parameters are built on the host
+  // The trajectory's policy: fp32, or one of the run's MX arms.
+  PrecisionConfig policy = PrecisionConfig::fp32();
+  bool mx = false;
+  if (a.trajectory != "fp32") {
+    std::string names = "fp32";
+    bool found = false;
+    for (const ResolvedArm& arm : resolved_arms(cfg)) {
+      names += ", " + arm.name;
+      if (arm.name == a.trajectory) {
+        policy = arm.policy;
+        found = true;
+      }
+    }
+    if (!found) throw Error(msg("--trajectory ", a.trajectory, ": the run has no such trajectory (it has ", names, ")"));
+    mx = true;
+  }
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);
   if (ec) throw Error(msg("--out ", a.out, ": cannot create the directory (", ec.message(), ")"));
@@ -64,55 +102,83 @@ void dump_step(const Args& a) {
   const NetShape T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
   const int64_t rows = cfg.tokens(), d = cfg.model.width;
   const size_t n = static_cast<size_t>(rows * d);
-  std::unique_ptr<Backend> be = make_cpu_backend();
-  StepScalars sc;
-  sc.step = static_cast<uint32_t>(a.step);
-  be->set_step(sc);
+  std::unique_ptr<Backend> be = make_cpu_backend(a.gemm == "double" ? CpuGemm::double_sum : CpuGemm::eigen);
+  be->set_step(step_scalars(cfg, a.step));
 
   const std::vector<float> sp = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
-  const std::vector<float> tp = init_params(T, InitKind::pytorch, 1.0f, cfg.seed, Stream::teacher_init);
+  const std::vector<float> tp = teacher_params_host(cfg, T);
   float* P = be->alloc(sp.size());
   float* TP = be->alloc(tp.size());
   float* G = be->alloc(sp.size());
+  float* M = be->alloc(sp.size());
+  float* V = be->alloc(sp.size());
   float* x = be->alloc(n);
   be->upload(P, sp.data(), sp.size());
   be->upload(TP, tp.data(), tp.size());
+  be->fill(M, 0.0f, sp.size());
+  be->fill(V, 0.0f, sp.size());
   Workspace ws = Workspace::make(*be, S, rows), wt = Workspace::make(*be, T, rows);
 
-  // The trainer's batch of this step (lab/train/trainer.cpp, compute_phase).
+  // The trainer's batch and targets of this step (lab/train/trainer.cpp, compute_phase).
   PassPolicy pol;
-  pol.p = PrecisionConfig::fp32();
+  pol.p = policy;
   pol.seed = cfg.seed;
-  be->randn(x, n, cfg.seed, Stream::data, 1.0f);
-  forward(*be, T, TP, x, wt, pol);
-  if (cfg.data.label_noise > 0.0f) be->add_randn(wt.out, n, cfg.seed, Stream::label_noise, cfg.data.label_noise);
+  make_batch(*be, cfg, T, TP, x, wt);
+  const float* target = wt.out;
+  float* mx_target = nullptr;
+  if (mx && cfg.data.mx_teacher_targets) {
+    Workspace wmx = Workspace::make(*be, T, rows);
+    mx_target = be->alloc(n);
+    make_mx_targets(*be, cfg, T, TP, x, wmx, pol, mx_target);
+    target = mx_target;
+  }
   forward(*be, S, P, x, ws, pol);
-  loss_and_grad(*be, cfg, wt.out, ws, pol, nullptr);
+  loss_and_grad(*be, cfg, target, ws, pol, nullptr);
   backward(*be, S, P, x, ws, G, pol);
+  const std::vector<float> grads = host(*be, G, sp.size());
+  optimizer_step(*be, cfg, P, G, M, V, sp.size());
 
   const std::vector<int64_t> batch_shape = {cfg.data.batch, cfg.data.seq_len, d};
   write_groups(a.out, "student", S, sp);
   write_groups(a.out, "teacher", T, tp);
-  write_groups(a.out, "grad", S, host(*be, G, sp.size()));
+  write_groups(a.out, "grad", S, grads);
+  write_groups(a.out, "updated", S, host(*be, P, sp.size()));
   write_npy(a.out + "/x.npy", batch_shape, host(*be, x, n).data());
-  write_npy(a.out + "/target.npy", batch_shape, host(*be, wt.out, n).data());
+  write_npy(a.out + "/target.npy", batch_shape, host(*be, target, n).data());
   write_npy(a.out + "/out.npy", batch_shape, host(*be, ws.out, n).data());
   const float loss = be->read_scalar(ws.loss);
   write_npy(a.out + "/loss.npy", {1}, &loss);
+  std::vector<float> table(65536 * 4);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float v = bits_f32(i << 16);
+    table[i * 4 + 0] = v;
+    table[i * 4 + 1] = act_value(S.act, v);
+    table[i * 4 + 2] = act_deriv(S.act, v);
+    table[i * 4 + 3] = det_exp(v);
+  }
+  write_npy(a.out + "/bf16_table.npy", {65536, 4}, table.data());
   write_text_atomically(a.out + "/config.yaml", dump_config(cfg));
-  std::printf("dump-step: %s step %d: loss %.9g, %zu student and %zu teacher groups written to %s\n", a.path.c_str(),
-              a.step, static_cast<double>(loss), S.groups.size(), T.groups.size(), a.out.c_str());
+  write_text_atomically(a.out + "/policy.txt", "trajectory: " + a.trajectory + "\ngemm: " + a.gemm +
+                                                   "\npolicy: " + describe_policy(policy) + "\n");
+  std::printf("dump-step: %s step %d, trajectory %s: loss %.9g, %zu student and %zu teacher groups written to %s\n",
+              a.path.c_str(), a.step, a.trajectory.c_str(), static_cast<double>(loss), S.groups.size(),
+              T.groups.size(), a.out.c_str());
 }
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
-      "dump-step", "Write one FP32 CPU step (weights, batch, loss, every gradient) as .npy for outside checks");
+      "dump-step",
+      "Write one CPU training step (weights, batch, loss, every gradient, updated weights) as .npy for outside checks");
   sub->add_option("config", args->path, "experiment YAML file (one run)")->required();
   sub->add_option("--out", args->out, "directory to write the .npy files and config.yaml into")->required();
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.block=attention (repeatable)")
       ->allow_extra_args(false);
   sub->add_option("--step", args->step, "the step whose batch to use (default 0)")->check(integer_in(0));
+  sub->add_option("--trajectory", args->trajectory,
+                  "fp32 (default) or an MX arm of the run (mx without arms:): the step under its policy");
+  sub->add_option("--gemm", args->gemm,
+                  "eigen (default: the reference FP32 product) or double (products summed in double, rounded once)");
   sub->callback([args] { dump_step(*args); });
 });
 

@@ -28,8 +28,12 @@ using Map = Eigen::Map<RowMajor>;
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(CpuGemm gemm) : gemm_(gemm) {}
   std::string name() const override { return "cpu"; }
-  std::string math_mode() const override { return "IEEE FP32 (Eigen GEMM, FP32 accumulation, no TF32)"; }
+  std::string math_mode() const override {
+    return gemm_ == CpuGemm::eigen ? "IEEE FP32 (Eigen GEMM, FP32 accumulation, no TF32)"
+                                   : "IEEE FP32 (GEMM products accumulated in double, rounded once)";
+  }
 
   // ---- memory ----
   float* alloc(size_t n) override {
@@ -171,6 +175,33 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j < d; ++j)
         out[i * d + j] = residual_elem(x[i * d + j], ew_round(y[i * d + j], y_in.bf16, y_in.mode),
                                        bias ? bias[j] : 0.0f, bias != nullptr, r.bf16, r.mode);
+  }
+
+  void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                      const ResidualRound& rr) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        out[i * d + j] = residual_r_elem(x[i * d + j], y[i * d + j], bias ? bias[j] : 0.0f, bias != nullptr,
+                                         rr.y_in.bf16, rr.y_in.mode, rr.bias_in.bf16, rr.bias_in.mode, rr.inner.bf16,
+                                         rr.inner.mode, rr.out.bf16, rr.out.mode);
+  }
+
+  void layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                         int64_t rows, int64_t d, float eps, const ElementwiseRound& r) override {
+    MXLAB_ASSERT((gamma == nullptr) == (beta == nullptr), "layernorm affine needs both gamma and beta");
+    for (int64_t i = 0; i < rows; ++i)
+      ln_vec_fwd_row(x + i * d, gamma, beta, y + i * d, xn + i * d, vare + i, d, eps, r.bf16, r.mode);
+  }
+
+  void layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                         float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                         const ElementwiseRound& dy_in) override {
+    MXLAB_ASSERT(dx != dy, "layernorm_vec_bwd: dx must not alias dy");
+    for (int64_t i = 0; i < rows; ++i)
+      ln_vec_bwd_row(dy + i * d, xn + i * d, vare[i], gamma, dx + i * d, d, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
+    if (dgamma || dbeta)
+      for (int64_t j = 0; j < d; ++j)
+        ln_vec_bwd_col(dy, xn, dgamma, dbeta, rows, d, j, r.bf16, r.mode, dy_in.bf16, dy_in.mode);
   }
 
   void col_sum(const float* x, float* out, int64_t rows, int64_t d) override {
@@ -515,7 +546,17 @@ class CpuBackend final : public Backend {
                     float beta, const ElementwiseRound& out) {
     Map c(C, M, N);
     product_.resize(M, N);
-    if (K == 0) {
+    if (gemm_ == CpuGemm::double_sum) {
+      // Each element the double sum of its K products (exact products of floats), in k order,
+      // rounded to float once: the same float as any order of an exact (or double) summation.
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0.0;
+          for (int64_t k = 0; k < K; ++k)
+            acc += dot_term(a_kc ? qa[i * K + k] : qa[k * M + i], b_kc ? qb[j * K + k] : qb[k * N + j]);
+          product_(i, j) = static_cast<float>(acc);
+        }
+    } else if (K == 0) {
       product_.setZero();
     } else {
       const ConstMap as(qa, a_kc ? M : K, a_kc ? K : M);
@@ -533,6 +574,8 @@ class CpuBackend final : public Backend {
         c(i, j) = ew_round(v, out.bf16, out.mode);
       }
   }
+
+  CpuGemm gemm_;
 
   QuantStats& slot(int s) {
     MXLAB_ASSERT(s >= 0 && static_cast<size_t>(s) < stats_.size(), "statistics slot ", s, " not reset (have ",
@@ -589,6 +632,6 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(CpuGemm gemm) { return std::make_unique<CpuBackend>(gemm); }
 
 }  // namespace mxlab

@@ -6,6 +6,12 @@
 
 namespace mxlab {
 
-std::unique_ptr<Backend> make_cpu_backend();
+// How the GEMM's FP32 product is accumulated: Eigen's blocked FP32 order (the reference), or
+// each element's products summed in double and rounded to float once (double_sum: independent
+// of the summation order, for comparisons with outside implementations; `mxlab dump-step --gemm
+// double`).
+enum class CpuGemm { eigen, double_sum };
+
+std::unique_ptr<Backend> make_cpu_backend(CpuGemm gemm = CpuGemm::eigen);
 
 }  // namespace mxlab

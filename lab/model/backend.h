@@ -41,7 +41,10 @@ struct ElementwiseRound {
   Rounding mode = Rounding::nearest_even;  // nearest_even | nearest_away
 };
 
-enum class Act : uint8_t { relu = 0, gelu, gelu_tanh, swiglu, linear, kCount };
+// kCount ends the activations a configuration names (model.activation); gelu_vector after it is
+// the pass's substitute for gelu / gelu_tanh under precision.gelu: vector (the MX emulation
+// library's GeLU in vector ops, lab/model/elementwise.h gelu_vector_fwd), never configured.
+enum class Act : uint8_t { relu = 0, gelu, gelu_tanh, swiglu, linear, kCount, gelu_vector };
 
 // One GEMM operand. Logical shapes: C[M x N] = A[M x K] * B[N x K]^T, both quantized along K.
 //   A is stored row-major as [M x K] when k_contiguous, else as [K x M];
@@ -375,6 +378,36 @@ class Backend {
                            int64_t col0);
   virtual void heads_merge(const float* heads, float* x, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,
                            int64_t col0);
+
+  // ==== the paper's emulator (microxcaling) op by op (lab/model/README.md, "The paper's emulator") ====
+  // Both backends implement these, bit-identical: element steps of lab/model/elementwise.h (every
+  // rounding R the library's lib_round: a zero comes out +0), and every sum a double sum in index
+  // order (over j in a row, over rows for a column), as the CPU's.
+  // The defaults throw (test doubles that never run precision.layernorm: vector / residual: fp32).
+
+  // microxcaling's LayerNorm forward over the last axis of x[rows x d], R = r: xq = R(x) (the
+  // input rounded as read), mean = R(R(sum xq) / d), xs = R(xq - mean), var = R(R(sum R(xs xs)) / d),
+  // vare = R(var + eps), std = R(sqrt(vare)), rinv = R(1 / std), xn = R(xs rinv),
+  // y = R(R(gamma xn) + beta) (y = xn without gamma; gamma and beta both set or both null).
+  // Saves xn [rows x d] and vare [rows]. Element steps: ln_vec_* of lab/model/elementwise.h.
+  virtual void layernorm_vec_fwd(const float* x, const float* gamma, const float* beta, float* y, float* xn,
+                                 float* vare, int64_t rows, int64_t d, float eps, const ElementwiseRound& r);
+  // Its backward (microxcaling's _norm_backward_LN, DeepSpeed's formula), per row, with
+  // g = R(R_dy(dy)): dxn = R(g gamma) (g without gamma), std = R(sqrt(vare)), rinv = R(1 / std),
+  // dxs = R(dxn rinv), t = R(R(dxn xn) std), m = R(R(sum t) / d), vinv = R(1 / vare),
+  // s = R(m vinv), dx1 = R(dxs + R(-s xn)), dm = R(R(sum dx1) / d), dx = R(dx1 - dm).
+  // Per column: dgamma = R(sum_rows R(g xn)), dbeta = R(sum_rows g) (each written when non-null).
+  virtual void layernorm_vec_bwd(const float* dy, const float* xn, const float* vare, const float* gamma, float* dx,
+                                 float* dgamma, float* dbeta, int64_t rows, int64_t d, const ElementwiseRound& r,
+                                 const ElementwiseRound& dy_in);
+  // The residual update with its roundings spelt out: out = R_out(x + R_in(R_y(y) + R_b(b_j))), or
+  // out = R_out(x + R_y(y)) without a bias; every rounding the library's (lib_round: a zero comes
+  // out +0; otherwise residual_add is {y_in, none, r, r}). out may be x.
+  struct ResidualRound {
+    ElementwiseRound y_in, bias_in, inner, out;
+  };
+  virtual void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
+                              const ResidualRound& rr);
 
  private:
   std::vector<double> deferred_host_;  // the default deferred results (reduce_deferred)

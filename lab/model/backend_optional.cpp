@@ -41,4 +41,17 @@ void Backend::heads_merge(const float*, float*, int64_t, int64_t, int64_t, int64
   missing(*this, "heads_merge");
 }
 
+void Backend::layernorm_vec_fwd(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,
+                                float, const ElementwiseRound&) {
+  throw Error(msg("backend '", name(), "' does not implement layernorm_vec_fwd (needed by precision.layernorm: vector)"));
+}
+void Backend::layernorm_vec_bwd(const float*, const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                int64_t, const ElementwiseRound&, const ElementwiseRound&) {
+  throw Error(msg("backend '", name(), "' does not implement layernorm_vec_bwd (needed by precision.layernorm: vector)"));
+}
+void Backend::residual_add_r(float*, const float*, const float*, const float*, int64_t, int64_t, const ResidualRound&) {
+  throw Error(msg("backend '", name(), "' does not implement residual_add_r (needed by precision.residual: fp32 and "
+                  "precision.bias: elementwise)"));
+}
+
 }  // namespace mxlab

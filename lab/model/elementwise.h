@@ -112,10 +112,151 @@ MXLAB_HD float ln_bwd_dx(float rstd, float g, float mg, float xhat, float mgx, b
   return ew_round(rstd * ((g - mg) - xhat * mgx), rb, rm);
 }
 
-// Activations: a = R(act(h)), dh = R(da * act'(h)).
-MXLAB_HD float act_fwd_elem(Act act, float h, bool rb, Rounding rm) { return ew_round(act_value(act, h), rb, rm); }
+// ---- the MX emulation library's ops (precision.layernorm, gelu, residual, bias) -----------------
+// The library rounds to bf16 as sign(x) floor(|x| 2^k + 1/2) 2^-k: a zero, +0 or -0, comes out +0
+// (its sign(-0) is 0), every other value as round_bf16 (a negative value that rounds to zero
+// keeps its sign). Its ops below round with this; without bf16 (rb false) nothing is rounded.
+MXLAB_HD float lib_round(float x, bool rb, Rounding rm) { return rb && x == 0.0f ? 0.0f : ew_round(x, rb, rm); }
+
+// ---- the MX emulation library's GeLU in vector ops (precision.gelu: vector) --------------------
+// microxcaling's GELUFunction (mx/activations.py): the tanh approximation in sigmoid form,
+// x sigmoid(1.5958 (x + 0.044715 x^3)), with the library's bf16 coefficients, each op rounded per R.
+constexpr float kMxGeluA = 0.044677734375f;  // 0.044715 in bf16
+constexpr float kMxGeluC = 1.59375f;         // 1.5958 (= 2 sqrt(2 / pi)) in bf16
+constexpr float kMxGeluD = 0.2138671875f;    // 0.21406859 (= 3 * 0.044715 * 1.5958) in bf16
+
+// phi = sigmoid(C (q + A q^3)) of a rounded input q: s = R(q q), s = R(s q), s = R(A s), s = R(s + q),
+// s = R(C s); phi = R(exp(-s)), phi = R(phi + 1), phi = R(1 / phi).
+MXLAB_HD float gelu_vector_phi(float q, bool rb, Rounding rm) {
+  float s = lib_round(q * q, rb, rm);
+  s = lib_round(s * q, rb, rm);
+  s = lib_round(kMxGeluA * s, rb, rm);
+  s = lib_round(s + q, rb, rm);
+  s = lib_round(kMxGeluC * s, rb, rm);
+  float phi = lib_round(det_exp(-s), rb, rm);
+  phi = lib_round(phi + 1.0f, rb, rm);
+  return lib_round(1.0f / phi, rb, rm);
+}
+// a = R(q phi), q = R(x).
+MXLAB_HD float gelu_vector_fwd(float x, bool rb, Rounding rm) {
+  const float q = lib_round(x, rb, rm);
+  return lib_round(q * gelu_vector_phi(q, rb, rm), rb, rm);
+}
+// The library's derivative (the factor its backward multiplies the gradient by): with q = R(x) and
+// phi as above, dphi = R(phi R(1 - phi)), dy = R(C + R(D R(q q))), dphi = R(dy dphi),
+// grad = R(phi + R(q dphi)).
+MXLAB_HD float gelu_vector_grad(float x, bool rb, Rounding rm) {
+  const float q = lib_round(x, rb, rm);
+  const float phi = gelu_vector_phi(q, rb, rm);
+  float dphi = lib_round(1.0f - phi, rb, rm);
+  dphi = lib_round(phi * dphi, rb, rm);
+  float dy = lib_round(q * q, rb, rm);
+  dy = lib_round(kMxGeluD * dy, rb, rm);
+  dy = lib_round(kMxGeluC + dy, rb, rm);
+  dphi = lib_round(dy * dphi, rb, rm);
+  const float xd = lib_round(q * dphi, rb, rm);
+  return lib_round(phi + xd, rb, rm);
+}
+
+// Activations: a = R(act(h)), dh = R(da * act'(h)); gelu_vector: a = gelu_vector_fwd(h),
+// dh = R(gelu_vector_grad(h) * da) (the library's vec_mul(grad_gelu, grad_output)).
+MXLAB_HD float act_fwd_elem(Act act, float h, bool rb, Rounding rm) {
+  if (act == Act::gelu_vector) return gelu_vector_fwd(h, rb, rm);
+  return ew_round(act_value(act, h), rb, rm);
+}
 MXLAB_HD float act_bwd_elem(Act act, float h, float da, bool rb, Rounding rm) {
+  if (act == Act::gelu_vector) return lib_round(gelu_vector_grad(h, rb, rm) * da, rb, rm);
   return ew_round(da * act_deriv(act, h), rb, rm);
+}
+
+// ---- the MX emulation library's LayerNorm in vector ops (precision.layernorm: vector) ----------
+// mx/layernorm.py + mx/norm_utils.py, one row of d at a time (lab/model/README.md). Every sum is
+// a double sum in index order made a float once; vec_mean = R(R(sum) / n) is the library's
+// vec_reduce_mean (vec_reduce_sum rounds the sum, vec_div the quotient). Both backends run these
+// row and column functions as they are (the CUDA backend one thread per row / column).
+MXLAB_HD float vec_mean(double sum, int64_t n, bool rb, Rounding rm) {
+  return lib_round(lib_round(static_cast<float>(sum), rb, rm) / static_cast<float>(n), rb, rm);
+}
+MXLAB_HD void ln_vec_fwd_row(const float* x, const float* gamma, const float* beta, float* y, float* xn, float* vare,
+                             int64_t d, float eps, bool rb, Rounding rm) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < d; ++j) sum += static_cast<double>(lib_round(x[j], rb, rm));
+  const float mean = vec_mean(sum, d, rb, rm);
+  double sq = 0.0;
+  for (int64_t j = 0; j < d; ++j) {
+    const float xs = lib_round(lib_round(x[j], rb, rm) - mean, rb, rm);
+    sq += static_cast<double>(lib_round(xs * xs, rb, rm));
+  }
+  const float var = vec_mean(sq, d, rb, rm);
+  const float ve = lib_round(var + eps, rb, rm);
+  const float sd = lib_round(sqrtf_ieee(ve), rb, rm);
+  const float rinv = lib_round(1.0f / sd, rb, rm);
+  *vare = ve;
+  for (int64_t j = 0; j < d; ++j) {
+    const float xs = lib_round(lib_round(x[j], rb, rm) - mean, rb, rm);
+    const float n = lib_round(xs * rinv, rb, rm);
+    xn[j] = n;
+    y[j] = gamma ? lib_round(lib_round(gamma[j] * n, rb, rm) + beta[j], rb, rm) : n;
+  }
+}
+// dx of one row; dy is read through (db, dm) = dy_in, then g = R(dy).
+MXLAB_HD void ln_vec_bwd_row(const float* dy, const float* xn, float vare, const float* gamma, float* dx, int64_t d,
+                             bool rb, Rounding rm, bool db, Rounding dm) {
+  const float sd = lib_round(sqrtf_ieee(vare), rb, rm);
+  const float rinv = lib_round(1.0f / sd, rb, rm);
+  double st = 0.0;
+  for (int64_t j = 0; j < d; ++j) {
+    const float g = lib_round(lib_round(dy[j], db, dm), rb, rm);
+    const float dxn = gamma ? lib_round(g * gamma[j], rb, rm) : g;
+    st += static_cast<double>(lib_round(lib_round(dxn * xn[j], rb, rm) * sd, rb, rm));
+  }
+  const float m = vec_mean(st, d, rb, rm);
+  const float vinv = lib_round(1.0f / vare, rb, rm);
+  const float s = lib_round(m * vinv, rb, rm);
+  double sx = 0.0;
+  for (int64_t j = 0; j < d; ++j) {
+    const float g = lib_round(lib_round(dy[j], db, dm), rb, rm);
+    const float dxn = gamma ? lib_round(g * gamma[j], rb, rm) : g;
+    const float dxs = lib_round(dxn * rinv, rb, rm);
+    const float dx1 = lib_round(dxs + lib_round(-s * xn[j], rb, rm), rb, rm);
+    dx[j] = dx1;
+    sx += static_cast<double>(dx1);
+  }
+  const float dmean = vec_mean(sx, d, rb, rm);
+  for (int64_t j = 0; j < d; ++j) dx[j] = lib_round(dx[j] - dmean, rb, rm);
+}
+// Column j's parameter gradients over `rows` rows of stride d: dgamma = R(sum R(g xn)),
+// dbeta = R(sum g), g = R(R_dy(dy)) (each written when non-null).
+MXLAB_HD void ln_vec_bwd_col(const float* dy, const float* xn, float* dgamma, float* dbeta, int64_t rows, int64_t d,
+                             int64_t j, bool rb, Rounding rm, bool db, Rounding dm) {
+  double sg = 0.0, sb = 0.0;
+  // Rows in groups of 8 loaded first (so that a GPU thread has 8 loads in flight); the sums
+  // still run over the rows in order.
+  constexpr int kAhead = 8;
+  for (int64_t i0 = 0; i0 < rows; i0 += kAhead) {
+    const int n = rows - i0 < kAhead ? static_cast<int>(rows - i0) : kAhead;
+    float gv[kAhead], xv[kAhead];
+    for (int k = 0; k < n; ++k) {
+      gv[k] = dy[(i0 + k) * d + j];
+      xv[k] = xn[(i0 + k) * d + j];
+    }
+    for (int k = 0; k < n; ++k) {
+      const float g = lib_round(lib_round(gv[k], db, dm), rb, rm);
+      sg += static_cast<double>(lib_round(g * xv[k], rb, rm));
+      sb += static_cast<double>(g);
+    }
+  }
+  if (dgamma) dgamma[j] = lib_round(static_cast<float>(sg), rb, rm);
+  if (dbeta) dbeta[j] = lib_round(static_cast<float>(sb), rb, rm);
+}
+
+// residual_add_r: out = R_out(x + R_in(R_y(y) + R_b(b))), without a bias R_out(x + R_y(y)).
+// Each rounding the library's (lib_round).
+MXLAB_HD float residual_r_elem(float x, float y, float b, bool has_bias, bool yb, Rounding ym, bool bb, Rounding bm,
+                               bool ib, Rounding im, bool ob, Rounding om) {
+  const float yr = lib_round(y, yb, ym);
+  const float o = has_bias ? lib_round(yr + lib_round(b, bb, bm), ib, im) : yr;
+  return lib_round(x + o, ob, om);
 }
 // SwiGLU on one (u, g) pair of h's row [u (cols) | g (cols)]: a = R(u * silu(g)).
 MXLAB_HD float swiglu_fwd_elem(float u, float g, bool rb, Rounding rm) { return ew_round(u * silu(g), rb, rm); }

@@ -67,6 +67,12 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
                "workspace was not made for this network (depth ", s.depth, ", workspace ", ws.a_in.size(), ")");
   if (pol.p.block_size <= 0)
     throw Error(msg("precision.block_size must be positive (got ", pol.p.block_size, ")"));
+  const PrecisionConfig& p = pol.p;
+  const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
+                            p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
+  if (emulator_ops && (s.attention() || s.norm == NormKind::rmsnorm || s.norm == NormKind::mxnorm))
+    throw Error("precision.layernorm / gelu / residual / bias / ln_beta_grad (the paper's emulator's ops) are "
+                "implemented for MLP blocks with layernorm or no norm: leave them at their defaults for this model");
 }
 
 void check_model(const char* what, int depth, int width, int hidden_mult, Act act) {
@@ -152,6 +158,10 @@ const float* norm_forward(Backend& be, const NetShape& s, const float* params, i
   const float* gq = norm_gains(be, s, params, k, site, ws, pol, pol.collect_stats);
   switch (s.norm) {
     case NormKind::layernorm:
+      if (pol.p.layernorm == LnOps::vector) {  // the emulator's layernorm: no producer-side quantization
+        be.layernorm_vec_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R);
+        return W;
+      }
       MXLAB_ASSERT(!y_op || y_op->p == y, "the operand quantized by the norm must be its output");
       be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R, y_op);
       if (y_op) y_op->prequantized = true;
@@ -180,13 +190,19 @@ void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW
 
 void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq, const float* dy,
                    const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
-                   const ElementwiseRound& R, const ElementwiseRound& dy_in) {
+                   const ElementwiseRound& R, const ElementwiseRound& dy_in, const PassOps& po) {
   const int64_t B = ws.batch, d = s.d;
   float* dgamma = gq ? grads + group(s, k, site.gamma).offset : nullptr;
   MXLAB_ASSERT(!dy_in.bf16 || norm_rounds_dy_as_read(s), "only the layernorm backward rounds dy as it reads it");
   if (s.norm == NormKind::layernorm) {
     float* dbeta = gq ? grads + group(s, k, site.beta).offset : nullptr;
-    be.layernorm_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta, B, d, R, dy_in);
+    // precision.ln_beta_grad: false (the paper's copy of the library): beta's gradient is 0.
+    float* dbeta_out = po.beta_grad ? dbeta : nullptr;
+    if (dbeta && !dbeta_out) be.fill(dbeta, 0.0f, static_cast<size_t>(d));
+    if (po.ln_vector)
+      be.layernorm_vec_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta_out, B, d, R, dy_in);
+    else
+      be.layernorm_bwd(dy, xhat, rstd, gq, dx, dgamma, dbeta_out, B, d, R, dy_in);
   } else {
     // RMSNorm's gradient; for MXNorm the straight-through estimator of papers/mxnorm.md App. E.
     be.rmsnorm_bwd(dy, xhat, rstd, gq, dx, dgamma, B, d, R);
@@ -196,15 +212,15 @@ void norm_backward(Backend& be, const NetShape& s, int k, const NormSite& site, 
 void norm_backward_into_residual(Backend& be, const NetShape& s, int k, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
                                  Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in,
-                                 const GemmOperand* dA_q) {
+                                 const GemmOperand* dA_q, const PassOps& po) {
   const size_t n = static_cast<size_t>(ws.batch * s.d);
   const float* dx = dy;
   if (s.layernorm) {
-    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R, dy_in);
+    norm_backward(be, s, k, site, gq, dy, xhat, rstd, ws.d_x, grads, ws, R, dy_in, po);
     dx = ws.d_x;
   }
   if (s.residual)
-    be.add(dA, dA, dx, n, R, dA_q, dA_q ? s.d : 0);
+    be.add(dA, dA, dx, n, residual_round(po, R), dA_q, dA_q ? s.d : 0);
   else
     be.copy(dA, dx, n);
 }
@@ -350,6 +366,7 @@ NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t, int seq
   s.ln_affine = false;
   s.fc2_bias = false;
   s.residual = t.residual;
+  s.is_teacher = true;
   s.ln_eps = m.ln_eps;
   layout(s);
   return s;
@@ -473,6 +490,9 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   MXLAB_ASSERT(x != nullptr, "forward without input");
   const PrecisionConfig& p = pol.p;
   const ElementwiseRound R = policy_round(p);
+  const PassOps po = pass_ops(p);
+  const ElementwiseRound Rres = residual_round(po, R);  // the residual stream's rounding
+  const Act act = pass_act(s, p);
   const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
 
@@ -496,9 +516,9 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     }
     be.prequantize(ahead.data(), ahead.size());
   }
-  // A0 = R(x)
+  // A0 = R(x) (x itself under residual: fp32)
   be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
-  if (R.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), R.mode);
+  if (Rres.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), Rres.mode);
   for (int k = 0; k < s.depth; ++k) {
     const float* A = ws.a_in[k];
     float* next = k + 1 < s.depth ? ws.a_in[k + 1] : ws.out;
@@ -525,7 +545,7 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     be.gemm(B, H1, d, y_op, w1, ws.h[k], 0.0f, ElementwiseRound{});
     GemmOperand a_op =
         ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out));
-    be.act_fwd(s.act, ws.h[k], ws.a[k], B, H, R, ws.h_round, &a_op);
+    be.act_fwd(act, ws.h[k], ws.a[k], B, H, R, ws.h_round, &a_op);
     a_op.prequantized = true;
     // o [B x d] = a [B x H] . W2 [d x H]^T. With the residual, o is left unrounded in ws.y and
     // residual_add (its only reader) rounds it per R as it reads it, writing A_{k+1} from A_k
@@ -536,7 +556,12 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
     be.gemm(B, d, H, a_op, w2, o, 0.0f, s.residual ? ElementwiseRound{} : R);
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
-      be.residual_add(next, A, ws.y, b2 ? params + b2->offset : nullptr, B, d, R, R);
+      const float* bias = b2 ? params + b2->offset : nullptr;
+      if (po.residual_fp32 || po.bias_rounded)  // the emulator's Linear bias and residual add
+        be.residual_add_r(next, A, ws.y, bias, B, d,
+                          Backend::ResidualRound{R, po.bias_rounded ? R : ElementwiseRound{}, R, Rres});
+      else
+        be.residual_add(next, A, ws.y, bias, B, d, R, R);
     }
   }
 }
@@ -544,8 +569,10 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
 void loss_and_grad(Backend& be, const RunConfig& cfg, const float* target, Workspace& ws, const PassPolicy& pol,
                    float* loss_history) {
   MXLAB_ASSERT(target != nullptr && ws.out != nullptr, "loss without output or target");
-  // dout starts the backward pass, so `backward: false` leaves it in FP32 too.
-  const ElementwiseRound R = pol.p.backward ? policy_round(pol.p) : ElementwiseRound{};
+  // dout starts the backward pass, so `backward: false` leaves it in FP32 too; so does
+  // precision.residual: fp32 (dout is the residual stream's gradient).
+  const ElementwiseRound R =
+      pol.p.backward ? residual_round(pass_ops(pol.p), policy_round(pol.p)) : ElementwiseRound{};
   const int64_t B = ws.batch, d = cfg.model.width;
   switch (cfg.loss) {
     case LossKind::mse:
@@ -568,6 +595,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   // backward: false -> FP32 GEMM operands and no element-wise rounding (statistics are still
   // counted, under the configured specs: what would clamp if the backward were quantized).
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
+  const PassOps po = pass_ops(p);
+  const Act act = pass_act(s, p);
   const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
   // The wgrad GEMMs' gradient operand has a role of its own (grad_wgrad): each GEMM quantizes its
   // dY along its own reduction axis anyway, so the dgrad and wgrad operands of one tensor are two
@@ -606,7 +635,18 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
-    if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) be.col_sum(dA, grads + b2->offset, B, d);
+    if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) {
+      float* db2 = grads + b2->offset;
+      if (po.bias_rounded && R.bf16) {
+        // The emulator's Linear: db2 = R(sum over rows of R(dA)) (ws.y is free in the backward).
+        be.copy(ws.y, dA, static_cast<size_t>(B * d));
+        be.round_bf16(ws.y, static_cast<size_t>(B * d), R.mode);
+        be.col_sum(ws.y, db2, B, d);
+        be.round_bf16(db2, static_cast<size_t>(d), R.mode);
+      } else {
+        be.col_sum(dA, db2, B, d);
+      }
+    }
     // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
     be.gemm(d, H, B, ops.make(dA, false, g_wgrad, Role::grad_wgrad, k, OpId::dw2_dy),
             ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R);
@@ -620,7 +660,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dh's operand of the dy GEMM below (k-contiguous), handed to act_bwd as its q_out.
     GemmOperand dh_op =
         ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
-    be.act_bwd(s.act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
+    be.act_bwd(act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
     dh_op.prequantized = true;
     // dW1 [H1 x d] = dh^T y: reduction over the batch.
     GemmOperand y_t = y_op(k);
@@ -640,7 +680,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     const GemmOperand next_op = k > 0 ? da_dy_op(k - 1) : GemmOperand{};
     dA_handed = k > 0 && s.residual && !s.attention();
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
-                                defer_dy ? R : ElementwiseRound{}, dA_handed ? &next_op : nullptr);
+                                defer_dy ? R : ElementwiseRound{}, dA_handed ? &next_op : nullptr, po);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }
@@ -664,7 +704,7 @@ ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
       r.bf16_mode = p.elementwise_rounding;
       break;
     case ParamGroup::b2:
-      break;  // added in FP32
+      break;  // never quantized (precision.bias: elementwise rounds it to bf16 where it is added)
   }
   return r;
 }

@@ -34,6 +34,7 @@ struct NetShape {
   Act act = Act::gelu;
   bool layernorm = true, ln_affine = true, fc2_bias = true;  // layernorm: the block has a norm (any kind)
   bool residual = true;  // teacher.residual: false gives the plain MLP (A_k = W2 phi(W1 A_{k-1}))
+  bool is_teacher = false;  // the teacher network (precision.gelu: vector_teacher)
   float ln_eps = 1e-5f;
   NormKind norm = NormKind::layernorm;  // which norm (none when !layernorm)
   int mxnorm_p = 2, mxnorm_block = 32;

@@ -109,6 +109,34 @@ inline ElementwiseRound policy_round(const PrecisionConfig& p) {
   return ElementwiseRound{p.elementwise_bf16, p.elementwise_rounding};
 }
 
+// The emulator's op compositions of a pass (lab/model/README.md, "The paper's emulator").
+struct PassOps {
+  bool ln_vector = false;      // precision.layernorm: vector
+  bool beta_grad = true;       // precision.ln_beta_grad
+  bool residual_fp32 = false;  // precision.residual: fp32
+  bool bias_rounded = false;   // precision.bias: elementwise
+};
+inline PassOps pass_ops(const PrecisionConfig& p) {
+  PassOps o;
+  o.ln_vector = p.layernorm == LnOps::vector;
+  o.beta_grad = p.ln_beta_grad;
+  o.residual_fp32 = p.residual == ResidualPrec::fp32;
+  o.bias_rounded = p.bias == BiasPrec::elementwise;
+  return o;
+}
+// The rounding of the residual stream, its gradient and the loss gradient: R, or none under
+// precision.residual: fp32.
+inline ElementwiseRound residual_round(const PassOps& o, const ElementwiseRound& R) {
+  return o.residual_fp32 ? ElementwiseRound{} : R;
+}
+// The activation a pass evaluates: the network's, or the library's vector GeLU in its place
+// (precision.gelu: vector for every network, vector_teacher for the teacher only).
+inline Act pass_act(const NetShape& s, const PrecisionConfig& p) {
+  const bool gelu = s.act == Act::gelu || s.act == Act::gelu_tanh;
+  const bool vec = p.gelu == GeluOps::vector || (p.gelu == GeluOps::vector_teacher && s.is_teacher);
+  return gelu && vec ? Act::gelu_vector : s.act;
+}
+
 inline const ParamGroup& group(const NetShape& s, int layer, ParamGroup::Kind kind) {
   const ParamGroup* g = s.find(layer, kind);
   MXLAB_ASSERT(g != nullptr, "layer ", layer, " has no parameter group of kind ", static_cast<int>(kind));
@@ -151,7 +179,7 @@ void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW
 // `grads`. dy_in may round only where norm_rounds_dy_as_read(s).
 void norm_backward(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
                    const float* dy, const float* xhat, const float* rstd, float* dx, float* grads, Workspace& ws,
-                   const ElementwiseRound& R, const ElementwiseRound& dy_in);
+                   const ElementwiseRound& R, const ElementwiseRound& dy_in, const PassOps& po = PassOps{});
 // Whether the norm's backward is dy's only reader and rounds it as it reads it (layernorm): the
 // GEMM that computes dy then leaves it unrounded (lab/model/README.md, "Deferred output rounding").
 inline bool norm_rounds_dy_as_read(const NetShape& s) { return s.layernorm && s.norm == NormKind::layernorm; }
@@ -160,10 +188,12 @@ inline bool norm_rounds_dy_as_read(const NetShape& s) { return s.layernorm && s.
 // output; without a norm dy is already the input's gradient), then the residual stream:
 // dA = R(dA + dx) (plain teacher: dA = dx). dA_q (optional): the GEMM operand that reads dA
 // next, handed to the add as its q_out (Backend::add; "Producer-side quantization").
+// `po` (the MLP sub-block): the emulator's layernorm backward, its beta gradient, and dA's rounding
+// (dA = dA + dx unrounded under residual: fp32).
 void norm_backward_into_residual(Backend& be, const NetShape& s, int layer, const NormSite& site, const float* gq,
                                  const float* dy, const float* xhat, const float* rstd, float* dA, float* grads,
                                  Workspace& ws, const ElementwiseRound& R, const ElementwiseRound& dy_in,
-                                 const GemmOperand* dA_q = nullptr);
+                                 const GemmOperand* dA_q = nullptr, const PassOps& po = PassOps{});
 
 // The self-attention sub-block of Eq. 11 for layer k (attention.cpp): forward A -> ws.z[k];
 // backward consumes dZ (gradient of z_k, in place) and leaves the gradient of A_{k-1} in it.

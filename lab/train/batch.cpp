@@ -1,6 +1,9 @@
 // Step batches and the probe batch (see batch.h).
 #include "lab/train/batch.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace mxlab {
 
 namespace {
@@ -48,6 +51,46 @@ void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher
   be.set_step(s);
   if (cfg.data.label_noise > 0.0f) be.add_randn(y, n, cfg.seed, Stream::probe, cfg.data.label_noise);
   be.synchronize();
+}
+
+StepScalars step_scalars(const RunConfig& cfg, int64_t t) {
+  StepScalars s;
+  s.step = static_cast<uint32_t>(t);
+  const auto& o = cfg.optimizer;
+  const auto& sc = cfg.schedule;
+  double lr = o.lr;
+  if (sc.warmup > 0 && t < sc.warmup) {
+    lr = o.lr * static_cast<double>(t + 1) / static_cast<double>(sc.warmup);
+  } else if (sc.name == SchedKind::cosine) {
+    const double span = std::max<double>(1.0, static_cast<double>(cfg.steps - sc.warmup));
+    const double progress = std::min(1.0, static_cast<double>(t - sc.warmup) / span);
+    lr = sc.lr_min + 0.5 * (o.lr - sc.lr_min) * (1.0 + std::cos(M_PI * progress));
+  }
+  s.lr = static_cast<float>(lr);
+  s.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t + 1)));
+  s.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t + 1)));
+  return s;
+}
+
+void optimizer_step(Backend& be, const RunConfig& cfg, float* params, const float* grads, float* m, float* v,
+                    size_t n) {
+  const auto& o = cfg.optimizer;
+  switch (o.name) {
+    case OptKind::adam:
+    case OptKind::adamw: {
+      Backend::AdamHyper h;
+      h.beta1 = o.beta1;
+      h.beta2 = o.beta2;
+      h.eps = o.eps;
+      h.weight_decay = o.weight_decay;
+      h.decoupled = o.name == OptKind::adamw;
+      be.adam(params, grads, m, v, n, h);
+      break;
+    }
+    case OptKind::sgd:
+      be.sgd(params, grads, m, n, o.momentum, o.weight_decay);
+      break;
+  }
 }
 
 }  // namespace mxlab

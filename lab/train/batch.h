@@ -31,4 +31,14 @@ void make_mx_targets(Backend& be, const RunConfig& cfg, const NetShape& teacher,
 void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
                       int64_t rows, float* x, float* y);
 
+// The scalars of step t (0-based): the learning rate after warmup and schedule, and Adam's bias
+// corrections 1 - beta^(t + 1), computed on the host once (so both backends use the same floats).
+StepScalars step_scalars(const RunConfig& cfg, int64_t t);
+
+// One optimizer update of a trajectory's n parameters from its gradient (optimizer.name: adam,
+// adamw or sgd; m is SGD's momentum buffer, v unused there), with the backend's current
+// StepScalars. The trainer's update and `mxlab dump-step`'s.
+void optimizer_step(Backend& be, const RunConfig& cfg, float* params, const float* grads, float* m, float* v,
+                    size_t n);
+
 }  // namespace mxlab

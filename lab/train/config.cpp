@@ -560,7 +560,17 @@ std::vector<Item> build_schema() {
         },
         [](const RunConfig& c) { return std::string(name(c.precision.diagnostic_format)); }, {}},
        since_v2(bwd_leaf("attn_logits", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.attn_logits; })),
-       since_v2(bwd_leaf("attn_probs", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.attn_probs; }))});
+       since_v2(bwd_leaf("attn_probs", [](RunConfig& c) -> std::optional<NumFmt>& { return c.precision.attn_probs; })),
+       // The paper's emulator (microxcaling) op by op (lab/model/README.md, "The paper's emulator").
+       since_v2(enum_leaf<LnOps>("layernorm", [](RunConfig& c) -> LnOps& { return c.precision.layernorm; },
+                                 {"fused", "vector"}, "layernorm ops")),
+       since_v2(enum_leaf<GeluOps>("gelu", [](RunConfig& c) -> GeluOps& { return c.precision.gelu; },
+                                   {"fused", "vector", "vector_teacher"}, "gelu ops")),
+       since_v2(enum_leaf<ResidualPrec>("residual", [](RunConfig& c) -> ResidualPrec& { return c.precision.residual; },
+                                        {"elementwise", "fp32"}, "residual precision")),
+       since_v2(enum_leaf<BiasPrec>("bias", [](RunConfig& c) -> BiasPrec& { return c.precision.bias; },
+                                    {"fp32", "elementwise"}, "bias precision")),
+       since_v2(bool_leaf("ln_beta_grad", [](RunConfig& c) -> bool& { return c.precision.ln_beta_grad; }))});
 
   section("log",
           {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
@@ -632,7 +642,7 @@ std::vector<std::string> precision_keys() {
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
-                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v"};
+                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator"};
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
@@ -891,6 +901,37 @@ std::vector<std::string> mx_roles(const PrecisionConfig& p) {
 
 // Why the attention or norm settings of `cfg` cannot run under policy `p`, or "" (the model
 // checks the same shapes again, lab/model/mlp.cpp; here they get a file and line).
+// The emulator's op compositions (precision.layernorm, gelu, residual, bias, ln_beta_grad) exist
+// for the paper's network: MLP blocks, layernorm or no norm.
+std::string emulator_ops_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
+  const bool any = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused || p.residual != ResidualPrec::elementwise ||
+                   p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
+  if (!any) return "";
+  const char* which = p.layernorm != LnOps::fused ? "precision.layernorm"
+                      : p.gelu != GeluOps::fused  ? "precision.gelu"
+                      : p.residual != ResidualPrec::elementwise ? "precision.residual"
+                      : p.bias != BiasPrec::fp32 ? "precision.bias"
+                                                 : "precision.ln_beta_grad";
+  if (cfg.model.block == BlockKind::attention || cfg.teacher.block == BlockKind::attention) {
+    *key = "model.block";
+    return msg(which, ": the emulator's op compositions are implemented for MLP blocks only: use model.block: mlp "
+               "and teacher.block: mlp, or leave ", which, " at its default");
+  }
+  const NormKind norm = cfg.model.effective_norm();
+  if (norm == NormKind::rmsnorm || norm == NormKind::mxnorm) {
+    *key = "model.norm";
+    return msg(which, ": the emulator's op compositions are implemented for layernorm (or no norm), not model.norm: ",
+               norm == NormKind::rmsnorm ? "rmsnorm" : "mxnorm", ": use model.norm: layernorm or leave ", which,
+               " at its default");
+  }
+  if (p.residual == ResidualPrec::fp32 && norm == NormKind::layernorm && p.layernorm != LnOps::vector) {
+    *key = "precision.residual";
+    return "precision.residual: fp32 needs precision.layernorm: vector (that layernorm rounds its FP32 input as it "
+           "reads it; the fused one expects a rounded input)";
+  }
+  return "";
+}
+
 std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
   const ModelConfig& m = cfg.model;
   const bool student_attn = m.block == BlockKind::attention;
@@ -927,7 +968,7 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
                  "set both to one of 16, 32, 64");
     }
   }
-  return "";
+  return emulator_ops_problem(cfg, p, key);
 }
 
 // Why (width, policy) is impossible, or "".
@@ -1124,7 +1165,10 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
 
 // ---- public API ------------------------------------------------------------------------
 
-const char* act_name(Act a) { return kActNames[static_cast<int>(a)]; }
+const char* act_name(Act a) {
+  if (a == Act::gelu_vector) return "gelu_vector";  // a pass's substitute, never configured
+  return kActNames[static_cast<int>(a)];
+}
 
 std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
 
@@ -1133,6 +1177,18 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
   std::vector<ResolvedArm> v;
   for (const ArmConfig& a : cfg.arms) v.push_back({a.name, apply_intervention(cfg.precision, {a.name, 0, a.apply, a.set})});
   return v;
+}
+
+// The emulator's op fields, only where they differ from the defaults (so that the description of
+// every policy without them is what it was before they existed).
+static std::string emulator_ops_text(const PrecisionConfig& p) {
+  std::string s;
+  if (p.layernorm != LnOps::fused) s += " layernorm=vector";
+  if (p.gelu != GeluOps::fused) s += p.gelu == GeluOps::vector ? " gelu=vector" : " gelu=vector_teacher";
+  if (p.residual != ResidualPrec::elementwise) s += " residual=fp32";
+  if (p.bias != BiasPrec::fp32) s += " bias=elementwise";
+  if (!p.ln_beta_grad) s += " ln_beta_grad=false";
+  return s;
 }
 
 std::string describe_policy(const PrecisionConfig& p) {
@@ -1149,7 +1205,7 @@ std::string describe_policy(const PrecisionConfig& p) {
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding));
+             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p));
 }
 
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
@@ -1204,6 +1260,12 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
     p.attn_logits = NumFmt::fp32;
     p.attn_probs = NumFmt::fp32;
     p.elementwise_bf16 = false;
+    // The lab's FP32 ops (the FP32 trajectory's), not the emulator's compositions.
+    p.layernorm = LnOps::fused;
+    p.gelu = GeluOps::fused;
+    p.residual = ResidualPrec::elementwise;
+    p.bias = BiasPrec::fp32;
+    p.ln_beta_grad = true;
     // keep_gamma_q: the norm's affine weights stay as the forward pass used them (issue 17: no
     // change of the function through gamma at the switch).
     if (a == "to_fp32_keep_gamma_q") p.ln_affine = ln_affine;
@@ -1227,6 +1289,24 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
   } else if (a == "bf16_fwd_activations") {
     p.activation_bwd = p.activation_bwd_fmt();  // materialise `same` before `activation` changes
     p.activation = NumFmt::bf16;
+  } else if (a == "paper_emulator") {
+    // The arithmetic of the paper's emulator as its released code composes it (lab/model/README.md,
+    // "The paper's emulator"); formats, block size and `backward` stay as configured.
+    p.scale_rule = ScaleRule::floor;
+    p.bump = Bump::clamp;
+    p.rounding = Rounding::nearest_away;
+    p.rounding_weight.reset();
+    p.rounding_activation.reset();
+    p.rounding_grad.reset();
+    p.rounding_ln_affine.reset();
+    p.elementwise_bf16 = true;
+    p.elementwise_rounding = Rounding::nearest_away;
+    p.ln_affine = NumFmt::bf16;
+    p.layernorm = LnOps::vector;
+    p.gelu = GeluOps::vector_teacher;
+    p.residual = ResidualPrec::fp32;
+    p.bias = BiasPrec::elementwise;
+    p.ln_beta_grad = false;
   } else {
     throw Error(msg("intervention '", iv.name, "': unknown preset '", a, "'", hint_with_list(a, intervention_presets())));
   }
@@ -1393,7 +1473,9 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.rounding_of(PrecisionConfig::Role::ln_affine) == b.rounding_of(PrecisionConfig::Role::ln_affine) &&
          a.grad_wgrad == b.grad_wgrad && a.rounding_grad_wgrad == b.rounding_grad_wgrad &&
          a.elementwise_rounding == b.elementwise_rounding &&
-         a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs;
+         a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs &&
+         a.layernorm == b.layernorm && a.gelu == b.gelu && a.residual == b.residual && a.bias == b.bias &&
+         a.ln_beta_grad == b.ln_beta_grad;
 }
 bool operator==(const LogConfig& a, const LogConfig& b) {
   return a.log_every == b.log_every && a.bias_every == b.bias_every && a.spike_factor == b.spike_factor &&

@@ -77,6 +77,14 @@ struct ScheduleConfig {
   float lr_min = 0.0f;         // cosine floor
 };
 
+// How the MX step evaluates the ops between its GEMMs (lab/model/README.md, "The paper's
+// emulator"): the lab's fused ops (each rounded once, the default), or the MX emulation
+// library's (microxcaling) compositions of bf16 vector ops, as the proxy-model paper's code ran them.
+enum class LnOps : uint8_t { fused = 0, vector };                       // precision.layernorm
+enum class GeluOps : uint8_t { fused = 0, vector, vector_teacher };     // precision.gelu
+enum class ResidualPrec : uint8_t { elementwise = 0, fp32 };            // precision.residual
+enum class BiasPrec : uint8_t { fp32 = 0, elementwise };                // precision.bias
+
 // DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd/
 // grad_wgrad. By GEMM of a linear layer: Fprop Y = X W^T reads (activation, weight), Dgrad
 // dX = dY W reads (grad, weight_bwd), Wgrad dW = dY^T X reads (grad_wgrad, activation_bwd).
@@ -107,6 +115,16 @@ struct PrecisionConfig {
   // Attention GEMM operands (model.block: attention; lab/model/README.md "Attention"):
   std::optional<NumFmt> attn_logits;      // Q and K in S = Q K^T (and in dQ, dK); unset ("same") = activation
   std::optional<NumFmt> attn_probs;       // P and V in O = P V (and in dV, dP); unset ("same") = activation
+  // The emulator's op compositions (lab/model/README.md, "The paper's emulator"; MLP blocks only):
+  LnOps layernorm = LnOps::fused;         // vector: microxcaling's LayerNorm, forward and backward, in vector ops
+  GeluOps gelu = GeluOps::fused;          // vector: microxcaling's GeLU (tanh form in bf16 vector ops) for
+                                          // student and teacher; vector_teacher: for the teacher only
+  ResidualPrec residual = ResidualPrec::elementwise;  // fp32: the residual stream, its gradient and the
+                                          // loss gradient stay FP32 (their readers round them)
+  BiasPrec bias = BiasPrec::fp32;         // elementwise: fc2's bias rounded before it is added, its
+                                          // gradient after its sum (microxcaling's Linear)
+  bool ln_beta_grad = true;               // false: the layernorm bias gets no gradient (the paper's copy of
+                                          // microxcaling)
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }

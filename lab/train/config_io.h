@@ -46,7 +46,8 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 // ---- interventions (DESIGN.md section 6) ----
 // Presets and what each sets (nothing else changes):
 //   to_fp32              every role fp32 (weight_bwd, activation_bwd, attn_logits, attn_probs too), ln_affine
-//                        none, elementwise fp32
+//                        none, elementwise fp32; layernorm, gelu, residual, bias, ln_beta_grad at their
+//                        defaults (the lab's FP32 ops)
 //   skip_ln_quant        ln_affine none
 //   bump_exponent        scale_rule floor_bump, bump clamp
 //   bump_exponent_always scale_rule floor_bump, bump always
@@ -54,6 +55,11 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 //   bf16_activations     activation bf16, activation_bwd bf16
 //   bf16_weights         weight bf16, weight_bwd bf16
 //   bf16_fwd_activations activation bf16; activation_bwd keeps the format it resolved to
+//   paper_emulator       the arithmetic of the paper's emulator as its released code ran it (lab/model/
+//                        README.md, "The paper's emulator"): scale_rule floor, bump clamp, rounding
+//                        nearest_away (every role), elementwise bf16 nearest_away, ln_affine bf16,
+//                        layernorm vector, gelu vector_teacher, residual fp32, bias elementwise,
+//                        ln_beta_grad false; formats, block_size and backward as they were
 // (to_fp32 also sets grad_wgrad fp32.) Then `set:` applies precision fields (same names and
 // values as the precision section): first the GEMM fields gemm.fprop / gemm.dgrad / gemm.wgrad
 // (YAML `set: {gemm: {wgrad: F}}`), each setting its GEMM's two operand roles (fprop: weight,

@@ -141,24 +141,7 @@ bool Trainer::checkpoint_due(int64_t step) const {
   return false;
 }
 
-StepScalars Trainer::scalars(int64_t t) const {
-  StepScalars s;
-  s.step = static_cast<uint32_t>(t);
-  const auto& o = cfg_.optimizer;
-  const auto& sc = cfg_.schedule;
-  double lr = o.lr;
-  if (sc.warmup > 0 && t < sc.warmup) {
-    lr = o.lr * static_cast<double>(t + 1) / static_cast<double>(sc.warmup);
-  } else if (sc.name == SchedKind::cosine) {
-    const double span = std::max<double>(1.0, static_cast<double>(cfg_.steps - sc.warmup));
-    const double progress = std::min(1.0, static_cast<double>(t - sc.warmup) / span);
-    lr = sc.lr_min + 0.5 * (o.lr - sc.lr_min) * (1.0 + std::cos(M_PI * progress));
-  }
-  s.lr = static_cast<float>(lr);
-  s.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t + 1)));
-  s.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t + 1)));
-  return s;
-}
+StepScalars Trainer::scalars(int64_t t) const { return step_scalars(cfg_, t); }
 
 int Trainer::stats_base(int index) const { return index * cfg_.model.depth * kStatTensors; }
 
@@ -327,27 +310,11 @@ void Trainer::compute_phase(bool log, bool shadow) {
 
 void Trainer::update_phase(bool log) {
   const size_t np = static_cast<size_t>(shape_.num_params);
-  const auto& o = cfg_.optimizer;
   for (auto& t : traj_) {
     Trajectory& tr = *t;
     if (!live(tr)) continue;
     if (log) be_.copy(tr.prev, tr.params, np);
-    switch (o.name) {
-      case OptKind::adam:
-      case OptKind::adamw: {
-        Backend::AdamHyper h;
-        h.beta1 = o.beta1;
-        h.beta2 = o.beta2;
-        h.eps = o.eps;
-        h.weight_decay = o.weight_decay;
-        h.decoupled = o.name == OptKind::adamw;
-        be_.adam(tr.params, tr.grads, tr.m, tr.v, np, h);
-        break;
-      }
-      case OptKind::sgd:
-        be_.sgd(tr.params, tr.grads, tr.m, np, o.momentum, o.weight_decay);
-        break;
-    }
+    optimizer_step(be_, cfg_, tr.params, tr.grads, tr.m, tr.v, np);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -225,11 +226,30 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   // Every key but the lists `arms`, `interventions`, the 5 per-role roundings (inside the
   // `rounding` line) and precision.gemm with its 3 GEMMs (no field: it sets roles) is a leaf line.
   EXPECT_EQ(dl.size(), config_keys().size() - 11);
+  // Keys the attention fixture cannot change (a config error there) are changed below on MLP
+  // configs of their own.
+  const std::set<std::string> mlp_only = {"log.curvature_every", "precision.layernorm", "precision.gelu",
+                                          "precision.residual", "precision.bias", "precision.ln_beta_grad"};
   for (const auto& [k, v] : dl) {
-    if (k != "log.curvature_every") {
+    if (!mlp_only.count(k)) {
       EXPECT_NE(v, cl.at(k)) << k << " is unchanged in every_field_changed()";
     }
   }
+  RunConfig emu;  // the paper's emulator's op fields (MLP blocks only)
+  emu.precision.layernorm = LnOps::vector;
+  emu.precision.gelu = GeluOps::vector_teacher;
+  emu.precision.residual = ResidualPrec::fp32;
+  emu.precision.bias = BiasPrec::elementwise;
+  emu.precision.ln_beta_grad = false;
+  const std::string et = dump_config(emu);
+  const auto el = dump_leaves(et);
+  for (const char* k : {"precision.layernorm", "precision.gelu", "precision.residual", "precision.bias",
+                        "precision.ln_beta_grad"})
+    EXPECT_NE(el.at(k), dl.at(k)) << k;
+  EXPECT_TRUE(config_from_yaml_string(et, "dump.yaml") == emu);
+  RunConfig bad_emu = c;
+  bad_emu.precision.layernorm = LnOps::vector;
+  EXPECT_THROW(validate_config(bad_emu), Error);  // attention: the emulator's ops are MLP-only
   RunConfig curv;
   curv.log.curvature_every = 50;
   const std::string ct = dump_config(curv);
@@ -464,6 +484,11 @@ std::vector<std::string> changed_fields(const PrecisionConfig& a, const Precisio
   if (a.diagnostic_format != b.diagnostic_format) d.push_back("diagnostic_format");
   if (a.attn_logits_fmt() != b.attn_logits_fmt()) d.push_back("attn_logits");
   if (a.attn_probs_fmt() != b.attn_probs_fmt()) d.push_back("attn_probs");
+  if (a.layernorm != b.layernorm) d.push_back("layernorm");
+  if (a.gelu != b.gelu) d.push_back("gelu");
+  if (a.residual != b.residual) d.push_back("residual");
+  if (a.bias != b.bias) d.push_back("bias");
+  if (a.ln_beta_grad != b.ln_beta_grad) d.push_back("ln_beta_grad");
   return d;
 }
 
@@ -509,6 +534,10 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
         "attn_probs"}},
       {"snap_gamma", {}},
       {"reset_adam_v", {}},
+      // The paper's emulator: its arithmetic, not its formats (base.rounding is nearest_even).
+      {"paper_emulator",
+       {"ln_affine", "bump", "rounding", "elementwise_rounding", "layernorm", "gelu", "residual", "bias",
+        "ln_beta_grad"}},
   };
   for (const Expect& e : table) EXPECT_EQ(changed_fields(base, apply(base, e.preset)), e.changed) << e.preset;
   PrecisionConfig clamp_base = base;

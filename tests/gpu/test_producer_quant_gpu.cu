@@ -198,7 +198,7 @@ TEST(ProducerQuantGpu, OperandsEqualQuantizeBf16OfTheOutputBitForBit) {
           check_case({p, Act::gelu, f, r, ScaleRule::floor, Bump::clamp, first}, in1, in2, gam, bet, s);
           ++cases;
         }
-        for (Act a : {Act::relu, Act::gelu, Act::gelu_tanh, Act::linear}) {
+        for (Act a : {Act::relu, Act::gelu, Act::gelu_tanh, Act::linear, Act::gelu_vector}) {
           check_case({Producer::act_bwd, a, f, r, ScaleRule::floor, Bump::clamp, first}, in1, in2, gam, bet, s);
           if (a != Act::gelu) check_case({Producer::act_fwd, a, f, r, ScaleRule::floor, Bump::clamp, first}, in1, in2,
                                          gam, bet, s);
