@@ -20,6 +20,7 @@
 #include "lab/io/h5file.h"
 #include "lab/train/checkpoint.h"
 #include "lab/train/config_io.h"
+#include "lab/train/run_records.h"
 #include "lab/train/run_file.h"
 #include "lab/train/summary.h"
 #include "lab/train/trainer.h"
@@ -215,13 +216,12 @@ std::string peek(const std::string& path, const std::string& attr) {
 
 // Why `path` cannot be read whole ("" when it can).
 std::string damage_of(const std::string& path) {
-  std::lock_guard<std::mutex> g(hdf5_mutex());
-  try {
-    h5::H5File f(path, h5::H5File::Mode::read);
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  // What summarize calls unreadable, for the same reason: the file does not open whole, or it
+  // opens but is not a whole record of its run (a group of a finished run without its summary
+  // attributes, a trajectory missing: run_records.h).
+  const RunRecord r = read_run_record(path);  // takes hdf5_mutex itself
+  if (r.status != "unreadable") return "";
+  return r.error.empty() ? std::string("it cannot be read whole") : r.error;
 }
 
 // Earliest divergence over the MX arms recorded in a finished file, counted as the run's status
@@ -374,7 +374,8 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
       // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
-      if (!damage_of(out.path).empty()) {
+      bool whole = damage_of(out.path).empty();
+      if (!whole) {
         try {
           std::lock_guard<std::mutex> g(hdf5_mutex());
           RunFile::open(out.path);
@@ -383,12 +384,17 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
           out.error = e.what();
           return out;
         }
+        whole = damage_of(out.path).empty();
       }
-      out.status = "skipped";
-      std::pair<int64_t, std::string> excursion;
-      std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
-      std::tie(out.excursion_step, out.excursion_arm) = excursion;
-      return out;
+      // A finished file that is still not a whole record (no snapshot could mend it) is not a
+      // result: the run resumes from a checkpoint or starts again, and says so (below).
+      if (whole) {
+        out.status = "skipped";
+        std::pair<int64_t, std::string> excursion;
+        std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
+        std::tie(out.excursion_step, out.excursion_arm) = excursion;
+        return out;
+      }
     }
   }
 
