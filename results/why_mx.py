@@ -114,7 +114,7 @@ def main(argv=None):
     try:
         events = load(a.dir)
         seeds = sorted({s for s, _ in events})
-        print(f"E1: {len(seeds)} of {len(SEEDS)} seeds finished ({', '.join(map(str, seeds))}); "
+        print(f"{os.path.basename(os.path.normpath(a.dir))}: {len(seeds)} of {len(SEEDS)} seeds finished ({', '.join(map(str, seeds))}); "
               f"excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories")
         print(markdown_progress(progress(events), len(SEEDS)))
         if seeds == SEEDS:

@@ -87,3 +87,19 @@ def test_readme_progress_table_is_the_scripts(W):
     assert table in readme, "results/README.md section 13's table is not what results/why_mx.py prints"
     n = len({s for s, _ in events})
     assert f"**Progress: {n} of 40 seeds**" in readme
+
+
+def test_readme_paper_emulator_table_is_the_scripts(W):
+    d = os.path.join(ROOT, "results", "why_mx", "paper_emulator")
+    events = W.load(d)
+    assert {a for _, a in events} == {"fp32", "paper_emulator", "mx_ops"}
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    assert W.markdown_progress(W.progress(events), len(W.SEEDS)) in readme
+    # the pairing check: each seed's FP32 trajectory is E1's, block for block (bit-identical losses)
+    import glob
+    pe = W.R.read_blocks(glob.glob(os.path.join(d, "blocks_*.csv")))
+    e1 = W.R.read_blocks(glob.glob(os.path.join(E1, "blocks_*.csv")))
+    shared = [k for k in pe if k[2] == "fp32" and k in e1]
+    assert shared
+    for k in shared:
+        assert pe[k]["mins"] == e1[k]["mins"] and pe[k]["steps_run"] == e1[k]["steps_run"]
