@@ -220,8 +220,10 @@ std::string damage_of(const std::string& path) {
   // opens but is not a whole record of its run (a group of a finished run without its summary
   // attributes, a trajectory missing: run_records.h).
   const RunRecord r = read_run_record(path);  // takes hdf5_mutex itself
-  if (r.status != "unreadable") return "";
-  return r.error.empty() ? std::string("it cannot be read whole") : r.error;
+  if (r.readable) return "";
+  // This process holds the run's lock, so the record may say `running` rather than why.
+  if (r.status == "unreadable" && !r.error.empty()) return r.error;
+  return "it is not a whole record of its run (`mxlab summarize` of its folder says why)";
 }
 
 // Earliest divergence over the MX arms recorded in a finished file, counted as the run's status

@@ -304,6 +304,15 @@ TEST_F(RunFileSafety, FileThatIsNotAWholeRecordIsUnreadableAndExportFails) {
     expect_one_error_line(e);
     EXPECT_TRUE(contains(e.output, reason)) << e.output;
     EXPECT_TRUE(!file_exists(csv) || fs::is_empty(csv)) << "partial output in " << csv;
+    // `run` does not skip it as finished: it opens, but it is not a result. The run resumes from
+    // its checkpoint (or starts again, and says so) to a whole record.
+    fs::remove_all(csv);
+    const Proc r = run_mxlab({"run", yaml_, "--out", d, "--quiet"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_FALSE(contains(r.output, "skipped")) << r.output;
+    const Proc after = run_mxlab({"summarize", d, "--csv", "--no-index"});
+    EXPECT_FALSE(contains(after.output, "unreadable")) << after.output;
+    EXPECT_TRUE(contains(after.output, ",complete,")) << after.output;
   }
 }
 
