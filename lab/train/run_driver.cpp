@@ -371,6 +371,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
   }
 
   // A finished file of the same configuration is a result: never recompute it.
+  std::string finished_damage;  // a finished file of this run that is not a whole record: why
   if (file_exists(out.path)) {
     const std::string status = peek(out.path, "status");
     const std::string id = peek(out.path, "run_id");
@@ -390,6 +391,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       }
       // A finished file that is still not a whole record (no snapshot could mend it) is not a
       // result: the run resumes from a checkpoint or starts again, and says so (below).
+      if (!whole) finished_damage = damage_of(out.path);
       if (whole) {
         out.status = "skipped";
         std::pair<int64_t, std::string> excursion;
@@ -410,7 +412,10 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     std::string restart_why;  // why a file of this run that is there is replaced by a new one
     const bool had_file = file_exists(out.path);
     const std::string had_id = had_file ? peek(out.path, "run_id") : "";
-    if (had_file && had_id == out.run_id) {
+    if (!finished_damage.empty()) {
+      // Its results cannot be trusted in part: the run starts again rather than resume over it.
+      restart_why = msg("it is a finished run but damaged (", finished_damage, ")");
+    } else if (had_file && had_id == out.run_id) {
       const std::vector<int64_t> steps = list_checkpoints(opt.out_dir, out.run_id);
       for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
         const std::string p = checkpoint_path(opt.out_dir, out.run_id, *it);

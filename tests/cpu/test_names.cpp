@@ -24,6 +24,7 @@
 #include "lab/train/group_stats.h"
 #include "lab/train/index.h"
 #include "lab/train/names.h"
+#include "lab/train/run_events.h"
 #include "lab/train/run_records.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
@@ -437,7 +438,10 @@ TEST(NamesSummarize, BranchesPoolByKindNotByName) {
                        {"fp32"});
   GroupingOptions o{{kArmKey}};
   o.branches = true;
-  const GroupedOutcomes g = group_outcomes(scan_run_dir(dir.str()), o);
+  std::vector<RunRecord> recs = scan_run_dir(dir.str());
+  for (const RunRecord& r : recs) ASSERT_TRUE(r.readable) << r.path << ": " << r.status << " " << r.error;
+  read_events(recs, EventRules{});  // the per-step losses the groups' events come from
+  const GroupedOutcomes g = group_outcomes(recs, o);
   ASSERT_EQ(g.groups.size(), 3u);
   EXPECT_EQ(g.groups[0].values, std::vector<std::string>{"fp32"});
   EXPECT_EQ(g.groups[0].n, 2);
