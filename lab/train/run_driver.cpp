@@ -214,8 +214,8 @@ std::string peek(const std::string& path, const std::string& attr) {
   return RunFile::peek_root_str(path, attr);
 }
 
-// Why `path` cannot be read whole ("" when it can).
-std::string damage_of(const std::string& path) {
+// Why `path` is not a whole record of its run ("" when it is).
+std::string record_damage(const std::string& path) {
   // What summarize calls unreadable, for the same reason: the file does not open whole, or it
   // opens but is not a whole record of its run (a group of a finished run without its summary
   // attributes, a trajectory missing: run_records.h).
@@ -377,8 +377,8 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     const std::string id = peek(out.path, "run_id");
     if ((status == "complete" || status == "diverged") && id == out.run_id) {
       // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
-      bool whole = damage_of(out.path).empty();
-      if (!whole) {
+      finished_damage = record_damage(out.path);
+      if (!finished_damage.empty()) {
         try {
           std::lock_guard<std::mutex> g(hdf5_mutex());
           RunFile::open(out.path);
@@ -387,12 +387,11 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
           out.error = e.what();
           return out;
         }
-        whole = damage_of(out.path).empty();
+        finished_damage = record_damage(out.path);
       }
       // A finished file that is still not a whole record (no snapshot could mend it) is not a
-      // result: the run resumes from a checkpoint or starts again, and says so (below).
-      if (!whole) finished_damage = damage_of(out.path);
-      if (whole) {
+      // result: the run starts again from step 0 and says so (below).
+      if (finished_damage.empty()) {
         out.status = "skipped";
         std::pair<int64_t, std::string> excursion;
         std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
@@ -446,7 +445,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     // and simply has no checkpoint yet (killed early): anything else is said on stderr, in the
     // report and in the new file's `restart_reason`.
     if (had_file && !file && restart_why.empty()) {
-      const std::string damage = damage_of(out.path);
+      const std::string damage = record_damage(out.path);
       if (!damage.empty())
         restart_why = msg("it is damaged (", damage, ") and ",
                           had_id == out.run_id ? "no checkpoint of the run is valid" : "has no readable snapshot");
