@@ -8,12 +8,17 @@
 # on the same warm machine (runs/ is git-ignored and stays there).
 # e.g. bash experiments/paper/run_why_mx.sh $OUT 570 build gputests why_mx_e1=0/20
 # EXP names experiments/paper/EXP.yaml; SHARD/N is mxlab run's --shard (run k of the sweep is in
-# shard k mod N). Each shard runs with --gpus over every visible GPU (one run per GPU at a time);
-# its training is stopped 75 s before the deadline (SIGTERM: the run checkpoints and is marked
-# interrupted) so that the summaries are still written. Back in OUTDIR:
+# shard k mod N). The EXP=SHARD/N steps train at the same time, the visible GPUs dealt out among
+# them (with 4 GPUs and two shards of two seeds each, every GPU trains one seed; one run per GPU
+# at a time). Training is stopped 75 s before the deadline (SIGTERM: the run checkpoints and is
+# marked interrupted) so that the summaries are still written. Other steps (build, gputests,
+# digest) run first, in the order given. Back in OUTDIR:
 #   summary_EXP_SHARDofN.csv   mxlab summarize --csv of the shard's finished runs
 #   blocks_EXP_SHARDofN.csv    results/extract_loss_blocks.py, blocks of 100 steps (the endpoint's input)
 #   logs.tgz                   build, GPU-test and training logs, nvidia-smi
+#   digest_paper200.txt        (step `digest`) bench/dataset_digest.py of a 200-step CUDA run of
+#                              experiments/paper/fig4_baseline.yaml: the bit-for-bit reference of a
+#                              refactor (compare with the same step run on the new code)
 set -uo pipefail
 OUT=${1:?usage: run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N ...}
 DEADLINE=${2:?usage: run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N ...}
@@ -33,8 +38,10 @@ if [ -x .devbin/mxlab ]; then
 fi
 pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null; }
 trap pack EXIT
+SHARDS=()
 for step in "$@"; do
   left=$(( DEADLINE - ($(date +%s) - T0) ))
+  case "$step" in *=*/*) SHARDS+=("$step"); continue ;; esac
   echo "== $step ($left s left)"
   case "$step" in
     build)
@@ -48,17 +55,27 @@ for step in "$@"; do
       echo "gpu tests exit $?"
       grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED TEST|tests ran" "$LOGS/gpu_tests.log" | head -30
       ;;
-    *=*/*)
-      exp=${step%%=*}; shard=${step#*=}; tag="${exp}_${shard/\//of}"
-      [ -f "experiments/paper/$exp.yaml" ] || { echo "no experiments/paper/$exp.yaml"; exit 2; }
-      budget=$(( left - 75 ))
-      [ "$budget" -gt 60 ] || { echo "skipping $step: $left s left"; continue; }
-      echo "training $exp shard $shard on GPUs $GPUS for at most $budget s"
-      timeout -s TERM "$budget" "$BIN" run "experiments/paper/$exp.yaml" --gpus "$GPUS" --shard "$shard" \
-        --out "runs/$tag" > "$LOGS/train_$tag.log" 2>&1
-      echo "mxlab run exit $? after $(( $(date +%s) - T0 )) s"; tail -5 "$LOGS/train_$tag.log"
-      "$BIN" summarize "runs/$tag" --csv > "$OUT/summary_$tag.csv" 2> "$LOGS/summarize_$tag.err"
-      mapfile -t done_runs < <(python3 - "runs/$tag" <<'PY'
+    digest)
+      rm -rf runs/digest_paper200
+      "$BIN" run experiments/paper/fig4_baseline.yaml --device cuda --steps 200 --quiet \
+        --out runs/digest_paper200 > "$LOGS/digest.log" 2>&1 || { echo "digest run failed"; tail -5 "$LOGS/digest.log"; }
+      python3 bench/dataset_digest.py runs/digest_paper200/*.h5 > "$OUT/digest_paper200.txt"
+      echo "digest: $(wc -l < "$OUT/digest_paper200.txt") lines, $(sha256sum < "$OUT/digest_paper200.txt" | head -c 16)"
+      ;;
+    *) echo "unknown step '$step'"; exit 2 ;;
+  esac
+done
+
+# train_shard EXP SHARD/N GPUS BUDGET: one shard, its summary and loss blocks into OUTDIR.
+train_shard() {
+  local exp=$1 shard=$2 gpus=$3 budget=$4 tag="${1}_${2/\//of}"
+  echo "training $exp shard $shard on GPUs $gpus for at most $budget s"
+  timeout -s TERM "$budget" "$BIN" run "experiments/paper/$exp.yaml" --gpus "$gpus" --shard "$shard" \
+    --out "runs/$tag" > "$LOGS/train_$tag.log" 2>&1
+  echo "$tag: mxlab run exit $? after $(( $(date +%s) - T0 )) s"; tail -3 "$LOGS/train_$tag.log"
+  "$BIN" summarize "runs/$tag" --csv > "$OUT/summary_$tag.csv" 2> "$LOGS/summarize_$tag.err"
+  local done_runs
+  mapfile -t done_runs < <(python3 - "runs/$tag" <<'PY'
 import glob, sys, h5py
 for p in sorted(glob.glob(sys.argv[1] + "/*.h5")):
     try:
@@ -71,11 +88,28 @@ for p in sorted(glob.glob(sys.argv[1] + "/*.h5")):
         pass
 PY
 )
-      echo "finished runs: ${#done_runs[@]}"
-      if [ "${#done_runs[@]}" -gt 0 ]; then
-        python3 results/extract_loss_blocks.py "$OUT/blocks_$tag.csv" 100 "${done_runs[@]}"
-      fi
-      ;;
-    *) echo "unknown step '$step'"; exit 2 ;;
-  esac
-done
+  echo "$tag: finished runs: ${#done_runs[@]}"
+  if [ "${#done_runs[@]}" -gt 0 ]; then
+    python3 results/extract_loss_blocks.py "$OUT/blocks_$tag.csv" 100 "${done_runs[@]}"
+  fi
+}
+if [ "${#SHARDS[@]}" -gt 0 ]; then
+  left=$(( DEADLINE - ($(date +%s) - T0) ))
+  budget=$(( left - 75 ))
+  [ "$budget" -gt 60 ] || { echo "skipping ${SHARDS[*]}: $left s left"; exit 0; }
+  for step in "${SHARDS[@]}"; do
+    exp=${step%%=*}
+    [ -f "experiments/paper/$exp.yaml" ] || { echo "no experiments/paper/$exp.yaml"; exit 2; }
+  done
+  n=${#SHARDS[@]}
+  pids=()
+  for k in "${!SHARDS[@]}"; do
+    step=${SHARDS[$k]}
+    # GPUs k, k+n, k+2n, ... (every shard gets at least one: GPU k mod NGPU)
+    gpus=$(for ((g = k; g < NGPU; g += n)); do echo -n "$g,"; done)
+    gpus=${gpus%,}; [ -n "$gpus" ] || gpus=$(( k % NGPU ))
+    train_shard "${step%%=*}" "${step#*=}" "$gpus" "$budget" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+fi
