@@ -29,7 +29,7 @@ LR = 5e-4
 SEED0_RUN = "9f778bb8187d"  # instruments_lr5e-4_seed0.yaml
 
 
-# ---- statistics: results/stats_util.py (the same formulas as lab/train/stats.cpp) ----
+# ---- statistics: results/stats_util.py (the same formulas as lab/stats/stats.cpp) ----
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stats_util import diverged_at, fisher_power, fisher_two_sided, wilson  # noqa: E402
 

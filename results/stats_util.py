@@ -4,9 +4,9 @@ the exact power of a Fisher comparison, Holm's step-down
 correction, when a summarized trajectory counts as diverged to the end (the old rule, which looks
 into the future), the log-rank test and its seed-stratified form with a within-stratum
 label-permutation p (permutation_log_rank, the primary paired test of `mxlab summarize --compare`).
-The C++ twins are in lab/train/stats.cpp (analysis/tests check they agree).
+The C++ twins are in lab/stats/stats.cpp (analysis/tests check they agree).
 
-Loss-trajectory events, one definition each, twins of lab/train/summary.cpp (analysis/tests run
+Loss-trajectory events, one definition each, twins of lab/stats/loss_events.cpp (analysis/tests run
 `mxlab summarize --csv` and check both give the same numbers):
   excursion_step   the primary event, known W steps after it happens (no look into the future);
   spike_steps      first_spike_step / spike_count: the recurrent spike events;
@@ -85,7 +85,7 @@ def diverged_to_end_column(row):
 
 def diverged_at(row):
     """The step at which a trajectory of a `mxlab summarize --csv` row counts as diverged to the
-    end, as the run's status has it (lab/train/summary.h diverged_at): the earlier of its
+    end, as the run's status has it (lab/stats/loss_events.h diverged_at): the earlier of its
     diverged-to-end step and first_nonfinite_step that are >= 0; -1 when neither is."""
     steps = [s for s in (int(diverged_to_end_column(row)), int(row["first_nonfinite_step"])) if s >= 0]
     return min(steps) if steps else -1
@@ -172,7 +172,7 @@ def excursion_block(block_mins, factor=10.0, run=5):
 
 
 def spike_steps(loss, factor=100.0, first_step=0):
-    """The steps at which the loss spikes (lab/train/summary.cpp, the run's spike_count): step
+    """The steps at which the loss spikes (lab/stats/loss_events.cpp, the run's spike_count): step
     first_step + i, i >= 1, is a spike when loss[i - 1] is finite and loss[i] > factor x loss[i - 1],
     a non-finite loss[i] counting as +inf. first_spike_step is the first of them (-1 if none),
     spike_count their number: the recurrent events of a trajectory."""
@@ -196,7 +196,7 @@ def spike_count(loss, factor=100.0, first_step=0):
 
 
 def _median(xs):
-    """As lab/train/stats.cpp median: the mean of the middle two of an even count."""
+    """As lab/stats/stats.cpp median: the mean of the middle two of an even count."""
     xs = sorted(xs)
     n = len(xs)
     if n == 0:
@@ -247,7 +247,7 @@ def tail_log_ratio(loss_arm, loss_ref, last=2000, first_arm=0, first_ref=0):
 def log_rank(a, b):
     """(observed_a, expected_a, variance) of the log-rank test of two samples of (time, event)
     observations, summed over the distinct event times in ascending order exactly as
-    lab/train/stats.cpp log_rank does (at risk at t: time >= t)."""
+    lab/stats/stats.cpp log_rank does (at risk at t: time >= t)."""
     times = sorted({t for t, e in list(a) + list(b) if e})
     o = e_a = v = 0.0
     for t in times:
@@ -271,7 +271,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def _splitmix64(state):
-    """One step of splitmix64: (new state, output), as lab/train/stats.cpp draws them."""
+    """One step of splitmix64: (new state, output), as lab/stats/stats.cpp draws them."""
     state = (state + 0x9e3779b97f4a7c15) & _MASK64
     z = state
     z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & _MASK64
@@ -282,7 +282,7 @@ def _splitmix64(state):
 def permutation_log_rank(strata, max_exact=PERMUTATION_MAX_EXACT, draws=PERMUTATION_DRAWS,
                          seed=PERMUTATION_SEED):
     """Stratified log-rank with a within-stratum label-permutation p, the twin of
-    lab/train/stats.cpp permutation_log_rank (`mxlab summarize --by ... --compare`).
+    lab/stats/stats.cpp permutation_log_rank (`mxlab summarize --by ... --compare`).
 
     strata: a list of strata, each a list of (time, event, in_a) subjects (a seed stratum: the
     trajectories of one seed). Per stratum u = O_a - E_a and v its variance (log_rank over the

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import schema as S
 
-DEFAULT_SPIKE_FACTOR = 100.0       # log.spike_factor default (lab/train/config.h)
+DEFAULT_SPIKE_FACTOR = 100.0       # log.spike_factor default (lab/config/config.h)
 DEFAULT_DIVERGENCE_FACTOR = 10.0   # log.divergence_factor default
 SPIKE_SCORE_WINDOW = 8             # mxnorm appendix J: rolling minimum over 8 steps
 SPIKE_SCORE_TAIL = 0.3             # ... sigma over the last 30 % of steps

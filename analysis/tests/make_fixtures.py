@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from mxlab_analysis import metrics  # noqa: E402
 from mxlab_analysis import schema as S  # noqa: E402
 
-# The defaults of lab/train/config.h, in the nesting `mxlab dump-config` prints.
+# The defaults of lab/config/config.h, in the nesting `mxlab dump-config` prints.
 DEFAULT_CONFIG = {
     "name": "run", "seed": 0, "steps": 1000, "device": "auto",
     "model": {"depth": 4, "width": 512, "hidden_mult": 4, "activation": "gelu",

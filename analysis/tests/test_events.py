@@ -176,7 +176,7 @@ def test_permutation_log_rank_hand_worked():
 
 def test_permutation_log_rank_general_strata_and_draws():
     """Strata of 2-4 subjects against a brute-force enumeration; the draws path against the
-    values lab/train/stats.cpp gives (tests/cpu/test_stats.cpp pins the same numbers)."""
+    values lab/stats/stats.cpp gives (tests/cpu/test_stats.cpp pins the same numbers)."""
     def st(rows):
         return [(t, bool(e), bool(a)) for t, e, a in rows]
     strata = [st([(100, 1, 1), (200, 1, 0), (300, 0, 0)]), st([(150, 1, 0), (150, 1, 1), (400, 0, 1), (120, 1, 0)]),

@@ -1,5 +1,5 @@
 """results/figures_instruments.py: sections 7-8 of results/README.md recomputed from the committed
-CSVs; its statistics agree with mxlab summarize's (lab/train/stats.cpp) on the same runs."""
+CSVs; its statistics agree with mxlab summarize's (lab/stats/stats.cpp) on the same runs."""
 
 import csv
 import math

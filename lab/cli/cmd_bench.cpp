@@ -47,10 +47,10 @@
 #include "lab/model/curvature.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config_io.h"
-#include "lab/train/memory_estimate.h"
-#include "lab/train/run_file.h"
-#include "lab/train/sweep.h"
+#include "lab/config/config_io.h"
+#include "lab/runs/memory_estimate.h"
+#include "lab/runs/run_file.h"
+#include "lab/config/sweep.h"
 #include "lab/train/trainer.h"
 #ifdef MXLAB_HAVE_CUDA
 #include "kernels/bench_support.h"
@@ -237,7 +237,7 @@ struct Bench {
   }
   void fwd_bwd(const float* params, Workspace& ws, float* grads, const PassPolicy& pol) {
     forward(be, S, params, x, ws, pol);
-    loss_and_grad(be, cfg, target, ws, pol, nullptr);
+    loss_and_grad(be, cfg.loss_spec(), target, ws, pol, nullptr);
     backward(be, S, params, x, ws, grads, pol);
   }
   void step32() {
@@ -564,7 +564,7 @@ void run_bench(const Args& a) {
   if (curv) {
     if (a.curvature_iters < 2) throw Error(msg("--curvature-iters must be at least 2 (got ", a.curvature_iters, ")"));
     fb_ms = time_region(kKeyFwdBwd, [&] { bench.fwd_bwd(bench.p32, bench.ws32, bench.g32, bench.pol32); });
-    Curvature curvature(*be, bench.S, cfg, bench.B);
+    Curvature curvature(*be, bench.S, cfg.loss_spec(), cfg.seed, bench.B);
     const StepScalars sc = bench.scalars(static_cast<uint32_t>(steps + warmup));
     be->set_step(sc);
     auto time_measure = [&](const float* v) {

@@ -9,11 +9,11 @@
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
-#include "lab/train/checkpoint.h"
-#include "lab/train/config_io.h"
-#include "lab/train/names.h"
-#include "lab/train/run_driver.h"
-#include "lab/train/run_file.h"
+#include "lab/runs/checkpoint.h"
+#include "lab/config/config_io.h"
+#include "lab/config/names.h"
+#include "lab/runs/run_driver.h"
+#include "lab/runs/run_file.h"
 #include "lab/train/trainer.h"
 
 namespace mxlab::cli {
@@ -59,7 +59,7 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
                 const std::string& run_id, const std::string& run_status);
 
 int do_branch(const BranchArgs& a) {
-  // The names first (lab/train/names.h): --name is a new branch's, --from names an arm.
+  // The names first (lab/config/names.h): --name is a new branch's, --from names an arm.
   if (const std::string p = branch_name_problem(a.name); !p.empty())
     throw Error(msg("--name ", quoted_name(a.name), " ", p));
   if (const std::string p = plain_name_problem(a.from); !p.empty())

@@ -10,8 +10,8 @@
 #include "lab/cli/commands.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
-#include "lab/train/config_io.h"
-#include "lab/train/sweep.h"
+#include "lab/config/config_io.h"
+#include "lab/config/sweep.h"
 
 namespace mxlab::cli {
 namespace {

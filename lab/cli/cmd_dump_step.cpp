@@ -41,9 +41,9 @@
 #include "lab/model/elementwise.h"
 #include "lab/model/mlp.h"
 #include "lab/train/batch.h"
-#include "lab/train/config_io.h"
-#include "lab/train/memory_estimate.h"
-#include "lab/train/table_text.h"
+#include "lab/config/config_io.h"
+#include "lab/runs/memory_estimate.h"
+#include "lab/io/table_text.h"
 
 namespace mxlab::cli {
 namespace {
@@ -133,7 +133,7 @@ void dump_step(const Args& a) {
     target = mx_target;
   }
   forward(*be, S, P, x, ws, pol);
-  loss_and_grad(*be, cfg, target, ws, pol, nullptr);
+  loss_and_grad(*be, cfg.loss_spec(), target, ws, pol, nullptr);
   backward(*be, S, P, x, ws, G, pol);
   const std::vector<float> grads = host(*be, G, sp.size());
   optimizer_step(*be, cfg, P, G, M, V, sp.size());

@@ -10,7 +10,7 @@
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/backends/backends.h"
 #include "lab/train/eval.h"
 

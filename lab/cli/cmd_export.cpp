@@ -1,6 +1,6 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
-// HDF5 (file names and number format: lab/train/csv_export.h); `--snapshot S --npy DIR`: the
-// parameter snapshots of step S as .npy files (lab/train/snapshot_export.h).
+// HDF5 (file names and number format: lab/report/csv_export.h); `--snapshot S --npy DIR`: the
+// parameter snapshots of step S as .npy files (lab/report/snapshot_export.h).
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,8 +16,8 @@
 #include "lab/core/error.h"
 #include "lab/io/out_file.h"
 #include "lab/io/writable_dir.h"
-#include "lab/train/csv_export.h"
-#include "lab/train/snapshot_export.h"
+#include "lab/report/csv_export.h"
+#include "lab/report/snapshot_export.h"
 
 namespace mxlab::cli {
 namespace {

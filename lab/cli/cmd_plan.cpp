@@ -9,7 +9,7 @@
 
 #include "lab/core/text_table.h"
 #include "lab/cli/commands.h"
-#include "lab/train/sweep.h"
+#include "lab/config/sweep.h"
 
 namespace mxlab::cli {
 namespace {

@@ -16,13 +16,13 @@
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
 #include "lab/io/writable_dir.h"
-#include "lab/train/checkpoint.h"
-#include "lab/train/index.h"
-#include "lab/train/memory_estimate.h"
-#include "lab/train/run_driver.h"
-#include "lab/train/run_file.h"
-#include "lab/train/sweep.h"
-#include "lab/train/sweep_runner.h"
+#include "lab/runs/checkpoint.h"
+#include "lab/runs/index.h"
+#include "lab/runs/memory_estimate.h"
+#include "lab/runs/run_driver.h"
+#include "lab/runs/run_file.h"
+#include "lab/config/sweep.h"
+#include "lab/runs/sweep_runner.h"
 
 namespace mxlab::cli {
 namespace {

@@ -14,10 +14,10 @@
 #include "lab/cli/commands.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
-#include "lab/train/group_stats.h"
-#include "lab/train/index.h"
-#include "lab/train/run_events.h"
-#include "lab/train/summary_table.h"
+#include "lab/report/group_stats.h"
+#include "lab/runs/index.h"
+#include "lab/report/run_events.h"
+#include "lab/report/summary_table.h"
 
 namespace mxlab::cli {
 namespace {

@@ -31,7 +31,7 @@ namespace mxlab::h5 {
 // saying on one line why the file cannot be read whole. Recent images are kept by file version
 // (device, inode, size, modification time), so opening one file several times in a row forks
 // once. In a multi-threaded program no other thread may be inside HDF5 meanwhile (mxlab holds
-// hdf5_mutex() around HDF5 calls, lab/train/run_driver.h): the child starts as a copy of this
+// hdf5_mutex() around HDF5 calls, lab/runs/run_driver.h): the child starts as a copy of this
 // process.
 std::shared_ptr<const std::string> clean_image(const std::string& path);
 

@@ -36,7 +36,7 @@ namespace {
 // A file whose close failed (its disk is full, so the final flush fails) stays in HDF5's table
 // of open ids with its memory already freed, and the teardown at exit then crashes (SIGSEGV in
 // H5F__close_cb, HDF5 1.10.8). mxlab closes every file it opens before it exits, and the run
-// files are recoverable from their snapshots by design (lab/train/run_file.h), so nothing
+// files are recoverable from their snapshots by design (lab/runs/run_file.h), so nothing
 // relies on that teardown.
 void silence_hdf5_printing() {
   static const bool process_once = [] {
@@ -86,7 +86,7 @@ StackText hdf5_error_stack() {
 [[noreturn]] void fail(const std::string& what, const std::string& file, const std::string& object = "") {
   const StackText st = hdf5_error_stack();
   // Only the file system's refusals; e.g. a lock held by another process (EAGAIN) keeps HDF5's
-  // own text, which lab/train/run_file.cpp recognises.
+  // own text, which lab/runs/run_file.cpp recognises.
   const bool refused = st.err == ENOSPC || st.err == EDQUOT || st.err == EROFS || st.err == EACCES ||
                        st.err == EPERM || st.err == EFBIG || st.err == EIO;
   if (refused) {

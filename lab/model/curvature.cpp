@@ -44,12 +44,10 @@ int64_t Curvature::floats(const NetShape& s, int64_t probe_rows) {
   return HvpWorkspace::floats(s, probe_rows) + 6 * s.num_params + 2 * probe_rows * s.d;
 }
 
-Curvature::Curvature(Backend& be, const NetShape& student, const RunConfig& cfg, int64_t probe_rows)
-    : be_(be), s_(student), cfg_(cfg), rows_(probe_rows) {
+Curvature::Curvature(Backend& be, const NetShape& student, const LossSpec& loss, uint64_t seed, int64_t probe_rows)
+    : be_(be), s_(student), loss_(loss), seed_(seed), rows_(probe_rows) {
   if (probe_rows <= 0) throw Error(msg("log.probe_batch must be positive (got ", probe_rows, ")"));
   if (!student.residual) throw Error("curvature: Hessian-vector products are implemented for the residual student only");
-  if (cfg.model.width != student.d)
-    throw Error(msg("curvature: model.width ", cfg.model.width, " does not match the network's width ", student.d));
   n_ = static_cast<size_t>(s_.num_params);
   ws_ = HvpWorkspace::make(be_, s_, rows_);
   for (float** p : {&params_, &dscale_, &vin_, &hout_, &tmp_, &q_prev_}) *p = be_.alloc(n_);
@@ -64,7 +62,7 @@ void Curvature::prepare(const float* params, const float* x, const float* y) {
   be_.copy(params_, params, n_);
   be_.copy(x_, x, static_cast<size_t>(rows_ * s_.d));
   be_.copy(y_, y, static_cast<size_t>(rows_ * s_.d));
-  hvp_prepare(be_, s_, cfg_, params_, x_, y_, ws_);
+  hvp_prepare(be_, s_, loss_, seed_, params_, x_, y_, ws_);
 }
 
 void Curvature::hvp(const float* v, float* hv) {
@@ -73,12 +71,12 @@ void Curvature::hvp(const float* v, float* hv) {
   be_.copy(hv, hout_, n_);
 }
 
-void Curvature::hvp_body() { hvp_apply(be_, s_, cfg_, params_, vin_, hout_, ws_); }
+void Curvature::hvp_body() { hvp_apply(be_, s_, loss_, seed_, params_, vin_, hout_, ws_); }
 
 // D H D vin_ with D = P^{-1/2} = dscale_.
 void Curvature::precond_body() {
   be_.mul(tmp_, vin_, dscale_, n_);
-  hvp_apply(be_, s_, cfg_, params_, tmp_, hout_, ws_);
+  hvp_apply(be_, s_, loss_, seed_, params_, tmp_, hout_, ws_);
   be_.mul(hout_, hout_, dscale_, n_);
 }
 

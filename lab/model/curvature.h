@@ -12,7 +12,7 @@
 #include "lab/model/backend.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/model/model_config.h"
 
 namespace mxlab {
 
@@ -32,7 +32,7 @@ class Curvature {
   // sized vectors and a copy of the probe batch. On a backend with graph capture (CUDA) the
   // two products are recorded once and replayed, under capture keys of its own (negative,
   // unique per object: the trainer's keys are non-negative).
-  Curvature(Backend& be, const NetShape& student, const RunConfig& cfg, int64_t probe_rows);
+  Curvature(Backend& be, const NetShape& student, const LossSpec& loss, uint64_t seed, int64_t probe_rows);
 
   // One measurement at `params` (the flat FP32 parameters) on the probe batch x, y
   // ([probe_rows x d], backend memory). adam_v: Adam's second moment (null: no preconditioner,
@@ -71,7 +71,8 @@ class Curvature {
 
   Backend& be_;
   NetShape s_;
-  RunConfig cfg_;
+  LossSpec loss_;
+  uint64_t seed_;
   int64_t rows_ = 0;
   size_t n_ = 0;  // parameters
   HvpWorkspace ws_;

@@ -30,10 +30,10 @@ float* at(const NetShape& s, float* base, int layer, ParamGroup::Kind kind) {
   return g ? base + g->offset : nullptr;
 }
 
-void check_supported(const NetShape& s, const RunConfig& cfg, const HvpWorkspace& ws) {
+void check_supported(const NetShape& s, const LossSpec& loss, const HvpWorkspace& ws) {
   if (!s.residual) throw Error("curvature: Hessian-vector products are implemented for the residual student only");
-  if (cfg.loss == LossKind::kl && !(cfg.kl_temperature > 0.0f))
-    throw Error(msg("kl_temperature must be positive (got ", cfg.kl_temperature, ")"));
+  if (loss.kind == LossKind::kl && !(loss.kl_temperature > 0.0f))
+    throw Error(msg("kl_temperature must be positive (got ", loss.kl_temperature, ")"));
   MXLAB_ASSERT(static_cast<int>(ws.gA.size()) == s.depth && ws.batch > 0,
                "HVP workspace was not made for this network (depth ", s.depth, ", workspace ", ws.gA.size(), ")");
 }
@@ -99,15 +99,15 @@ int hvp_gemms(const NetShape& s) {
   return n;
 }
 
-void hvp_prepare(Backend& be, const NetShape& s, const RunConfig& cfg, const float* params, const float* x,
+void hvp_prepare(Backend& be, const NetShape& s, const LossSpec& loss, uint64_t seed, const float* params, const float* x,
                  const float* target, HvpWorkspace& ws) {
-  check_supported(s, cfg, ws);
+  check_supported(s, loss, ws);
   PassPolicy pol;
   pol.p = PrecisionConfig::fp32();
-  pol.seed = cfg.seed;
+  pol.seed = seed;
   Workspace& w = ws.primal;
   forward(be, s, params, x, w, pol);
-  loss_and_grad(be, cfg, target, w, pol, nullptr);  // dout = gA[L-1]
+  loss_and_grad(be, loss, target, w, pol, nullptr);  // dout = gA[L-1]
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
   // The chain of input gradients only (the parameter gradients are not needed).
   for (int k = s.depth - 1; k >= 0; --k) {
@@ -128,9 +128,9 @@ void hvp_prepare(Backend& be, const NetShape& s, const RunConfig& cfg, const flo
   }
 }
 
-void hvp_apply(Backend& be, const NetShape& s, const RunConfig& cfg, const float* params, const float* v, float* hv,
+void hvp_apply(Backend& be, const NetShape& s, const LossSpec& loss, uint64_t seed, const float* params, const float* v, float* hv,
                HvpWorkspace& ws) {
-  check_supported(s, cfg, ws);
+  check_supported(s, loss, ws);
   MXLAB_ASSERT(v != nullptr && hv != nullptr && v != hv, "hvp_apply needs distinct input and output vectors");
   const Workspace& w = ws.primal;
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
@@ -166,12 +166,12 @@ void hvp_apply(Backend& be, const NetShape& s, const RunConfig& cfg, const float
 
   // ---- the loss Hessian in the output: R{dout} = H_out R{out} ----
   const float* rout = ws.rA[s.depth];
-  switch (cfg.loss) {
+  switch (loss.kind) {
     case LossKind::mse:
       be.axpby(ws.rdA, rout, mse_grad_scale(B * d), 0.0f, bd);  // (2/n) R{out}
       break;
     case LossKind::kl:
-      be.loss_kl_tangent(w.out, rout, ws.rdA, B, d, cfg.kl_temperature);
+      be.loss_kl_tangent(w.out, rout, ws.rdA, B, d, loss.kl_temperature);
       break;
   }
 

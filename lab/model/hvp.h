@@ -11,7 +11,7 @@
 
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/model/model_config.h"
 
 namespace mxlab {
 
@@ -50,13 +50,13 @@ int hvp_gemms(const NetShape& s);
 // The primal pass at `params` on (x [B x d], target [B x d]): forward, loss (into
 // ws.primal.loss[0]), dout and the per-layer input gradients. Throws mxlab::Error for a
 // configuration the product does not support.
-void hvp_prepare(Backend& be, const NetShape& s, const RunConfig& cfg, const float* params, const float* x,
+void hvp_prepare(Backend& be, const NetShape& s, const LossSpec& loss, uint64_t seed, const float* params, const float* x,
                  const float* target, HvpWorkspace& ws);
 
 // hv = H v, H the Hessian of the FP32 loss with respect to the flat parameters, at the point of
 // the last hvp_prepare (same params). v and hv have the parameter layout; every group of hv is
 // written. Asynchronous like the ops it issues (no synchronisation, no allocation).
-void hvp_apply(Backend& be, const NetShape& s, const RunConfig& cfg, const float* params, const float* v, float* hv,
+void hvp_apply(Backend& be, const NetShape& s, const LossSpec& loss, uint64_t seed, const float* params, const float* v, float* hv,
                HvpWorkspace& ws);
 
 }  // namespace mxlab

@@ -430,6 +430,7 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   const size_t bh1 = static_cast<size_t>(batch * s.hidden_in);
   Workspace ws;
   ws.batch = batch;
+  ws.width = s.d;
   for (int k = 0; k < s.depth; ++k) {
     ws.a_in.push_back(be.alloc(bd));
     // Without LN the W1 input is the residual stream itself: alias it, keep no xhat/rstd.
@@ -566,22 +567,22 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   }
 }
 
-void loss_and_grad(Backend& be, const RunConfig& cfg, const float* target, Workspace& ws, const PassPolicy& pol,
+void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Workspace& ws, const PassPolicy& pol,
                    float* loss_history) {
-  MXLAB_ASSERT(target != nullptr && ws.out != nullptr, "loss without output or target");
+  MXLAB_ASSERT(target != nullptr && ws.out != nullptr && ws.width > 0, "loss without output or target");
   // dout starts the backward pass, so `backward: false` leaves it in FP32 too; so does
   // precision.residual: fp32 (dout is the residual stream's gradient).
   const ElementwiseRound R =
       pol.p.backward ? residual_round(pass_ops(pol.p), policy_round(pol.p)) : ElementwiseRound{};
-  const int64_t B = ws.batch, d = cfg.model.width;
-  switch (cfg.loss) {
+  const int64_t B = ws.batch, d = ws.width;
+  switch (loss.kind) {
     case LossKind::mse:
       be.loss_mse(ws.out, target, ws.dout, ws.loss, loss_history, B, d, R);
       break;
     case LossKind::kl:
-      if (!(cfg.kl_temperature > 0.0f))
-        throw Error(msg("kl_temperature must be positive (got ", cfg.kl_temperature, ")"));
-      be.loss_kl(ws.out, target, ws.dout, ws.loss, loss_history, B, d, cfg.kl_temperature, R);
+      if (!(loss.kl_temperature > 0.0f))
+        throw Error(msg("kl_temperature must be positive (got ", loss.kl_temperature, ")"));
+      be.loss_kl(ws.out, target, ws.dout, ws.loss, loss_history, B, d, loss.kl_temperature, R);
       break;
   }
 }

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "lab/model/backend.h"
-#include "lab/train/config.h"
+#include "lab/model/model_config.h"
 
 namespace mxlab {
 
@@ -109,6 +109,7 @@ NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t);
 // Activation storage for one forward/backward pass of a network at batch B.
 struct Workspace {
   int64_t batch = 0;
+  int64_t width = 0;          // d: columns of the output and its gradient
   std::vector<float*> a_in;   // [L] residual stream entering block k   [B x d]
   std::vector<float*> ln_y;   // [L] layernorm output (= a_in without LN) [B x d]
   std::vector<float*> xhat;   // [L] normalised input                    [B x d]
@@ -159,7 +160,7 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
 
 // Loss of ws.out against target, its gradient into ws.dout (loss value into ws.loss[0] and,
 // when loss_history != null, loss_history[step]).
-void loss_and_grad(Backend& be, const RunConfig& cfg, const float* target, Workspace& ws, const PassPolicy& pol,
+void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Workspace& ws, const PassPolicy& pol,
                    float* loss_history);
 
 // Backward pass after forward + loss_and_grad: writes the flat gradient `grads`

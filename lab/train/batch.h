@@ -7,7 +7,7 @@
 
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 
 namespace mxlab {
 

@@ -7,7 +7,7 @@
 #include "lab/io/h5file.h"
 #include "lab/model/mlp.h"
 #include "lab/train/batch.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 
 namespace mxlab {
 
@@ -102,7 +102,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
       snap_norm_affine(be, S, snapped, PassPolicy{own, cfg.seed}, be.alloc(static_cast<size_t>(S.d)));
     }
     forward(be, S, snap ? snapped : p, x, ws, pp);
-    loss_and_grad(be, lcfg, y, ws, pp, nullptr);
+    loss_and_grad(be, lcfg.loss_spec(), y, ws, pp, nullptr);
     return static_cast<double>(be.read_scalar(ws.loss));
   };
   std::vector<EvalRow> out;

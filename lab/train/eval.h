@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lab/model/backend.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 
 namespace mxlab {
 

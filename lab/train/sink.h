@@ -1,5 +1,5 @@
 // Where a run's metrics go. The trainer emits rows through this interface; RunFile
-// (lab/train/run_file.h) writes them to HDF5 per lab/train/SCHEMA.md, and tests use the
+// (lab/runs/run_file.h) writes them to HDF5 per lab/train/SCHEMA.md, and tests use the
 // in-memory MemorySink. Keeping the trainer ignorant of HDF5 keeps both simple.
 #pragma once
 #include <algorithm>

@@ -19,8 +19,8 @@
 
 #include "lab/core/error.h"
 #include "lab/train/batch.h"
-#include "lab/train/config_io.h"
-#include "lab/train/names.h"
+#include "lab/config/config_io.h"
+#include "lab/config/names.h"
 
 namespace mxlab {
 
@@ -119,7 +119,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     probe_y_ = be_.alloc(static_cast<size_t>(probe_rows_ * d));
     make_probe_batch(be_, cfg_, teacher_shape_, teacher_params_, probe_rows_, probe_x_, probe_y_);
   }
-  if (cfg_.log.curvature_every > 0) curvature_ = std::make_unique<Curvature>(be_, shape_, cfg_, probe_rows_);
+  if (cfg_.log.curvature_every > 0) curvature_ = std::make_unique<Curvature>(be_, shape_, cfg_.loss_spec(), cfg_.seed, probe_rows_);
 }
 
 int Trainer::train_lane(int j) const { return lanes_ > 1 ? 1 + (2 * j) % (lanes_ - 1) : kLaneMain; }
@@ -256,7 +256,7 @@ void Trainer::write_snapshots() {
 void Trainer::gradient_pass(const float* params, const float* targets, Workspace& ws, const PassPolicy& pol,
                             float* grads, float* loss_hist) {
   forward(be_, shape_, params, x_, ws, pol);
-  loss_and_grad(be_, cfg_, targets, ws, pol, loss_hist);
+  loss_and_grad(be_, cfg_.loss_spec(), targets, ws, pol, loss_hist);
   backward(be_, shape_, params, x_, ws, grads, pol);
 }
 

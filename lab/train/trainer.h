@@ -13,9 +13,9 @@
 #include "lab/model/curvature.h"
 #include "lab/model/mlp.h"
 #include "lab/train/capture_key.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 #include "lab/train/sink.h"
-#include "lab/train/summary.h"
+#include "lab/stats/loss_events.h"
 #include "lab/train/trajectory.h"
 
 namespace mxlab {
@@ -82,7 +82,7 @@ class Trainer {
   // depend on it.
   void set_shadow_flush_every(int64_t steps) { shadow_flush_every_ = steps < 1 ? 1 : steps; }
 
-  // ---- state for checkpoints (lab/train/checkpoint.h) ----
+  // ---- state for checkpoints (lab/runs/checkpoint.h) ----
   // Restore the step counter (after restoring trajectory buffers and bookkeeping).
   void set_step(int64_t step) { step_ = step; }
   std::vector<float> download(const float* p, size_t n);

@@ -10,12 +10,12 @@
 
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 
 namespace mxlab {
 
 // What a trajectory is. Code that treats the FP32 trajectory, the arms or the branches apart
-// asks this, never the name (names are checked in lab/train/names.h, but a file or a checkpoint
+// asks this, never the name (names are checked in lab/config/names.h, but a file or a checkpoint
 // read back is only data).
 enum class TrajectoryKind {
   fp32,    // the FP32 reference, trajectories/fp32

@@ -16,7 +16,7 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
 #include "lab/io/npy.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/eval.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"

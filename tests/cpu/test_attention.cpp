@@ -17,7 +17,7 @@
 #include "lab/model/elementwise.h"
 #include "lab/model/mlp.h"
 #include "lab/mx/quantize.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/trainer.h"
 
 using namespace mxlab;
@@ -254,7 +254,7 @@ TEST(AttentionModel, MxStatisticsCountEveryOperandAndRolesMatter) {
     pol.collect_stats = stats;
     be->reset_stats(s.depth * kStatTensors);
     forward(*be, s, P.p(), X.p(), ws, pol);
-    loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+    loss_and_grad(*be, cfg.loss_spec(), Tg.p(), ws, pol, nullptr);
     backward(*be, s, P.p(), X.p(), ws, G.p(), pol);
     return std::make_pair(be->read_scalar(ws.loss), G.v);
   };
@@ -308,7 +308,7 @@ TEST(AttentionModel, MxNormFoldsItsGainIntoTheWeight) {
       PassPolicy pol;
       pol.p.block_size = 16;
       forward(*be, s, P.p(), X.p(), ws, pol);
-      loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+      loss_and_grad(*be, cfg.loss_spec(), Tg.p(), ws, pol, nullptr);
       backward(*be, s, P.p(), X.p(), ws, G.p(), pol);
       ASSERT_TRUE(std::isfinite(be->read_scalar(ws.loss)));
       for (const ParamGroup& g : s.groups) {
@@ -345,12 +345,12 @@ TEST(AttentionModel, GainGradientsOfEveryLayerAndSiteMatchFiniteDifferences) {
   pol.p.elementwise_bf16 = false;
   auto loss_at = [&](std::vector<float> params) {
     forward(*be, s, params.data(), X.p(), ws, pol);
-    loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+    loss_and_grad(*be, cfg.loss_spec(), Tg.p(), ws, pol, nullptr);
     return static_cast<double>(be->read_scalar(ws.loss));
   };
   Host P(init);
   forward(*be, s, P.p(), X.p(), ws, pol);
-  loss_and_grad(*be, cfg, Tg.p(), ws, pol, nullptr);
+  loss_and_grad(*be, cfg.loss_spec(), Tg.p(), ws, pol, nullptr);
   backward(*be, s, P.p(), X.p(), ws, G.p(), pol);
   int checked = 0;
   for (const ParamGroup& g : s.groups) {

@@ -22,8 +22,8 @@
 #include <sys/wait.h>
 
 #include "lab/core/error.h"
-#include "lab/train/config_io.h"
-#include "lab/train/sweep.h"
+#include "lab/config/config_io.h"
+#include "lab/config/sweep.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;
@@ -686,3 +686,33 @@ TEST(Config, DumpConfigCommand) {
   EXPECT_NE(out.find("did you mean 'model.width'?"), std::string::npos) << out;
   EXPECT_EQ(out.find("steps:"), std::string::npos) << "no partial output on error: " << out;
 }
+
+namespace mxlab {
+namespace {
+
+// The model writes its FP32 policy directly (lab/model/model_config.cpp); the `to_fp32` preset
+// of the configuration must give the same policy, field for field, so that a branch switched
+// to FP32 runs the FP32 trajectory's arithmetic.
+TEST(Presets, TheModelsFp32PolicyIsTheToFp32Preset) {
+  InterventionConfig iv;
+  iv.apply = "to_fp32";
+  const PrecisionConfig preset = apply_intervention(PrecisionConfig{}, iv);
+  EXPECT_TRUE(PrecisionConfig::fp32() == preset);
+  EXPECT_EQ(describe_policy(PrecisionConfig::fp32()), describe_policy(preset));
+  // ... also from a recipe that sets every emulator composition and rounding override.
+  InterventionConfig emu;
+  emu.apply = "paper_emulator";
+  PrecisionConfig recipe = apply_intervention(PrecisionConfig{}, emu);
+  recipe.rounding_grad_wgrad = Rounding::nearest_even;
+  const PrecisionConfig switched = apply_intervention(recipe, iv);
+  EXPECT_EQ(switched.weight, NumFmt::fp32);
+  EXPECT_EQ(switched.layernorm, PrecisionConfig::fp32().layernorm);
+  EXPECT_EQ(switched.gelu, PrecisionConfig::fp32().gelu);
+  EXPECT_EQ(switched.residual, PrecisionConfig::fp32().residual);
+  EXPECT_EQ(switched.bias, PrecisionConfig::fp32().bias);
+  EXPECT_EQ(switched.ln_beta_grad, PrecisionConfig::fp32().ln_beta_grad);
+  EXPECT_EQ(switched.elementwise_bf16, PrecisionConfig::fp32().elementwise_bf16);
+}
+
+}  // namespace
+}  // namespace mxlab

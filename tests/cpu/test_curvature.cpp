@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "lab/config/config.h"
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/curvature.h"
@@ -290,7 +291,7 @@ void check_case(const Case& c) {
   const auto params = case_params(s, 3);
   const auto x = noise(static_cast<size_t>(kBatch * d), 4), y = noise(static_cast<size_t>(kBatch * d), 5);
   auto be = make_cpu_backend();
-  Curvature curv(*be, s, cfg, kBatch);
+  Curvature curv(*be, s, cfg.loss_spec(), cfg.seed, kBatch);
   float* P = put(*be, params);
   float* X = put(*be, x);
   float* Y = put(*be, y);
@@ -352,7 +353,7 @@ TEST(Curvature, MeasurementsRepeatBitForBitAndWithoutPreconditionerCopyTheHessia
   const RunConfig cfg = case_config(c);
   const NetShape s = NetShape::student(cfg.model);
   auto be = make_cpu_backend();
-  Curvature curv(*be, s, cfg, kBatch);
+  Curvature curv(*be, s, cfg.loss_spec(), cfg.seed, kBatch);
   float* P = put(*be, case_params(s, 3));
   float* X = put(*be, noise(static_cast<size_t>(kBatch * s.d), 4));
   float* Y = put(*be, noise(static_cast<size_t>(kBatch * s.d), 5));
@@ -386,8 +387,8 @@ TEST(Curvature, RejectsBadArguments) {
   const RunConfig cfg = case_config({"", Act::gelu});
   const NetShape s = NetShape::student(cfg.model);
   auto be = make_cpu_backend();
-  EXPECT_THROW(Curvature(*be, s, cfg, 0), Error);
-  Curvature curv(*be, s, cfg, kBatch);
+  EXPECT_THROW(Curvature(*be, s, cfg.loss_spec(), cfg.seed, 0), Error);
+  Curvature curv(*be, s, cfg.loss_spec(), cfg.seed, kBatch);
   float* P = put(*be, case_params(s, 3));
   float* X = put(*be, noise(static_cast<size_t>(kBatch * s.d), 4));
   try {
@@ -399,5 +400,5 @@ TEST(Curvature, RejectsBadArguments) {
   float* V = put(*be, adam_v(static_cast<size_t>(s.num_params)));
   EXPECT_THROW(curv.measure(P, X, X, V, 0.0f, 1e-8f, 4, 0), Error);
   // The teacher shape (no residual stream) is not a student.
-  EXPECT_THROW(Curvature(*be, NetShape::teacher(cfg.model, cfg.teacher), cfg, kBatch), Error);
+  EXPECT_THROW(Curvature(*be, NetShape::teacher(cfg.model, cfg.teacher), cfg.loss_spec(), cfg.seed, kBatch), Error);
 }

@@ -9,7 +9,7 @@
 
 #include "lab/core/error.h"
 #include "lab/core/exit_codes.h"
-#include "lab/train/sweep.h"
+#include "lab/config/sweep.h"
 #include "tests/cpu/run_binary_util.h"
 
 using namespace mxlab;

@@ -1,4 +1,4 @@
-// The trajectory events of lab/train/summary.h - the excursion (known when it happens), spikes,
+// The trajectory events of lab/stats/loss_events.h - the excursion (known when it happens), spikes,
 // the tail log-ratio - on hand-worked loss series, the excursion's truncation property over
 // random series, and its rule checks. results/stats_util.py holds the Python twins (the same
 // hand-worked series in analysis/tests/test_events.py; analysis/tests/test_events_binary.py
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "lab/core/error.h"
-#include "lab/train/summary.h"
+#include "lab/stats/loss_events.h"
 
 using namespace mxlab;
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "lab/core/exit_codes.h"
-#include "lab/train/run_driver.h"
+#include "lab/runs/run_driver.h"
 #include "tests/cpu/run_binary_util.h"
 
 using namespace mxlab;

@@ -21,10 +21,10 @@
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
-#include "lab/train/csv_export.h"
-#include "lab/train/table_text.h"
-#include "lab/train/run_driver.h"
-#include "lab/train/config_io.h"
+#include "lab/report/csv_export.h"
+#include "lab/io/table_text.h"
+#include "lab/runs/run_driver.h"
+#include "lab/config/config_io.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "lab/core/error.h"
-#include "lab/train/config_io.h"
-#include "lab/train/sweep.h"
+#include "lab/config/config_io.h"
+#include "lab/config/sweep.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"

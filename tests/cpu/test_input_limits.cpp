@@ -13,11 +13,11 @@
 
 #include "lab/core/error.h"
 #include "lab/io/npy.h"
-#include "lab/train/config_io.h"
-#include "lab/train/memory_estimate.h"
-#include "lab/train/sweep.h"
-#include "lab/train/sweep_runner.h"
-#include "lab/train/yaml_tree.h"
+#include "lab/config/config_io.h"
+#include "lab/runs/memory_estimate.h"
+#include "lab/config/sweep.h"
+#include "lab/runs/sweep_runner.h"
+#include "lab/config/yaml_tree.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;

@@ -15,7 +15,7 @@
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/curvature.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
@@ -126,7 +126,7 @@ TEST(InstrumentsTrainer, CurvatureRowsEqualAMeasurementAtTheSnapshot) {
   StepScalars sc;
   sc.step = 10;
   be2->set_step(sc);
-  Curvature cv(*be2, S, c, c.log.probe_batch);
+  Curvature cv(*be2, S, c.loss_spec(), c.seed, c.log.probe_batch);
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.optimizer.beta2), 10.0));
   const CurvatureResult m = cv.measure(dp, dx, dy, dv, bc2, c.optimizer.eps, c.log.curvature_iters, c.seed);
   EXPECT_EQ(m.hessian_lmax, curv(sink, "trajectories/mx", "hessian_lmax")[1].second);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lab/config/config.h"
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/elementwise.h"
@@ -88,7 +89,7 @@ PassResult run_pass(Backend& be, const NetShape& s, const RunConfig& cfg, const 
   forward(be, s, P, X, ws, pol);
   PassResult r;
   r.out = get(be, ws.out, static_cast<size_t>(B * s.d));
-  loss_and_grad(be, cfg, T, ws, pol, nullptr);
+  loss_and_grad(be, cfg.loss_spec(), T, ws, pol, nullptr);
   r.loss = be.read_scalar(ws.loss);
   backward(be, s, P, X, ws, G, pol);
   r.grads = get(be, G, params.size());
@@ -903,7 +904,7 @@ struct NaiveMxPass {
   }
   void forward_pass() { forward(be, s, P, X, ws, pol); }
   void loss_and_backward() {
-    loss_and_grad(be, cfg, T, ws, pol, nullptr);
+    loss_and_grad(be, cfg.loss_spec(), T, ws, pol, nullptr);
     backward(be, s, P, X, ws, G, pol);
   }
 };
@@ -1061,7 +1062,7 @@ TEST(ModelMx, WgradGradientOperandHasARoleOfItsOwn) {
     float* T = put(be, t);
     Workspace ws = Workspace::make(be, s, B);
     forward(be, s, P, X, ws, pol);
-    loss_and_grad(be, cfg, T, ws, pol, nullptr);
+    loss_and_grad(be, cfg.loss_spec(), T, ws, pol, nullptr);
     const int k = s.depth - 1;
     const int64_t d = s.d, H = s.hidden;
     const std::vector<float> dA = get(be, ws.dout, static_cast<size_t>(B * d));
@@ -1179,7 +1180,7 @@ TEST(ModelMx, BackwardReusesTheForwardsQuantizedGains) {
   auto gains = [&] { return std::count(be.quantized.begin(), be.quantized.end(), std::make_pair(int64_t{1}, d)); };
   forward(be, s, P, X, ws, pol);
   EXPECT_EQ(gains(), 2 * s.depth);  // gamma and beta per layer
-  loss_and_grad(be, cfg, T, ws, pol, nullptr);
+  loss_and_grad(be, cfg.loss_spec(), T, ws, pol, nullptr);
   be.quantized.clear();
   backward(be, s, P, X, ws, G, pol);
   EXPECT_EQ(gains(), 0);
@@ -1228,14 +1229,14 @@ TEST(ModelMx, ForwardOnlyQuantizationHasFp32Backward) {
   PassPolicy pmx;
   pmx.p = mx;
   forward(*be, s, P, X, ws, pmx);
-  loss_and_grad(*be, cfg, T, ws, pmx, nullptr);
+  loss_and_grad(*be, cfg.loss_spec(), T, ws, pmx, nullptr);
   backward(*be, s, P, X, ws, G1, pmx);
   // Same MX forward; loss and backward under an FP32 policy that keeps Q(gamma), Q(beta).
   PassPolicy pfp;
   pfp.p = fp32_policy();
   pfp.p.ln_affine = mx.ln_affine;
   forward(*be, s, P, X, ws, pmx);
-  loss_and_grad(*be, cfg, T, ws, pfp, nullptr);
+  loss_and_grad(*be, cfg.loss_spec(), T, ws, pfp, nullptr);
   backward(*be, s, P, X, ws, G2, pfp);
   const auto g1 = get(*be, G1, params.size()), g2 = get(*be, G2, params.size());
   std::string where;
@@ -1276,7 +1277,7 @@ TEST(ModelMx, LnAffineVariantsAndStatisticsSlots) {
     pol.stats_base = base;
     be->reset_stats(base + kStatTensors * s.depth);
     forward(*be, s, P, X, ws, pol);
-    loss_and_grad(*be, cfg, T, ws, pol, nullptr);
+    loss_and_grad(*be, cfg.loss_spec(), T, ws, pol, nullptr);
     backward(*be, s, P, X, ws, G, pol);
     const auto gq = get(*be, ws.gq_gamma, d), bq = get(*be, ws.gq_beta, d);
     for (int64_t j = 0; j < d; ++j) {

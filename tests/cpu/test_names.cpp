@@ -1,4 +1,4 @@
-// Trajectory names (lab/train/names.h) and where they lead: the one check every name passes
+// Trajectory names (lab/config/names.h) and where they lead: the one check every name passes
 // (arms, interventions and their `from`, `mxlab branch --name/--from`), the reserved names
 // `fp32` and `mx`, a branch that forks from its arm whatever it is called (the fork source is
 // the arm's index, checkpoints are matched by group), export paths that stay inside their
@@ -19,13 +19,13 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
 #include "lab/train/capture_key.h"
-#include "lab/train/checkpoint.h"
-#include "lab/train/config_io.h"
-#include "lab/train/group_stats.h"
-#include "lab/train/index.h"
-#include "lab/train/names.h"
-#include "lab/train/run_events.h"
-#include "lab/train/run_records.h"
+#include "lab/runs/checkpoint.h"
+#include "lab/config/config_io.h"
+#include "lab/report/group_stats.h"
+#include "lab/runs/index.h"
+#include "lab/config/names.h"
+#include "lab/report/run_events.h"
+#include "lab/runs/run_records.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"

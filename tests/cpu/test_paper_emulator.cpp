@@ -22,7 +22,7 @@
 #include "lab/model/elementwise.h"
 #include "lab/model/mlp.h"
 #include "lab/io/h5file.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/eval.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
@@ -302,7 +302,7 @@ Step run_step(const PrecisionConfig& p, std::vector<float>* teacher_out = nullpt
   forward(*be, T, TP, X, wt, pol);
   if (teacher_out) *teacher_out = get(*be, wt.out, B * 32);
   forward(*be, S, P, X, ws, pol);
-  loss_and_grad(*be, cfg, wt.out, ws, pol, nullptr);
+  loss_and_grad(*be, cfg.loss_spec(), wt.out, ws, pol, nullptr);
   backward(*be, S, P, X, ws, G, pol);
   Step st;
   st.out = get(*be, ws.out, B * 32);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "lab/io/h5file.h"
-#include "lab/train/run_file.h"
+#include "lab/runs/run_file.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
 
@@ -87,7 +87,7 @@ class Resume : public ::testing::Test {
 std::string Resume::dir_, Resume::yaml_, Resume::run_id_, Resume::ref_file_;
 double Resume::ref_wall_s_ = 0.0;
 
-// FNV-1a-64 as lab/train/checkpoint.cpp computes it, to forge a well-formed file.
+// FNV-1a-64 as lab/runs/checkpoint.cpp computes it, to forge a well-formed file.
 uint64_t fnv1a(const std::string& b, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < n; ++i) {

@@ -13,7 +13,7 @@
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/eval.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"

@@ -1,4 +1,4 @@
-// The statistics of `mxlab summarize --by` (lab/train/stats.h) against values worked out by
+// The statistics of `mxlab summarize --by` (lab/stats/stats.h) against values worked out by
 // hand (in the comments) and, for a larger censored sample, against scipy 1.17.1
 // (scipy.stats.ecdf / CensoredData / logrank / fisher_exact / binomtest(...).proportion_ci
 // (method='wilson'), computed once in a throwaway venv; scipy is not needed to run this test)
@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "lab/train/stats.h"
+#include "lab/stats/stats.h"
 
 using namespace mxlab;
 

@@ -17,10 +17,10 @@
 
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
-#include "lab/train/config_io.h"
-#include "lab/train/group_stats.h"
-#include "lab/train/run_events.h"
-#include "lab/train/run_records.h"
+#include "lab/config/config_io.h"
+#include "lab/report/group_stats.h"
+#include "lab/report/run_events.h"
+#include "lab/runs/run_records.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;

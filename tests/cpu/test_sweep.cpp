@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 
 #include "lab/core/error.h"
-#include "lab/train/config_io.h"
-#include "lab/train/sweep.h"
+#include "lab/config/config_io.h"
+#include "lab/config/sweep.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;

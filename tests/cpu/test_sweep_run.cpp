@@ -34,12 +34,12 @@
 #include "lab/core/exit_codes.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/io/h5file.h"
-#include "lab/train/index.h"
-#include "lab/train/run_events.h"
-#include "lab/train/summary_table.h"
-#include "lab/train/run_driver.h"
-#include "lab/train/sweep.h"
-#include "lab/train/sweep_runner.h"
+#include "lab/runs/index.h"
+#include "lab/report/run_events.h"
+#include "lab/report/summary_table.h"
+#include "lab/runs/run_driver.h"
+#include "lab/config/sweep.h"
+#include "lab/runs/sweep_runner.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;

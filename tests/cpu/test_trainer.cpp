@@ -11,9 +11,9 @@
 
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
-#include "lab/train/checkpoint.h"
-#include "lab/train/config_io.h"
-#include "lab/train/summary.h"
+#include "lab/runs/checkpoint.h"
+#include "lab/config/config_io.h"
+#include "lab/stats/loss_events.h"
 #include "lab/train/trainer.h"
 
 using namespace mxlab;

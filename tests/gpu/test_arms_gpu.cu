@@ -15,7 +15,7 @@
 
 #include "kernels/cuda_backend.h"
 #include "lab/cpu/cpu_backend.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config_io.h"
 #include "lab/train/trainer.h"
 #include "tests/gpu/gpu_test_util.h"
 

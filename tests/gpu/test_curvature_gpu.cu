@@ -31,6 +31,7 @@
 
 #include "kernels/cuda_backend.h"
 #include "kernels/quant_gap.cuh"
+#include "lab/config/config.h"
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/curvature.h"
 #include "lab/model/hvp.h"
@@ -430,7 +431,7 @@ void product_and_measurement(Act act, bool affine, LossKind loss, const char* la
   Twin t;
   Buf P = t.make(m.params), X = t.make(m.x), Y = t.make(m.y), V = t.make(m.v);
   Buf dir = t.make(normal(n, 9)), hv = t.poisoned(n);
-  Curvature cc(*t.cpu, m.s, m.cfg, B), cg(*t.gpu, m.s, m.cfg, B);
+  Curvature cc(*t.cpu, m.s, m.cfg.loss_spec(), m.cfg.seed, B), cg(*t.gpu, m.s, m.cfg.loss_spec(), m.cfg.seed, B);
   cc.prepare(P.c, X.c, Y.c);
   cg.prepare(P.g, X.g, Y.g);
   cc.hvp(dir.c, hv.c);

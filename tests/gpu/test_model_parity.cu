@@ -39,7 +39,7 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace mxlab {
@@ -157,12 +157,12 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
 
     for (Student* s : {&sc, &sg}) {
       forward(s->be, S, s->params, s->x, s->ws, pol);
-      loss_and_grad(s->be, cfg, s->target, s->ws, pol, nullptr);
+      loss_and_grad(s->be, cfg.loss_spec(), s->target, s->ws, pol, nullptr);
       backward(s->be, S, s->params, s->x, s->ws, s->grads, pol);
     }
     if (mx) {
       forward(*cpu, S, sc.params, sc.x, ws_shadow, pol32);
-      loss_and_grad(*cpu, cfg, sc.target, ws_shadow, pol32, nullptr);
+      loss_and_grad(*cpu, cfg.loss_spec(), sc.target, ws_shadow, pol32, nullptr);
       backward(*cpu, S, sc.params, sc.x, ws_shadow, shadow, pol32);
     }
     const float lc = cpu->read_scalar(sc.ws.loss), lg = gpu->read_scalar(sg.ws.loss);

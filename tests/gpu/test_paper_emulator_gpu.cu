@@ -22,8 +22,8 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
-#include "lab/train/config_io.h"
+#include "lab/config/config.h"
+#include "lab/config/config_io.h"
 #include "tests/gpu/backend_twin.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -165,7 +165,7 @@ StepOut run(Backend& be, const PrecisionConfig& p, bool graph = false) {
     be.randn(x, static_cast<size_t>(n), c.seed, Stream::data, 1.0f);
     forward(be, T, TP, x, wt, pol);
     forward(be, S, P, x, ws, pol);
-    loss_and_grad(be, c, wt.out, ws, pol, nullptr);
+    loss_and_grad(be, c.loss_spec(), wt.out, ws, pol, nullptr);
     backward(be, S, P, x, ws, G, pol);
   };
   if (graph) {

@@ -24,7 +24,7 @@
 #include "lab/cpu/cpu_backend.h"
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace mxlab {
@@ -173,7 +173,7 @@ void check_policy(const PrecisionConfig& policy, const char* label) {
   pol.p = policy;
   pol.seed = c.seed;
   forward(rec, S, P, X, ws, pol);
-  loss_and_grad(rec, c, T, ws, pol, nullptr);
+  loss_and_grad(rec, c.loss_spec(), T, ws, pol, nullptr);
   backward(rec, S, P, X, ws, G, pol);
 
   // 2 forward GEMMs per layer, then per layer (last first) dW2, da, dW1, dy.

@@ -32,7 +32,7 @@
 #include "lab/model/backend.h"
 #include "lab/model/mlp.h"
 #include "lab/mx/format.h"
-#include "lab/train/config.h"
+#include "lab/config/config.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace mxlab {
@@ -276,7 +276,7 @@ TrainResult train(bool producer_quant, const PrecisionConfig& policy, int steps,
     be->randn(x, static_cast<size_t>(n), c.seed, Stream::data, 1.0f);
     be->randn(t, static_cast<size_t>(n), c.seed, Stream::label_noise, 1.0f);
     forward(*be, S, p, x, ws, pol);
-    loss_and_grad(*be, c, t, ws, pol, nullptr);
+    loss_and_grad(*be, c.loss_spec(), t, ws, pol, nullptr);
     backward(*be, S, p, x, ws, g, pol);
     be->adam(p, g, m, v, P, hyper);
   };

@@ -1,0 +1,72 @@
+// The model's configuration types (model_config.h): the precision policy's derived values, the
+// FP32 policy, and equality.
+#include "lab/model/model_config.h"
+
+namespace mxlab {
+
+Rounding PrecisionConfig::rounding_of(Role r) const {
+  switch (r) {
+    case Role::weight: return rounding_weight.value_or(rounding);
+    case Role::activation: return rounding_activation.value_or(rounding);
+    case Role::grad: return rounding_grad.value_or(rounding);
+    case Role::ln_affine: return rounding_ln_affine.value_or(rounding);
+    case Role::grad_wgrad: return rounding_grad_wgrad.value_or(rounding_of(Role::grad));
+  }
+  return rounding;
+}
+
+bool PrecisionConfig::rounding_uniform() const {
+  const Rounding w = rounding_of(Role::weight);
+  return rounding_of(Role::activation) == w && rounding_of(Role::grad) == w && rounding_of(Role::ln_affine) == w &&
+         rounding_of(Role::grad_wgrad) == w;
+}
+
+PrecisionConfig PrecisionConfig::fp32() {
+  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops: the FP32
+  // trajectory's policy. The `to_fp32` intervention preset sets the same fields
+  // (lab/config: apply_preset; a CPU test checks the two agree).
+  PrecisionConfig p;
+  p.weight = p.activation = p.grad = NumFmt::fp32;
+  p.weight_bwd = NumFmt::fp32;
+  p.activation_bwd = NumFmt::fp32;
+  p.grad_wgrad = NumFmt::fp32;
+  p.ln_affine = NumFmt::fp32;
+  p.attn_logits = NumFmt::fp32;
+  p.attn_probs = NumFmt::fp32;
+  p.elementwise_bf16 = false;
+  p.layernorm = LnOps::fused;
+  p.gelu = GeluOps::fused;
+  p.residual = ResidualPrec::elementwise;
+  p.bias = BiasPrec::fp32;
+  p.ln_beta_grad = true;
+  return p;
+}
+
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
+  return a.depth == b.depth && a.width == b.width && a.hidden_mult == b.hidden_mult && a.activation == b.activation &&
+         a.layernorm == b.layernorm && a.ln_affine == b.ln_affine && a.ln_eps == b.ln_eps && a.fc2_bias == b.fc2_bias &&
+         a.init == b.init && a.init_gain == b.init_gain && a.block == b.block && a.heads == b.heads &&
+         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block;
+}
+
+bool operator==(const TeacherConfig& a, const TeacherConfig& b) {
+  return a.depth == b.depth && a.width == b.width && a.activation == b.activation && a.residual == b.residual &&
+         a.block == b.block;
+}
+
+bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
+  return a.weight == b.weight && a.activation == b.activation && a.grad == b.grad && a.weight_bwd == b.weight_bwd &&
+         a.activation_bwd == b.activation_bwd && a.ln_affine == b.ln_affine && a.elementwise_bf16 == b.elementwise_bf16 &&
+         a.backward == b.backward && a.block_size == b.block_size && a.scale_rule == b.scale_rule && a.bump == b.bump &&
+         a.rounding_of(PrecisionConfig::Role::weight) == b.rounding_of(PrecisionConfig::Role::weight) &&
+         a.rounding_of(PrecisionConfig::Role::activation) == b.rounding_of(PrecisionConfig::Role::activation) &&
+         a.rounding_of(PrecisionConfig::Role::grad) == b.rounding_of(PrecisionConfig::Role::grad) &&
+         a.rounding_of(PrecisionConfig::Role::ln_affine) == b.rounding_of(PrecisionConfig::Role::ln_affine) &&
+         a.grad_wgrad == b.grad_wgrad && a.rounding_grad_wgrad == b.rounding_grad_wgrad &&
+         a.elementwise_rounding == b.elementwise_rounding &&
+         a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs &&
+         a.layernorm == b.layernorm && a.gelu == b.gelu && a.residual == b.residual && a.bias == b.bias &&
+         a.ln_beta_grad == b.ln_beta_grad;
+}
+
+}  // namespace mxlab

@@ -1,0 +1,26 @@
+// The events of a results directory's trajectories (lab/stats/loss_events.h: excursion, spikes,
+// tail log-ratio), computed from each group's per-step losses (`loss_all`) under rules given
+// on the command line (`mxlab summarize --excursion-*`), so that a directory can be read
+// under other rules than the ones its run files were summarized with.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "lab/runs/run_records.h"
+#include "lab/stats/loss_events.h"
+
+namespace mxlab {
+
+struct EventRules {
+  ExcursionRule excursion;
+  int64_t tail_steps = kDefaultTailSteps;  // tail_log_ratio: the last this many shared steps
+};
+
+// Fills has_events, excursion, excursion_step, first_spike_step and tail_log_ratio of every
+// group of every readable record (spikes with the run's log.spike_factor; tail_log_ratio
+// against the run's FP32 trajectory, NaN for that one). A group without loss_all keeps
+// has_events = false. A file that cannot be read now leaves its groups so. Throws mxlab::Error
+// for unusable rules (excursion_rule_problem).
+void read_events(std::vector<RunRecord>& runs, const EventRules& rules);
+
+}  // namespace mxlab

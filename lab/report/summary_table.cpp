@@ -1,0 +1,71 @@
+// The table of `mxlab summarize DIR`: one row per trajectory and branch of every run.
+#include "lab/report/summary_table.h"
+
+#include <filesystem>
+
+#include "lab/core/text_table.h"
+#include "lab/io/table_text.h"
+
+namespace mxlab {
+
+std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
+  const std::vector<std::string> swept = swept_keys(runs);
+  std::vector<std::string> header = {"run_id", "group", "at"};
+  header.insert(header.end(), swept.begin(), swept.end());
+  for (const char* c : {"status", "excursion_step", "excursion_censored_at", "first_spike_step", "tail_log_ratio",
+                        "diverged_to_end_step", "first_nonfinite_step", "spike_count", "spike_score", "final_loss",
+                        "min_loss", "max_bias_ratio", "max_gamma_lastbin", "steps_run", "source", "file", "error"})
+    header.push_back(c);
+  const TableCell cell{csv};
+  std::vector<std::vector<std::string>> rows = {header};
+  for (const RunRecord& r : runs) {
+    auto base = [&](const GroupRecord* g) {
+      std::vector<std::string> row = {r.run_id, g ? g->name : cell.none(),
+                                      g && g->branch && g->at >= 0 ? std::to_string(g->at) : cell.none()};
+      for (const auto& k : swept) {
+        bool found = false;
+        const std::string v = config_value(r, k, &found);
+        row.push_back(found ? format_config_value(v) : cell.none());
+      }
+      row.push_back(cell.text(r.status));
+      return row;
+    };
+    const std::string file = csv ? r.path : std::filesystem::path(r.path).filename().string();
+    if (r.groups.empty()) {
+      std::vector<std::string> row = base(nullptr);
+      for (int i = 0; i < 14; ++i) row.push_back(cell.none());
+      row.push_back(file);
+      row.push_back(cell.text(r.error));
+      rows.push_back(row);
+      continue;
+    }
+    for (const GroupRecord& g : r.groups) {
+      std::vector<std::string> row = base(&g);
+      // Events: empty (text "-") when unknown (no per-step losses); -1 for "no such step".
+      auto event_step = [&](int64_t s) { return g.has_events ? cell.step(s) : cell.none(); };
+      row.push_back(event_step(g.excursion ? g.excursion_step : -1));
+      row.push_back(event_step(g.excursion ? -1 : g.excursion_step));
+      row.push_back(event_step(g.first_spike_step));
+      row.push_back(g.has_events ? cell.num(g.tail_log_ratio) : cell.none());
+      row.push_back(cell.step(g.divergence_step));
+      row.push_back(cell.step(g.first_nonfinite_step));
+      row.push_back(std::to_string(g.spike_count));
+      row.push_back(cell.num(g.spike_score));
+      row.push_back(cell.num(g.final_loss));
+      row.push_back(cell.num(g.min_loss));
+      row.push_back(cell.num(g.max_bias_ratio));
+      row.push_back(cell.num(g.max_gamma_lastbin));
+      row.push_back(std::to_string(g.steps_run));
+      row.push_back(g.source);
+      row.push_back(file);
+      row.push_back(cell.text(r.error));
+      rows.push_back(row);
+    }
+  }
+  if (!csv) return aligned_table(rows);
+  std::string out;
+  for (const auto& row : rows) out += csv_line(row);
+  return out;
+}
+
+}  // namespace mxlab
