@@ -26,10 +26,6 @@
 // temporary directory, as a run writes it) against its unlogged step, and where a logged step's
 // time goes, phase by phase (Trainer::set_phase_clock: each phase synchronised, so their sum is
 // a little more than the logged step). The last line is one JSON object for scripts.
-//
-// `mxlab bench --ops [NAME...] --device D` instead times backend ops one by one from the op table
-// (lab/backends/op_table.h; all of them without names) at their bench sizes (the paper
-// configuration), one row per op: name, size, ms per call (run_op_bench below).
 #include <unistd.h>
 
 #include <algorithm>
@@ -630,8 +626,10 @@ void run_bench(const Args& a) {
   std::printf("%s\n", json.c_str());
 }
 
-// `mxlab bench --ops [NAME...]`: each op of the table at its bench size on a fresh backend, ms per
-// call = host clock around `steps` calls (after `warmup`), synchronised after the last.
+// `mxlab bench --ops [NAME...] --device D`: instead of the step figures above, each op of the op
+// table (lab/backends/op_table.h; all of them without names) at its bench size (the paper
+// configuration) on a fresh backend, one row per op: name, size, ms per call = host clock around
+// `steps` calls (after `warmup`), synchronised after the last.
 void run_op_bench(const Args& a, const std::vector<std::string>& names) {
   if (!a.path.empty() || !a.sets.empty() || a.depth || a.width || a.batch || a.arms || !a.only.empty() ||
       a.log_steps || a.run)
