@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "lab/backends/backends.h"
+#include "lab/backends/op_table.h"
 #include "lab/cli/commands.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
@@ -625,6 +626,55 @@ void run_bench(const Args& a) {
   std::printf("%s\n", json.c_str());
 }
 
+// `mxlab bench --ops [NAME...] --device D`: instead of the step figures above, each op of the op
+// table (lab/backends/op_table.h; all of them without names) at its bench size (the paper
+// configuration) on a fresh backend, one row per op: name, size, ms per call = host clock around
+// `steps` calls (after `warmup`), synchronised after the last.
+void run_op_bench(const Args& a, const std::vector<std::string>& names) {
+  if (!a.path.empty() || !a.sets.empty() || a.depth || a.width || a.batch || a.arms || !a.only.empty() ||
+      a.log_steps || a.run)
+    throw Error("--ops times each backend op at its fixed bench size: drop the experiment file and --set, --depth, "
+                "--width, --batch, --arms, --only, --log-steps, --run");
+  std::vector<const OpDesc*> ops;
+  for (const std::string& n : names) {
+    if (n.empty()) continue;
+    const OpDesc* d = find_op(n);
+    if (!d) {
+      std::string known;
+      for (const OpDesc& o : op_table()) known += (known.empty() ? "" : " ") + std::string(o.name);
+      throw Error(msg("--ops: no op named '", n, "' in the op table (lab/backends/op_table.cpp); ops: ", known));
+    }
+    ops.push_back(d);
+  }
+  if (ops.empty())
+    for (const OpDesc& d : op_table()) ops.push_back(&d);
+  const std::string device_name = make_backend(a.device)->name();
+  const bool is_cuda = device_name.rfind("cuda", 0) == 0;
+  const int steps = a.steps > 0 ? a.steps : (is_cuda ? 100 : 3);
+  const int warmup = a.warmup >= 0 ? a.warmup : (is_cuda ? 5 : 1);
+  std::printf("mxlab bench --ops: %s\n", device_name.c_str());
+  std::printf("  %d warm-up + %d timed calls per op (host clock, synchronised after the last); sizes of the paper "
+              "configuration\n\n", warmup, steps);
+  std::printf("  %-24s %-36s %12s\n", "op", "size", "ms/call");
+  for (const OpDesc* d : ops) {
+    std::unique_ptr<Backend> be = make_backend(a.device);  // its buffers go with it
+    const OpCase c = d->make(d->bench, 1);
+    const OpBufs b = op_place(*be, *d, c);
+    std::vector<double> host;
+    for (int i = 0; i < warmup; ++i) d->run(*be, b, host);
+    be->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) {
+      host.clear();
+      d->run(*be, b, host);
+    }
+    be->synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+    std::printf("  %-24s %-36s %12.4f\n", d->name, op_size_text(*d, d->bench).c_str(), ms);
+    std::fflush(stdout);
+  }
+}
+
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("bench", "Time the pieces of a paired training step on a device (ms/step)");
@@ -660,7 +710,16 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                   "Lanczos steps per eigenvalue of the curvature figure (log.curvature_iters)")
       ->capture_default_str()
       ->check(integer_in(2));
-  sub->callback([args] { run_bench(*args); });
+  auto ops = std::make_shared<std::vector<std::string>>();
+  CLI::Option* ops_opt =
+      sub->add_option("--ops", *ops,
+                      "time backend ops from the op table instead, one row per op (name, size, ms per call) at "
+                      "their sizes in the paper configuration; all ops without names")
+          ->expected(0, -1);
+  sub->callback([args, ops, ops_opt] {
+    if (ops_opt->count() > 0) run_op_bench(*args, *ops);
+    else run_bench(*args);
+  });
 });
 
 }  // namespace
