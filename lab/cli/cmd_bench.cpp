@@ -784,7 +784,7 @@ void run_bench(const Args& a) {
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto args = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand("bench", "Time the pieces of a paired training step on a device (ms/step)");
+  CLI::App* sub = app.add_subcommand("bench", "Time the trainer's step and its pieces on a device (ms/step)");
   sub->add_option("config", args->path, "experiment YAML file (omit for the built-in defaults)");
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.width=256 (repeatable)")
       ->allow_extra_args(false);
