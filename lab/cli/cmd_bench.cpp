@@ -1,31 +1,39 @@
-// `mxlab bench [EXP.yaml] --device cuda [--steps N] [--warmup W]`: milliseconds per step of
-// the pieces of a paired training step on one device (DESIGN.md section 10), each the median
-// of N timed steps after W warm-up steps, with CUDA graphs (each piece is captured once and
-// replayed, as the trainer does) and CUDA events on CUDA, a host clock on the CPU:
-//   fp32     the FP32 trajectory step: forward + loss + backward + Adam, FP32 policy
-//   mx       the MX trajectory step under the YAML's precision policy
-//   shadow   the FP32 forward + backward at the MX weights (the bias metric's reference)
-//   data     data generation + teacher forward + label noise
-//   paired   all of the above as one step, spread over lanes (streams)
-// and with --arms K (issue 13), the trainer itself (lab/train/trainer.h, logging only at the
-// first and last step) with 1 arm and with K arms (K copies of the policy, or the experiment's
-// `arms:`), per step, against the serial sum of its parts: FP32 step + K x (MX step +
-// shadow / bias_every) + data, and the cost per recipe-step against K separate runs.
-// and, on CUDA, in the same process, the floors these are measured against: the step's GEMMs
-// alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off for FP32,
-// bf16 operands already quantized for MX; the teacher's 2 per block; an attention block adds
-// its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a
-// ratio to its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the
-// primal pass plus --curvature-iters Lanczos steps of exact Hessian-vector products per
-// eigenvalue, probe batch = data.batch) at the FP32 trajectory's weights, for lambda_max(H)
-// alone and for both lambda_max(H) and lambda_max(P^-1 H), in ms (host clock around a
-// synchronised measurement, median of a few after one warm-up that records the product's
-// graph) and in forward-backward equivalents: the FP32 forward + loss + backward of the same
-// run (timed like the step figures). With --log-steps N, the trainer's logged step (log_every 1:
-// eager, statistics counted, every metric computed and written to an HDF5 run file in a
-// temporary directory, as a run writes it) against its unlogged step, and where a logged step's
-// time goes, phase by phase (Trainer::set_phase_clock: each phase synchronised, so their sum is
-// a little more than the logged step). The last line is one JSON object for scripts.
+// `mxlab bench [EXP.yaml] --device cuda [--steps N] [--warmup W]`: milliseconds per step of the
+// trainer's step and of its pieces on one device (DESIGN.md section 10), each the median of N
+// timed steps after W warm-up steps, with CUDA graphs (each piece captured once and replayed, as
+// the trainer captures an unlogged step) and CUDA events on CUDA, a host clock on the CPU. Every
+// figure runs the trainer's own code (lab/train/trainer.h: its schedule, optimizer, data and step
+// functions) on one trainer of the configuration with one MX arm under the YAML's precision
+// policy, which trains through the figures as `mxlab run` would:
+//   fp32     the FP32 trajectory's part of a step (Trainer::step_trajectory): forward + loss +
+//            backward + optimizer update, on steps 0 .. W+N-1 of the run, each on its own batch
+//            (made before its timer starts)
+//   mx       the same for the MX trajectory
+//   shadow   the FP32 forward + backward at the MX weights (Trainer::step_shadow), the bias
+//            metric's reference
+//   data     the step's batch: data + teacher forward + label noise (Trainer::step_batch)
+//   paired   the trainer's whole unlogged step with the shadow pass (Trainer::step_unlogged,
+//            shadow every step): all of the above spread over lanes (streams) and the shadow
+//            metrics' reductions, on steps W+N .. 2(W+N)-1 of the run
+// followed by the trainer's losses after them (those `mxlab run` computes at that step). With
+// --arms K, the trainer's run (logging only at the first and last step) with 1 arm and with K arms
+// (K copies of the policy, or the experiment's `arms:`), per step, against the serial sum of its
+// parts: FP32 step + K x (MX step + shadow / bias_every) + data, and the cost per recipe-step
+// against K separate runs. On CUDA, in the same process, the floors these are measured against:
+// the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
+// for FP32, bf16 operands already quantized for MX; the teacher's 2 per block; an attention block
+// adds its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a ratio to
+// its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the primal pass
+// plus --curvature-iters Lanczos steps of exact Hessian-vector products per eigenvalue) at the
+// FP32 trajectory's weights and optimizer state, on the trainer's probe batch of data.batch rows,
+// for lambda_max(H) alone and for both lambda_max(H) and lambda_max(P^-1 H), in ms (host clock
+// around a synchronised measurement, median of a few after one warm-up that records the product's
+// graph) and in forward-backward equivalents (the shadow figure: an FP32 forward + loss +
+// backward). With --log-steps N, the trainer's logged step (log_every 1: eager, statistics
+// counted, every metric computed and written to an HDF5 run file in a temporary directory, as a
+// run writes it) against its unlogged step, and where a logged step's time goes, phase by phase
+// (Trainer::set_phase_clock: each phase synchronised, so their sum is a little more than the
+// logged step). The last line is one JSON object for scripts.
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +42,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,6 +57,7 @@
 #include "lab/model/curvature.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
+#include "lab/train/batch.h"
 #include "lab/config/config_io.h"
 #include "lab/runs/memory_estimate.h"
 #include "lab/runs/run_file.h"
@@ -68,9 +78,11 @@ constexpr int kCpuWarmup = 1;
 constexpr int kFloorReps = 50;         // timed replays of each cuBLAS floor graph
 constexpr int kCurvatureReps = 5;      // timed curvature measurements on a GPU (1 on the CPU)
 constexpr int kCurvatureIters = 20;    // the default log.curvature_iters
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Capture keys of the benchmarked regions (distinct ints below the trainer's, StepCaptureKeys::kFirstKey).
-enum Key : int { kKeyFp32 = 101, kKeyMx, kKeyShadow, kKeyData, kKeyPaired, kKeyFwdBwd };
+// Capture keys of the timed pieces of a step (distinct ints below the trainer's,
+// StepCaptureKeys::kFirstKey; the paired figure is the trainer's own step and key).
+enum Key : int { kKeyFp32 = 101, kKeyMx, kKeyShadow, kKeyData };
 
 struct Args {
   std::string path;
@@ -87,6 +99,174 @@ struct Args {
   int log_steps = 0;  // --log-steps N: time N logged trainer steps and their phases
 };
 
+// The figures of a step, in report order; --only names one of them (or curvature).
+enum Fig : int { kFigFp32, kFigMx, kFigShadow, kFigData, kFigPaired, kNumFigs };
+constexpr int kOnlyAll = -1;
+constexpr int kOnlyCurvature = kNumFigs;
+const char* const kOnlyNames[] = {"fp32", "mx", "shadow", "data", "paired", "curvature"};
+
+// What every section reads: the benchmarked configuration, its backend and how steps are timed.
+struct Setup {
+  Args args;
+  RunConfig cfg;  // the run benched, with --set, --depth, --width and --batch applied
+  std::unique_ptr<Backend> be;
+  bool is_cuda = false;
+  bool graphs = false;  // CUDA graphs (not --no-graphs)
+  int steps = 0, warmup = 0;
+  int only = kOnlyAll;
+  NetShape S, T;  // student, teacher
+  int64_t B = 0;  // tokens per step
+  bool wants(int fig) const { return only == kOnlyAll || only == fig; }
+};
+
+// The experiment's run --run I (or the defaults) with the command line's overrides.
+RunConfig load_config(const Args& a) {
+  RunConfig cfg;
+  if (a.path.empty()) {
+    cfg = config_from_yaml_string("", "defaults", a.sets);
+  } else {
+    // A sweep benches one of its runs (they share the step's shape unless the sweep changes it).
+    const std::vector<ExpandedRun> runs = expand_experiment(a.path, a.sets);
+    if (a.run < 0 || static_cast<size_t>(a.run) >= runs.size())
+      throw Error(msg("--run ", a.run, ": ", a.path, " has ", runs.size(), " run", runs.size() == 1 ? "" : "s",
+                      " (indices 0..", runs.size() - 1, "; see mxlab plan ", a.path, ")"));
+    const ExpandedRun& r = runs[static_cast<size_t>(a.run)];
+    cfg = r.cfg;
+    if (runs.size() > 1) {
+      std::string sw;
+      for (const auto& kv : r.swept) sw += (sw.empty() ? "" : ", ") + kv.first + "=" + kv.second;
+      std::fprintf(stderr, "note: %s expands to %zu runs; benchmarking run %d (%s); choose another with --run I\n",
+                   a.path.c_str(), runs.size(), a.run, sw.c_str());
+    }
+  }
+  if (a.depth > 0) cfg.model.depth = a.depth;
+  if (a.width > 0) cfg.model.width = a.width;
+  if (a.batch > 0) cfg.data.batch = a.batch;
+  validate_config(cfg);
+  return cfg;
+}
+
+Setup make_setup(const Args& a) {
+  Setup s;
+  s.args = a;
+  s.cfg = load_config(a);
+  if (!a.only.empty()) {
+    for (int i = 0; i <= kOnlyCurvature; ++i)
+      if (a.only == kOnlyNames[i]) s.only = i;
+    if (s.only == kOnlyAll)
+      throw Error(msg("--only ", a.only, ": use one of fp32, mx, shadow, data, paired, curvature"));
+  }
+  if (s.only == kOnlyCurvature && !curvature_supported(s.cfg.model))
+    throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
+  s.be = make_backend(a.device);
+  s.is_cuda = s.be->name().rfind("cuda", 0) == 0;
+  check_run_fits_memory(s.cfg, !s.is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
+                        static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
+  s.steps = a.steps > 0 ? a.steps : (s.is_cuda ? kCudaSteps : kCpuSteps);
+  s.warmup = a.warmup >= 0 ? a.warmup : (s.is_cuda ? kCudaWarmup : kCpuWarmup);
+  s.graphs = s.is_cuda && !a.no_graphs;
+  if (s.graphs && s.warmup < 3)
+    throw Error(msg("--warmup ", s.warmup, " is too short with CUDA graphs (the first pass of a step runs eagerly, "
+                    "the second records): use --warmup 3 or more, or --no-graphs"));
+  s.S = NetShape::student(s.cfg.model, s.cfg.data.seq_len);
+  s.T = NetShape::teacher(s.cfg.model, s.cfg.teacher, s.cfg.data.seq_len);
+  s.B = s.cfg.tokens();
+#ifdef MXLAB_HAVE_CUDA
+  if (s.is_cuda) cuda::set_producer_quant(*s.be, !a.no_producer_quant);
+#endif
+  return s;
+}
+
+void print_setup(const Setup& s) {
+  const RunConfig& cfg = s.cfg;
+  std::printf("mxlab bench: %s\n", s.be->name().c_str());
+  std::printf("  math mode: %s\n", s.be->math_mode().c_str());
+  std::printf("  TF32: off (FP32 GEMMs are IEEE: %s)\n", s.is_cuda ? "cuBLAS pedantic SGEMM" : "Eigen FP32");
+  std::printf("  config: %s  L=%d d=%d H=%d B=%lld act=%s, MX policy weight=%s activation=%s grad=%s "
+              "elementwise=%s\n",
+              s.args.path.empty() ? "(defaults)" : s.args.path.c_str(), s.S.depth, s.S.d, s.S.hidden,
+              static_cast<long long>(s.B), act_name(cfg.model.activation), name(cfg.precision.weight),
+              name(cfg.precision.activation), name(cfg.precision.grad), cfg.precision.elementwise_bf16 ? "bf16" : "fp32");
+  if (s.S.attention())
+    std::printf("  attention blocks: %d sequences x %d tokens (B above = tokens), %d heads of %d; attn_logits=%s "
+                "attn_probs=%s\n",
+                cfg.data.batch, cfg.data.seq_len, s.S.heads, s.S.head_dim(), name(cfg.precision.attn_logits_fmt()),
+                name(cfg.precision.attn_probs_fmt()));
+  static const char* const kOptimizers[] = {"adam", "adamw", "sgd"};
+  static const char* const kSchedules[] = {"constant", "cosine"};
+  std::printf("  the trainer's step: optimizer %s, lr %g, schedule %s (warm-up %d steps)\n",
+              kOptimizers[static_cast<int>(cfg.optimizer.name)], static_cast<double>(cfg.optimizer.lr),
+              kSchedules[static_cast<int>(cfg.schedule.name)], cfg.schedule.warmup);
+  if (s.is_cuda)
+    std::printf("  producer-side quantization: %s\n",
+                s.args.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
+                                         : "on (layernorm / activation / add kernels write the next GEMM's MX "
+                                           "operand; each pass's weights are quantized together, ahead)");
+  std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", s.warmup, s.steps,
+              s.graphs ? "CUDA graphs on, CUDA events" : (s.is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// Median ms of one step of a figure: warmup + steps steps i = 0, 1, ..., each `prepare(i)`
+// (untimed; may be empty) then `step(i)` (timed): with CUDA events on lane 0 around step(i) on
+// CUDA (nothing synchronises in between: the host runs ahead, as in a run), with the host clock
+// around a synchronised step(i) on the CPU.
+double time_steps(const Setup& s, const std::function<void(int)>& prepare, const std::function<void(int)>& step) {
+  Backend& be = *s.be;
+  const int n = s.warmup + s.steps;
+  std::vector<double> ms;
+#ifdef MXLAB_HAVE_CUDA
+  std::unique_ptr<cuda::LaneTimer> timer;
+  if (s.is_cuda) timer = std::make_unique<cuda::LaneTimer>(be, n);
+#endif
+  for (int i = 0; i < n; ++i) {
+    if (prepare) prepare(i);
+    if (!s.is_cuda) be.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+#ifdef MXLAB_HAVE_CUDA
+    if (timer) timer->start(i);
+#endif
+    step(i);
+#ifdef MXLAB_HAVE_CUDA
+    if (timer) timer->stop(i);
+#endif
+    if (!s.is_cuda) {
+      be.synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= s.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+#ifdef MXLAB_HAVE_CUDA
+  if (timer) {
+    const std::vector<double> all = timer->elapsed_ms();
+    ms.assign(all.begin() + s.warmup, all.end());
+  }
+#endif
+  be.synchronize();
+  return median(ms);
+}
+
+// `piece` as the trainer runs an unlogged step: one captured unit under `key`, replayed (CUDA
+// graphs), or eagerly with --no-graphs.
+void run_captured(const Setup& s, int key, const std::function<void()>& piece) {
+  Backend& be = *s.be;
+  if (!s.graphs) {
+    piece();
+    be.join();
+  } else if (!be.replay(key)) {
+    const bool rec = be.begin_capture(key);
+    piece();
+    be.end_capture(key);
+    if (rec) be.replay(key);
+  }
+}
+
 // The trainer's configuration for timing its steps: no curvature, snapshots, interventions or
 // checkpoints; no progress line.
 RunConfig bare_trainer_config(RunConfig cfg) {
@@ -98,173 +278,6 @@ RunConfig bare_trainer_config(RunConfig cfg) {
   cfg.checkpoint_every = 0;
   return cfg;
 }
-
-// The trainer's own step (compute, update, the shadow pass every bias_every steps and its
-// metrics; CUDA graphs as the trainer uses them), ms per step: `warmup` steps, then the wall
-// time of `steps` more over their count. Logging happens only at step 0 and the last step.
-double trainer_ms_per_step(Backend& be, RunConfig cfg, int warmup, int steps) {
-  cfg = bare_trainer_config(cfg);
-  cfg.steps = warmup + steps + 2;
-  cfg.log.log_every = cfg.steps;
-  MemorySink sink;
-  Trainer tr(cfg, be, sink);
-  tr.open_output();
-  tr.run(RunControl{}, 1 + warmup);  // step 0 logs; then warm-up (graph recording)
-  const auto t0 = std::chrono::steady_clock::now();
-  tr.run(RunControl{}, 1 + warmup + steps);
-  const auto t1 = std::chrono::steady_clock::now();  // run() synchronises before it returns
-  return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
-}
-
-// --log-steps: a logged step against an unlogged one, and its phases.
-struct LogProfile {
-  double logged_ms = 0.0;   // per logged step, no phase clock
-  double clocked_ms = 0.0;  // per logged step with the phase clock (its synchronisations)
-  int bias_every = 1;       // the shadow cadence of the logged and the unlogged steps
-  int shadow_steps = 0;     // logged steps of the timed ones with the shadow pass
-  std::vector<std::pair<std::string, double>> phases;  // ms per logged step, in order of first use
-};
-
-// `warmup` logged steps, then `steps` timed ones without the phase clock and `steps` with it,
-// every one logged (log_every 1) into a RunFile in a temporary directory.
-LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps) {
-  cfg = bare_trainer_config(cfg);
-  cfg.steps = warmup + 2 * steps + 1;
-  // The unlogged step's shadow cadence (bias_every 0 means every log_every steps).
-  if (cfg.log.bias_every <= 0) cfg.log.bias_every = cfg.log.log_every;
-  cfg.log.log_every = 1;
-  namespace fs = std::filesystem;
-  struct TempDir {  // removed however the profile ends (after the run file below is closed)
-    fs::path path;
-    ~TempDir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } dir{fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid())};
-  fs::create_directories(dir.path);
-  LogProfile p;
-  p.bias_every = std::max(1, cfg.log.bias_every);
-  {
-    std::unique_ptr<RunFile> file = RunFile::create((dir.path / "bench.h5").string(), Attrs{});
-    Trainer tr(cfg, be, *file);
-    tr.open_output();
-    tr.run(RunControl{}, warmup);
-    auto timed = [&](int64_t to) {
-      const auto t0 = std::chrono::steady_clock::now();
-      tr.run(RunControl{}, to);  // run() synchronises before it returns
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
-    };
-    p.logged_ms = timed(warmup + steps);
-    auto last = std::chrono::steady_clock::now();
-    tr.set_phase_clock([&](const char* phase) {
-      be.synchronize();
-      const auto now = std::chrono::steady_clock::now();
-      if (phase) {
-        const double ms = std::chrono::duration<double, std::milli>(now - last).count() / steps;
-        auto it = std::find_if(p.phases.begin(), p.phases.end(), [&](const auto& e) { return e.first == phase; });
-        if (it == p.phases.end()) p.phases.push_back({phase, ms});
-        else it->second += ms;
-      }
-      last = now;
-    });
-    p.clocked_ms = timed(warmup + 2 * steps);
-    for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % p.bias_every == 0;
-  }
-  return p;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// The state of a paired run at one configuration, in backend memory.
-struct Bench {
-  Backend& be;
-  RunConfig cfg;
-  NetShape S, T;
-  int64_t B = 0;
-  size_t P = 0;
-  float *p32, *g32, *m32, *v32, *pmx, *gmx, *mmx, *vmx, *gsh, *tp, *x, *target;
-  Workspace ws32, wsmx, wssh, wst;
-  PassPolicy pol32, polmx;
-  Backend::AdamHyper hyper;
-
-  Bench(Backend& b, const RunConfig& c) : be(b), cfg(c) {
-    S = NetShape::student(cfg.model, cfg.data.seq_len);
-    T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
-    B = cfg.tokens();
-    P = static_cast<size_t>(S.num_params);
-    const std::vector<float> init = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
-    const std::vector<float> tinit = init_params(T, InitKind::pytorch, 1.0f, cfg.seed, Stream::teacher_init);
-    for (float** p : {&p32, &g32, &m32, &v32, &pmx, &gmx, &mmx, &vmx, &gsh}) *p = be.alloc(P);
-    tp = be.alloc(static_cast<size_t>(T.num_params));
-    x = be.alloc(static_cast<size_t>(B * S.d));
-    target = be.alloc(static_cast<size_t>(B * S.d));
-    be.upload(p32, init.data(), P);
-    be.upload(pmx, init.data(), P);
-    be.upload(tp, tinit.data(), tinit.size());
-    for (float* p : {m32, v32, mmx, vmx}) be.fill(p, 0.0f, P);
-    ws32 = Workspace::make(be, S, B);
-    wsmx = Workspace::make(be, S, B);
-    wssh = Workspace::make(be, S, B);
-    wst = Workspace::make(be, T, B);
-    for (Workspace* w : {&ws32, &wsmx, &wssh}) be.fill(w->loss, 0.0f, 1);  // read at the end, also when not run
-    pol32.p = PrecisionConfig::fp32();
-    pol32.seed = cfg.seed;
-    polmx.p = cfg.precision;
-    polmx.seed = cfg.seed;
-    hyper.beta1 = cfg.optimizer.beta1;
-    hyper.beta2 = cfg.optimizer.beta2;
-    hyper.eps = cfg.optimizer.eps;
-    hyper.weight_decay = cfg.optimizer.weight_decay;
-    hyper.decoupled = cfg.optimizer.name == OptKind::adamw;
-  }
-
-  StepScalars scalars(uint32_t step) const {
-    const float t = static_cast<float>(step + 1);
-    return StepScalars{step, cfg.optimizer.lr, 1.0f - std::pow(cfg.optimizer.beta1, t),
-                       1.0f - std::pow(cfg.optimizer.beta2, t)};
-  }
-
-  void data() {
-    const size_t n = static_cast<size_t>(B * S.d);
-    be.randn(x, n, cfg.seed, Stream::data, 1.0f);
-    forward(be, T, tp, x, wst, pol32);
-    be.copy(target, wst.out, n);
-    be.add_randn(target, n, cfg.seed, Stream::label_noise, cfg.data.label_noise);
-  }
-  void fwd_bwd(const float* params, Workspace& ws, float* grads, const PassPolicy& pol) {
-    forward(be, S, params, x, ws, pol);
-    loss_and_grad(be, cfg.loss_spec(), target, ws, pol, nullptr);
-    backward(be, S, params, x, ws, grads, pol);
-  }
-  void step32() {
-    fwd_bwd(p32, ws32, g32, pol32);
-    be.adam(p32, g32, m32, v32, P, hyper);
-  }
-  void stepmx() {
-    fwd_bwd(pmx, wsmx, gmx, polmx);
-    be.adam(pmx, gmx, mmx, vmx, P, hyper);
-  }
-  void shadow() { fwd_bwd(pmx, wssh, gsh, pol32); }
-  // The whole paired step: targets first; then the FP32 step, the MX forward/backward and
-  // the shadow pass (which must read the MX weights before their update) concurrently.
-  void paired() {
-    data();
-    be.set_lane(1);
-    step32();
-    be.set_lane(2);
-    fwd_bwd(pmx, wsmx, gmx, polmx);
-    be.set_lane(3);
-    shadow();
-    be.join();
-    be.adam(pmx, gmx, mmx, vmx, P, hyper);
-  }
-};
-
 // One GEMM in the Backend's convention (C[M x N] = A B^T; *_kc: stored with K contiguous),
 // `batch` of them in one strided-batched call.
 struct Shape {
@@ -320,310 +333,454 @@ double gflop(const std::vector<Shape>& v) {
 struct Figure {
   const char* key;    // JSON key
   const char* label;  // printed
-  double ms = 0.0;
+  double ms = 0.0;        // 0: not run (--only)
   double floor_ms = 0.0;  // 0: no floor
   double gflop = 0.0;
 };
 
-void run_bench(const Args& a) {
-  RunConfig cfg;
-  if (a.path.empty()) {
-    cfg = config_from_yaml_string("", "defaults", a.sets);
-  } else {
-    // A sweep benches one of its runs (they share the step's shape unless the sweep changes it).
-    const std::vector<ExpandedRun> runs = expand_experiment(a.path, a.sets);
-    if (a.run < 0 || static_cast<size_t>(a.run) >= runs.size())
-      throw Error(msg("--run ", a.run, ": ", a.path, " has ", runs.size(), " run", runs.size() == 1 ? "" : "s",
-                      " (indices 0..", runs.size() - 1, "; see mxlab plan ", a.path, ")"));
-    const ExpandedRun& r = runs[static_cast<size_t>(a.run)];
-    cfg = r.cfg;
-    if (runs.size() > 1) {
-      std::string sw;
-      for (const auto& kv : r.swept) sw += (sw.empty() ? "" : ", ") + kv.first + "=" + kv.second;
-      std::fprintf(stderr, "note: %s expands to %zu runs; benchmarking run %d (%s); choose another with --run I\n",
-                   a.path.c_str(), runs.size(), a.run, sw.c_str());
-    }
-  }
-  if (a.depth > 0) cfg.model.depth = a.depth;
-  if (a.width > 0) cfg.model.width = a.width;
-  if (a.batch > 0) cfg.data.batch = a.batch;
-  validate_config(cfg);
-  std::unique_ptr<Backend> be = make_backend(a.device);
-  const bool is_cuda = be->name().rfind("cuda", 0) == 0;
-  check_run_fits_memory(cfg, !is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
-                        static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
-  const int steps = a.steps > 0 ? a.steps : (is_cuda ? kCudaSteps : kCpuSteps);
-  const int warmup = a.warmup >= 0 ? a.warmup : (is_cuda ? kCudaWarmup : kCpuWarmup);
-  const bool graphs = is_cuda && !a.no_graphs;
-  if (graphs && warmup < 3)
-    throw Error(msg("--warmup ", warmup, " is too short with CUDA graphs (the first pass of a step runs eagerly, "
-                    "the second records): use --warmup 3 or more, or --no-graphs"));
+// The trainer of the step figures: one MX arm under the configuration's precision policy (the
+// --arms figures time the experiment's arms), the shadow pass on every unlogged step (the paired
+// figure's step), and at least `steps` steps (the experiment's run, lengthened where shorter).
+RunConfig step_trainer_config(const RunConfig& cfg, int steps) {
+  RunConfig c = bare_trainer_config(cfg);
+  c.arms.clear();
+  c.log.bias_every = 1;
+  c.steps = std::max(c.steps, steps);
+  return c;
+}
 
-  Bench bench(*be, cfg);
-  std::printf("mxlab bench: %s\n", be->name().c_str());
-  std::printf("  math mode: %s\n", be->math_mode().c_str());
-  std::printf("  TF32: off (FP32 GEMMs are IEEE: %s)\n", is_cuda ? "cuBLAS pedantic SGEMM" : "Eigen FP32");
-  std::printf("  config: %s  L=%d d=%d H=%d B=%lld act=%s, MX policy weight=%s activation=%s grad=%s "
-              "elementwise=%s\n",
-              a.path.empty() ? "(defaults)" : a.path.c_str(), bench.S.depth, bench.S.d, bench.S.hidden,
-              static_cast<long long>(bench.B), act_name(cfg.model.activation), name(cfg.precision.weight),
-              name(cfg.precision.activation), name(cfg.precision.grad), cfg.precision.elementwise_bf16 ? "bf16" : "fp32");
-  if (bench.S.attention())
-    std::printf("  attention blocks: %d sequences x %d tokens (B above = tokens), %d heads of %d; attn_logits=%s "
-                "attn_probs=%s\n",
-                cfg.data.batch, cfg.data.seq_len, bench.S.heads, bench.S.head_dim(),
-                name(cfg.precision.attn_logits_fmt()), name(cfg.precision.attn_probs_fmt()));
-#ifdef MXLAB_HAVE_CUDA
-  if (is_cuda) {
-    cuda::set_producer_quant(*be, !a.no_producer_quant);
-    std::printf("  producer-side quantization: %s\n",
-                a.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
-                                    : "on (layernorm / activation / add kernels write the next GEMM's MX operand; "
-                                      "each pass's weights are quantized together, ahead)");
-  }
-#endif
-  std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", warmup, steps,
-              graphs ? "CUDA graphs on, CUDA events" : (is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
+// The step figures and the trainer they ran on, with what it trained: the FP32 and MX figures
+// each train their trajectory through steps 0 .. n-1, the paired figure both through n .. 2n-1
+// (n = warmup + steps), as a run would (the curvature figure measures at the FP32 trajectory).
+struct StepFigures {
+  std::vector<Figure> figs;          // indexed by Fig
+  std::unique_ptr<MemorySink> sink;  // the trainer's (the paired figure's shadow rows)
+  std::unique_ptr<Trainer> trainer;
+  int64_t fp32_steps = 0, mx_steps = 0;     // steps each trajectory has trained
+  double fp32_loss = kNaN, mx_loss = kNaN;  // the loss of its last step (fp32_steps - 1, mx_steps - 1)
+  bool lengthened = false;                  // the trainer's run is longer than the experiment's
+};
 
-  // Time `body` as a step with capture key `key`, the way the trainer runs a step.
-  auto time_region = [&](int key, const std::function<void()>& body) {
-    std::vector<double> ms;
-#ifdef MXLAB_HAVE_CUDA
-    std::unique_ptr<cuda::LaneTimer> timer;
-    if (is_cuda) timer = std::make_unique<cuda::LaneTimer>(*be, warmup + steps);
-#endif
-    for (int i = 0; i < warmup + steps; ++i) {
-      be->set_step(bench.scalars(static_cast<uint32_t>(i)));
-      const auto t0 = std::chrono::steady_clock::now();
-#ifdef MXLAB_HAVE_CUDA
-      if (timer) timer->start(i);
-#endif
-      if (!graphs) {
-        body();
-        be->join();
-      } else if (!be->replay(key)) {
-        const bool rec = be->begin_capture(key);
-        body();
-        be->end_capture(key);
-        if (rec) be->replay(key);
-      }
-#ifdef MXLAB_HAVE_CUDA
-      if (timer) timer->stop(i);
-#endif
-      if (!is_cuda) {
-        be->synchronize();
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-    }
-#ifdef MXLAB_HAVE_CUDA
-    if (timer) {
-      const std::vector<double> all = timer->elapsed_ms();
-      ms.assign(all.begin() + warmup, all.end());
-    }
-#endif
-    be->synchronize();
-    return median(ms);
-  };
+// Step t's scalars and batch, as the trainer makes them (the batch one captured unit).
+void batch_at(const Setup& s, Trainer& tr, int64_t t) {
+  s.be->set_step(step_scalars(tr.config(), t));
+  run_captured(s, kKeyData, [&] { tr.step_batch(); });
+}
 
-  const std::vector<Shape> student = pass_gemms(bench.S, bench.B, true);
-  const std::vector<Shape> teacher = pass_gemms(bench.T, bench.B, false);
-  std::vector<Figure> figs = {
+// Trajectory i's part of steps 0, 1, ...: each on its own batch, made before its timer starts.
+double time_trajectory_figure(const Setup& s, Trainer& tr, size_t i, int key) {
+  return time_steps(s, [&](int t) { batch_at(s, tr, t); },
+                    [&](int) { run_captured(s, key, [&] { tr.step_trajectory(i); }); });
+}
+
+// The MX trajectory's shadow pass (an FP32 forward + loss + backward) on the batches of steps 0, 1, ...
+double time_shadow_figure(const Setup& s, Trainer& tr) {
+  return time_steps(s, [&](int t) { batch_at(s, tr, t); },
+                    [&](int) { run_captured(s, kKeyShadow, [&] { tr.step_shadow(1); }); });
+}
+
+double time_data_figure(const Setup& s, Trainer& tr) {
+  return time_steps(s, [&](int t) { s.be->set_step(step_scalars(tr.config(), t)); },
+                    [&](int) { run_captured(s, kKeyData, [&] { tr.step_batch(); }); });
+}
+
+StepFigures time_step_figures(const Setup& s) {
+  const std::vector<Shape> student = pass_gemms(s.S, s.B, true), teacher = pass_gemms(s.T, s.B, false);
+  StepFigures out;
+  out.figs = {
       {"fp32_step_ms", "FP32 trajectory step", 0, 0, gflop(student)},
       {"mx_step_ms", "MX trajectory step", 0, 0, gflop(student)},
       {"shadow_ms", "shadow pass (FP32 at MX weights)", 0, 0, gflop(student)},
       {"data_ms", "data + teacher forward", 0, 0, gflop(teacher)},
       {"paired_ms", "paired step (all, on lanes)", 0, 0, 3 * gflop(student) + gflop(teacher)},
   };
-  const std::vector<std::pair<int, std::function<void()>>> bodies = {
-      {kKeyFp32, [&] { bench.step32(); }},
-      {kKeyMx, [&] { bench.stepmx(); }},
-      {kKeyShadow, [&] { bench.shadow(); }},
-      {kKeyData, [&] { bench.data(); }},
-      {kKeyPaired, [&] { bench.paired(); }},
-  };
-  static const char* const kOnlyNames[] = {"fp32", "mx", "shadow", "data", "paired", "curvature"};
-  constexpr int kOnlyCurvature = 5;
-  int only = -1;
-  if (!a.only.empty()) {
-    for (int i = 0; i <= kOnlyCurvature; ++i)
-      if (a.only == kOnlyNames[i]) only = i;
-    if (only < 0) throw Error(msg("--only ", a.only, ": use one of fp32, mx, shadow, data, paired, curvature"));
+  const int n = s.warmup + s.steps;
+  out.sink = std::make_unique<MemorySink>();
+  out.trainer = std::make_unique<Trainer>(step_trainer_config(s.cfg, 2 * n), *s.be, *out.sink);
+  Trainer& tr = *out.trainer;
+  tr.set_step_capture(s.graphs);
+  out.lengthened = tr.config().steps != s.cfg.steps;
+  auto loss_of = [&](size_t i) -> double { return s.be->read_scalar(tr.trajectory(i).ws.loss); };
+  if (s.wants(kFigFp32)) {
+    out.figs[kFigFp32].ms = time_trajectory_figure(s, tr, 0, kKeyFp32);
+    out.fp32_steps = n;
+    out.fp32_loss = loss_of(0);
   }
-  bench.data();  // targets for the single-trajectory figures
-  for (int i = 0; i < 5; ++i)
-    if (only < 0 || only == i) figs[i].ms = time_region(bodies[i].first, bodies[i].second);
-  const float loss32 = be->read_scalar(bench.ws32.loss), lossmx = be->read_scalar(bench.wsmx.loss);
-  if (!std::isfinite(loss32) || !std::isfinite(lossmx))
-    throw Error(msg("bench: non-finite loss after the timed steps (fp32 ", loss32, ", mx ", lossmx,
+  if (s.wants(kFigMx)) {
+    out.figs[kFigMx].ms = time_trajectory_figure(s, tr, 1, kKeyMx);
+    out.mx_steps = n;
+    out.mx_loss = loss_of(1);
+  }
+  if (s.wants(kFigShadow)) out.figs[kFigShadow].ms = time_shadow_figure(s, tr);
+  if (s.wants(kFigData)) out.figs[kFigData].ms = time_data_figure(s, tr);
+  if (s.wants(kFigPaired)) {
+    MXLAB_ASSERT(out.fp32_steps == out.mx_steps, "the paired figure continues both trajectories from one step");
+    tr.set_step(out.fp32_steps);  // where the FP32 and MX figures left off
+    out.figs[kFigPaired].ms = time_steps(s, {}, [&](int) { tr.step_unlogged(); });
+    tr.run(RunControl{}, tr.step());  // no more steps: flushes the queued shadow rows, synchronises
+    out.fp32_steps = out.mx_steps = tr.step();
+    out.fp32_loss = loss_of(0);
+    out.mx_loss = loss_of(1);
+  }
+  if ((out.fp32_steps > 0 && !std::isfinite(out.fp32_loss)) || (out.mx_steps > 0 && !std::isfinite(out.mx_loss)))
+    throw Error(msg("bench: non-finite loss after the timed steps (fp32 ", out.fp32_loss, ", mx ", out.mx_loss,
                     "): the timings would be of a broken step"));
+  return out;
+}
 
-  double floor_sgemm = 0.0, floor_bf16 = 0.0, floor_teacher = 0.0;
-  double floor_sgemm_default = 0.0, sgemm_default_diff = 0.0;  // a candidate for the FP32 GEMMs, not used
+// The cuBLAS floors of the step figures (CUDA; not with --only).
+struct Floors {
+  double sgemm = 0.0, bf16 = 0.0, teacher = 0.0;
+  double sgemm_default = 0.0, sgemm_default_diff = 0.0;  // a candidate for the FP32 GEMMs, not used
+};
+
+Floors measure_floors(const Setup& s, std::vector<Figure>& figs) {
+  Floors f;
 #ifdef MXLAB_HAVE_CUDA
-  if (is_cuda && only < 0) {
-    int dev = 0;
-    if (a.device.size() > 5) dev = std::stoi(a.device.substr(5));
-    auto to_cuda = [](const std::vector<Shape>& v) {
-      std::vector<cuda::GemmShape> out;
-      for (const Shape& g : v) out.push_back({g.M, g.N, g.K, g.a_kc, g.b_kc, g.batch});
-      return out;
-    };
-    floor_sgemm = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::sgemm, dev, 3, kFloorReps);
-    floor_bf16 = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::bf16, dev, 3, kFloorReps);
-    floor_teacher = cuda::gemm_floor_ms(to_cuda(teacher), cuda::FloorKind::sgemm, dev, 3, kFloorReps);
-    floor_sgemm_default = cuda::gemm_floor_ms(to_cuda(student), cuda::FloorKind::sgemm_default, dev, 3, kFloorReps);
-    sgemm_default_diff = cuda::sgemm_default_rel_diff(to_cuda(student).front(), dev);
-    const bool mx_gemms = is_mx(cfg.precision.weight) || is_mx(cfg.precision.activation) ||
-                          cfg.precision.weight == NumFmt::bf16 || cfg.precision.elementwise_bf16;
-    figs[0].floor_ms = floor_sgemm;
-    figs[1].floor_ms = mx_gemms ? floor_bf16 : floor_sgemm;
-    figs[2].floor_ms = floor_sgemm;
-    figs[3].floor_ms = floor_teacher;
-    figs[4].floor_ms = 2 * floor_sgemm + figs[1].floor_ms + floor_teacher;  // serial sum of the parts' floors
-  }
+  if (!s.is_cuda || s.only != kOnlyAll) return f;
+  int dev = 0;
+  if (s.args.device.size() > 5) dev = std::stoi(s.args.device.substr(5));
+  auto to_cuda = [](const std::vector<Shape>& v) {
+    std::vector<cuda::GemmShape> out;
+    for (const Shape& g : v) out.push_back({g.M, g.N, g.K, g.a_kc, g.b_kc, g.batch});
+    return out;
+  };
+  const std::vector<cuda::GemmShape> student = to_cuda(pass_gemms(s.S, s.B, true));
+  const std::vector<cuda::GemmShape> teacher = to_cuda(pass_gemms(s.T, s.B, false));
+  f.sgemm = cuda::gemm_floor_ms(student, cuda::FloorKind::sgemm, dev, 3, kFloorReps);
+  f.bf16 = cuda::gemm_floor_ms(student, cuda::FloorKind::bf16, dev, 3, kFloorReps);
+  f.teacher = cuda::gemm_floor_ms(teacher, cuda::FloorKind::sgemm, dev, 3, kFloorReps);
+  f.sgemm_default = cuda::gemm_floor_ms(student, cuda::FloorKind::sgemm_default, dev, 3, kFloorReps);
+  f.sgemm_default_diff = cuda::sgemm_default_rel_diff(student.front(), dev);
+  const PrecisionConfig& p = s.cfg.precision;
+  const bool mx_gemms = is_mx(p.weight) || is_mx(p.activation) || p.weight == NumFmt::bf16 || p.elementwise_bf16;
+  figs[kFigFp32].floor_ms = f.sgemm;
+  figs[kFigMx].floor_ms = mx_gemms ? f.bf16 : f.sgemm;
+  figs[kFigShadow].floor_ms = f.sgemm;
+  figs[kFigData].floor_ms = f.teacher;
+  figs[kFigPaired].floor_ms = 2 * f.sgemm + figs[kFigMx].floor_ms + f.teacher;  // serial sum of the parts' floors
+#else
+  (void)s;
+  (void)figs;
 #endif
+  return f;
+}
 
+// A loss as text with every digit a float has (the same bits as a run file's).
+std::string loss_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void print_step_figures(const Setup& s, const StepFigures& st, const Floors& fl) {
   std::printf("\n  %-36s %10s %10s %8s %10s\n", "figure", "ms/step", "floor ms", "ratio", "TFLOP/s");
-  for (const Figure& f : figs) {
+  for (const Figure& f : st.figs) {
     if (f.ms <= 0) continue;  // not run (--only)
-    const double tflops = f.ms > 0 ? f.gflop / f.ms : 0.0;  // GFLOP / ms = TFLOP/s
+    const double tflops = f.gflop / f.ms;  // GFLOP / ms = TFLOP/s
     if (f.floor_ms > 0)
       std::printf("  %-36s %10.3f %10.3f %8.3f %10.2f\n", f.label, f.ms, f.floor_ms, f.ms / f.floor_ms, tflops);
     else
       std::printf("  %-36s %10.3f %10s %8s %10.2f\n", f.label, f.ms, "-", "-", tflops);
   }
-  if (is_cuda)
+  const std::vector<Shape> student = pass_gemms(s.S, s.B, true);
+  if (fl.sgemm > 0)
     std::printf("  floors: cuBLAS alone on the same GEMM shapes (%zu per step): SGEMM %.3f ms, bf16 %.3f ms, "
                 "teacher SGEMM %.3f ms\n",
-                student.size(), floor_sgemm, floor_bf16, floor_teacher);
-  if (floor_sgemm_default > 0)
+                student.size(), fl.sgemm, fl.bf16, fl.teacher);
+  if (fl.sgemm_default > 0)
     std::printf("  not used, for comparison: FP32 SGEMM as CUBLAS_COMPUTE_32F with the default math mode (TF32 off) "
                 "%.3f ms = %.3f x pedantic; max relative difference from pedantic on the %lld x %lld x %lld GEMM "
                 "%.2g (IEEE FP32 in another order ~1e-6, TF32 ~1e-3)\n",
-                floor_sgemm_default, floor_sgemm_default / floor_sgemm, static_cast<long long>(student.front().M),
+                fl.sgemm_default, fl.sgemm_default / fl.sgemm, static_cast<long long>(student.front().M),
                 static_cast<long long>(student.front().N), static_cast<long long>(student.front().K),
-                sgemm_default_diff);
-  std::printf("  final losses: fp32 %.6g, mx %.6g\n", loss32, lossmx);
+                fl.sgemm_default_diff);
+  auto loss = [](int64_t steps, double v) {
+    return steps > 0 ? msg(loss_text(v), " at step ", steps - 1) : std::string("- (not trained)");
+  };
+  if (st.fp32_steps > 0 || st.mx_steps > 0)
+    std::printf("  final losses: fp32 %s, mx %s (the trainer's, as mxlab run computes them at that step%s)\n",
+                loss(st.fp32_steps, st.fp32_loss).c_str(), loss(st.mx_steps, st.mx_loss).c_str(),
+                st.lengthened ? msg("; the run lengthened to ", st.trainer->config().steps,
+                                    " steps for the bench, which moves a cosine schedule").c_str()
+                              : "");
 #ifdef MXLAB_HAVE_CUDA
-  if (is_cuda)
+  if (s.is_cuda)
     std::printf("  GEMM operands taken from their producers: %lld (counted as steps are issued: eager runs and graph "
                 "recordings, not replays)\n",
-                static_cast<long long>(cuda::producer_quant_hits(*be)));
+                static_cast<long long>(cuda::producer_quant_hits(*s.be)));
 #endif
+}
+// ---- --arms K: the trainer's run with 1 arm and with K arms ----
 
-  // --arms K: the trainer with 1 arm and with K arms.
-  double t1 = 0.0, tk = 0.0, serial = 0.0, saving = 0.0;
-  int K = 0;
-  if (a.arms > 0 || (!cfg.arms.empty() && only < 0)) {
-    RunConfig one = cfg, many = cfg;
-    one.arms.clear();
-    if (a.arms > 0) {
-      many.arms.clear();
-      for (int k = 0; k < a.arms; ++k) many.arms.push_back({msg("arm", k), "", {}});
+// The trainer's run (every step of it: compute, update, the shadow pass every bias_every steps
+// and its metrics; CUDA graphs as the trainer uses them unless --no-graphs), ms per step:
+// `warmup` steps, then the wall time of `steps` more over their count. It logs only at step 0.
+double trainer_ms_per_step(const Setup& s, RunConfig cfg) {
+  cfg = bare_trainer_config(cfg);
+  cfg.steps = std::max(cfg.steps, s.warmup + s.steps + 2);  // the experiment's run, lengthened where shorter
+  cfg.log.log_every = cfg.steps;
+  MemorySink sink;
+  Trainer tr(cfg, *s.be, sink);
+  tr.set_step_capture(s.graphs);
+  tr.open_output();
+  tr.run(RunControl{}, 1 + s.warmup);  // step 0 logs; then warm-up (graph recording)
+  const auto t0 = std::chrono::steady_clock::now();
+  tr.run(RunControl{}, 1 + s.warmup + s.steps);
+  const auto t1 = std::chrono::steady_clock::now();  // run() synchronises before it returns
+  return std::chrono::duration<double, std::milli>(t1 - t0).count() / s.steps;
+}
+
+struct ArmsFigures {
+  int K = 0;  // 0: not timed
+  int bias_every = 1;
+  double one_ms = 0.0, arms_ms = 0.0;  // the trainer's step with 1 arm, with K arms
+  double serial_ms = 0.0;              // FP32 + K x (MX + shadow / bias_every) + data, from the step figures
+  double saving = 0.0;                 // per recipe-step: 1 arm over K arms / K
+};
+
+ArmsFigures time_arms(const Setup& s, const std::vector<Figure>& figs) {
+  ArmsFigures r;
+  if (!(s.args.arms > 0 || (!s.cfg.arms.empty() && s.only == kOnlyAll))) return r;
+  RunConfig one = s.cfg, many = s.cfg;
+  one.arms.clear();
+  if (s.args.arms > 0) {
+    many.arms.clear();
+    for (int k = 0; k < s.args.arms; ++k) many.arms.push_back({msg("arm", k), "", {}});
+  }
+  r.K = static_cast<int>(many.arms.size());
+  r.bias_every = s.cfg.log.bias_every > 0 ? s.cfg.log.bias_every : s.cfg.log.log_every;
+  r.one_ms = trainer_ms_per_step(s, one);
+  r.arms_ms = trainer_ms_per_step(s, many);
+  r.serial_ms = figs[kFigFp32].ms + r.K * (figs[kFigMx].ms + figs[kFigShadow].ms / r.bias_every) + figs[kFigData].ms;
+  r.saving = r.one_ms / (r.arms_ms / r.K);
+  return r;
+}
+
+void print_arms(const Setup& s, const ArmsFigures& r) {
+  if (r.K == 0) return;
+  std::printf("\n  trainer step (shadow every %d steps%s):\n", r.bias_every,
+              s.graphs ? ", CUDA graphs as the trainer uses them" : "");
+  std::printf("  %-36s %10.3f\n", "1 arm (a run of one recipe)", r.one_ms);
+  std::printf("  %-36s %10.3f   serial sum of parts %.3f (FP32 + %d x (MX + shadow/%d) + data): ratio %.3f\n",
+              msg(r.K, " arms").c_str(), r.arms_ms, r.serial_ms, r.K, r.bias_every, r.arms_ms / r.serial_ms);
+  std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", r.K, r.arms_ms / r.K,
+              r.one_ms, r.saving);
+}
+
+// ---- --log-steps N: a logged trainer step against an unlogged one, and its phases ----
+
+// --log-steps: a logged step against an unlogged one, and its phases.
+struct LogProfile {
+  double logged_ms = 0.0;   // per logged step, no phase clock
+  double clocked_ms = 0.0;  // per logged step with the phase clock (its synchronisations)
+  int bias_every = 1;       // the shadow cadence of the logged and the unlogged steps
+  int shadow_steps = 0;     // logged steps of the timed ones with the shadow pass
+  std::vector<std::pair<std::string, double>> phases;  // ms per logged step, in order of first use
+};
+
+// `warmup` logged steps, then `steps` timed ones without the phase clock and `steps` with it,
+// every one logged (log_every 1) into a RunFile in a temporary directory.
+// The experiment's run, lengthened where shorter: its schedule.
+LogProfile trainer_log_profile(Backend& be, RunConfig cfg, int warmup, int steps) {
+  cfg = bare_trainer_config(cfg);
+  cfg.steps = std::max(cfg.steps, warmup + 2 * steps + 1);
+  // The unlogged step's shadow cadence (bias_every 0 means every log_every steps).
+  if (cfg.log.bias_every <= 0) cfg.log.bias_every = cfg.log.log_every;
+  cfg.log.log_every = 1;
+  namespace fs = std::filesystem;
+  struct TempDir {  // removed however the profile ends (after the run file below is closed)
+    fs::path path;
+    ~TempDir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
     }
-    K = static_cast<int>(many.arms.size());
-    const int bias_every = cfg.log.bias_every > 0 ? cfg.log.bias_every : cfg.log.log_every;
-    t1 = trainer_ms_per_step(*be, one, warmup, steps);
-    tk = trainer_ms_per_step(*be, many, warmup, steps);
-    serial = figs[0].ms + K * (figs[1].ms + figs[2].ms / bias_every) + figs[3].ms;
-    saving = t1 / (tk / K);
-    std::printf("\n  trainer step (shadow every %d steps%s):\n", bias_every, is_cuda ? ", CUDA graphs as the trainer uses them" : "");
-    std::printf("  %-36s %10.3f\n", "1 arm (a run of one recipe)", t1);
-    std::printf("  %-36s %10.3f   serial sum of parts %.3f (FP32 + %d x (MX + shadow/%d) + data): ratio %.3f\n",
-                msg(K, " arms").c_str(), tk, serial, K, bias_every, tk / serial);
-    std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", K, tk / K, t1, saving);
-  }
-
-  // --log-steps N: a logged trainer step against an unlogged one, and its phases.
-  LogProfile lp;
-  double unlogged_ms = 0.0;
-  if (a.log_steps > 0) {
-    unlogged_ms = trainer_ms_per_step(*be, cfg, warmup, steps);
-    lp = trainer_log_profile(*be, cfg, std::min(warmup, 3), a.log_steps);
-    std::printf("\n  logged trainer step (log_every 1: eager, statistics counted, every metric written to an HDF5 "
-                "run file), %d steps, %d with the shadow pass:\n", a.log_steps, lp.shadow_steps);
-    std::printf("  %-36s %10.3f   unlogged step %.3f ms (shadow every %d steps%s): +%.3f ms per logged step\n",
-                "logged step", lp.logged_ms, unlogged_ms, lp.bias_every, is_cuda ? ", CUDA graphs" : "",
-                lp.logged_ms - unlogged_ms);
-    double sum = 0.0;
-    for (const auto& ph : lp.phases) sum += ph.second;
-    std::printf("  where it goes (each phase synchronised: %.3f ms per logged step in all):\n", lp.clocked_ms);
-    for (const auto& [name, ms] : lp.phases)
-      std::printf("    %-38s %8.3f  %5.1f %%\n", name.c_str(), ms, sum > 0 ? 100.0 * ms / sum : 0.0);
-  }
-
-  // ---- curvature: one measurement at the FP32 weights on the batch, vs one forward-backward ----
-  const bool curv_supported = curvature_supported(cfg.model);
-  if (only == kOnlyCurvature && !curv_supported)
-    throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
-  const bool curv = (only < 0 || only == kOnlyCurvature) && curv_supported;
-  if (only < 0 && !curv_supported)
-    std::printf("\n  curvature: not measured (its Hessian-vector products cover the MLP block with layernorm only)\n");
-  double fb_ms = 0.0, curv_ms = 0.0, curv_h_ms = 0.0;
-  CurvatureResult cres;
-  if (curv) {
-    if (a.curvature_iters < 2) throw Error(msg("--curvature-iters must be at least 2 (got ", a.curvature_iters, ")"));
-    fb_ms = time_region(kKeyFwdBwd, [&] { bench.fwd_bwd(bench.p32, bench.ws32, bench.g32, bench.pol32); });
-    Curvature curvature(*be, bench.S, cfg.loss_spec(), cfg.seed, bench.B);
-    const StepScalars sc = bench.scalars(static_cast<uint32_t>(steps + warmup));
-    be->set_step(sc);
-    auto time_measure = [&](const float* v) {
-      std::vector<double> ms;
-      const int reps = is_cuda ? kCurvatureReps : 1;
-      for (int i = 0; i <= reps; ++i) {  // i == 0: warm-up (records the product's graph)
-        be->synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        cres = curvature.measure(bench.p32, bench.x, bench.target, v, sc.bc2, cfg.optimizer.eps, a.curvature_iters,
-                                 cfg.seed);
-        be->synchronize();
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-      return median(ms);
+  } dir{fs::temp_directory_path() / msg("mxlab_bench_log_", ::getpid())};
+  fs::create_directories(dir.path);
+  LogProfile p;
+  p.bias_every = std::max(1, cfg.log.bias_every);
+  {
+    std::unique_ptr<RunFile> file = RunFile::create((dir.path / "bench.h5").string(), Attrs{});
+    Trainer tr(cfg, be, *file);
+    tr.open_output();
+    tr.run(RunControl{}, warmup);
+    auto timed = [&](int64_t to) {
+      const auto t0 = std::chrono::steady_clock::now();
+      tr.run(RunControl{}, to);  // run() synchronises before it returns
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
     };
-    curv_h_ms = time_measure(nullptr);
-    curv_ms = time_measure(bench.v32);
-    const int gemms = hvp_gemms(bench.S), fb_gemms = 6 * bench.S.depth;
-    std::printf("\n  curvature (probe batch %lld rows, %d Lanczos steps per eigenvalue, FP32 SGEMM):\n",
-                static_cast<long long>(bench.B), a.curvature_iters);
-    std::printf("    FP32 forward+backward (no optimizer)  %10.3f ms\n", fb_ms);
-    std::printf("    lambda_max(H) alone                  %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", curv_h_ms,
-                curv_h_ms / fb_ms, curv_h_ms / fb_ms / a.curvature_iters);
-    std::printf("    lambda_max(H) and lambda_max(P^-1 H) %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", curv_ms,
-                curv_ms / fb_ms, curv_ms / fb_ms / a.curvature_iters);
-    std::printf("    per Hessian-vector product: %d GEMMs (a forward+backward: %d); one primal pass per measurement\n",
-                gemms, fb_gemms);
-    std::printf("    at the FP32 weights: lambda_max(H) %.6g (resid %.2g), lambda_max(P^-1 H) %.6g (resid %.2g), "
-                "probe loss %.6g\n",
-                cres.hessian_lmax, cres.hessian_resid, cres.precond_lmax, cres.precond_resid, cres.loss);
+    p.logged_ms = timed(warmup + steps);
+    auto last = std::chrono::steady_clock::now();
+    tr.set_phase_clock([&](const char* phase) {
+      be.synchronize();
+      const auto now = std::chrono::steady_clock::now();
+      if (phase) {
+        const double ms = std::chrono::duration<double, std::milli>(now - last).count() / steps;
+        auto it = std::find_if(p.phases.begin(), p.phases.end(), [&](const auto& e) { return e.first == phase; });
+        if (it == p.phases.end()) p.phases.push_back({phase, ms});
+        else it->second += ms;
+      }
+      last = now;
+    });
+    p.clocked_ms = timed(warmup + 2 * steps);
+    for (int t = warmup + steps; t < warmup + 2 * steps; ++t) p.shadow_steps += t % p.bias_every == 0;
   }
+  return p;
+}
 
-  std::string json = msg("{\"bench\":\"mxlab\",\"device\":\"", be->name(), "\",\"math_mode\":\"", be->math_mode(),
-                         "\",\"config\":\"", a.path, "\",\"depth\":", bench.S.depth, ",\"width\":", bench.S.d,
-                         ",\"batch\":", bench.B, ",\"block\":\"", bench.S.attention() ? "attention" : "mlp",
-                         "\",\"seq_len\":", cfg.data.seq_len, ",\"steps\":", steps, ",\"warmup\":", warmup,
-                         ",\"graphs\":", graphs ? "true" : "false");
-  for (const Figure& f : figs) {
+struct LogFigures {
+  int steps = 0;  // 0: not timed
+  double unlogged_ms = 0.0;
+  LogProfile profile;
+};
+
+LogFigures time_logged_steps(const Setup& s) {
+  LogFigures r;
+  if (s.args.log_steps <= 0) return r;
+  r.steps = s.args.log_steps;
+  r.unlogged_ms = trainer_ms_per_step(s, s.cfg);
+  r.profile = trainer_log_profile(*s.be, s.cfg, std::min(s.warmup, 3), r.steps);
+  return r;
+}
+
+void print_logged_steps(const Setup& s, const LogFigures& r) {
+  if (r.steps == 0) return;
+  const LogProfile& lp = r.profile;
+  std::printf("\n  logged trainer step (log_every 1: eager, statistics counted, every metric written to an HDF5 "
+              "run file), %d steps, %d with the shadow pass:\n", r.steps, lp.shadow_steps);
+  std::printf("  %-36s %10.3f   unlogged step %.3f ms (shadow every %d steps%s): +%.3f ms per logged step\n",
+              "logged step", lp.logged_ms, r.unlogged_ms, lp.bias_every, s.graphs ? ", CUDA graphs" : "",
+              lp.logged_ms - r.unlogged_ms);
+  double sum = 0.0;
+  for (const auto& ph : lp.phases) sum += ph.second;
+  std::printf("  where it goes (each phase synchronised: %.3f ms per logged step in all):\n", lp.clocked_ms);
+  for (const auto& [name, ms] : lp.phases)
+    std::printf("    %-38s %8.3f  %5.1f %%\n", name.c_str(), ms, sum > 0 ? 100.0 * ms / sum : 0.0);
+}
+
+// ---- curvature: one measurement at the FP32 trajectory's weights vs one forward-backward ----
+
+struct CurvatureFigures {
+  bool measured = false;
+  bool precond = true;  // Adam: lambda_max(P^-1 H) too (SGD: P = I, the trainer measures H alone)
+  double fb_ms = 0.0;   // an FP32 forward + loss + backward (the shadow pass)
+  double hessian_ms = 0.0, both_ms = 0.0;
+  CurvatureResult res;
+};
+
+// As the trainer measures (Trainer::measure_curvature) at the FP32 trajectory's weights and
+// Adam's v after the steps it trained, on the trainer's probe batch (make_probe_batch) of
+// data.batch rows.
+CurvatureFigures time_curvature(const Setup& s, StepFigures& st) {
+  CurvatureFigures c;
+  if (!s.wants(kOnlyCurvature) || !curvature_supported(s.cfg.model)) return c;
+  if (s.args.curvature_iters < 2)
+    throw Error(msg("--curvature-iters must be at least 2 (got ", s.args.curvature_iters, ")"));
+  Backend& be = *s.be;
+  Trainer& tr = *st.trainer;
+  const RunConfig& cfg = tr.config();
+  c.measured = true;
+  c.fb_ms = st.figs[kFigShadow].ms > 0 ? st.figs[kFigShadow].ms : time_shadow_figure(s, tr);
+  const int64_t rows = s.B;
+  const size_t n = static_cast<size_t>(rows * s.S.d);
+  float* px = be.alloc(n);
+  float* py = be.alloc(n);
+  const std::vector<float> tp = teacher_params_host(cfg, s.T);
+  float* teacher = be.alloc(tp.size());
+  be.upload(teacher, tp.data(), tp.size());
+  make_probe_batch(be, cfg, s.T, teacher, rows, px, py);
+  Curvature curvature(be, s.S, cfg.loss_spec(), cfg.seed, rows);
+  const int64_t updates = std::max<int64_t>(1, st.fp32_steps);
+  be.set_step(step_scalars(cfg, updates));
+  const float bc2 = step_scalars(cfg, updates - 1).bc2;  // 1 - beta2^updates: v after `updates` updates
+  c.precond = cfg.optimizer.name != OptKind::sgd;
+  const Trajectory& fp32 = tr.trajectory(0);
+  auto time_measure = [&](const float* v) {
+    std::vector<double> ms;
+    const int reps = s.is_cuda ? kCurvatureReps : 1;
+    for (int i = 0; i <= reps; ++i) {  // i == 0: warm-up (records the product's graph)
+      be.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      c.res = curvature.measure(fp32.params, px, py, v, bc2, cfg.optimizer.eps, s.args.curvature_iters, cfg.seed);
+      be.synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    return median(ms);
+  };
+  c.hessian_ms = time_measure(nullptr);
+  c.both_ms = c.precond ? time_measure(fp32.v) : c.hessian_ms;
+  return c;
+}
+
+void print_curvature(const Setup& s, const CurvatureFigures& c) {
+  if (s.only == kOnlyAll && !curvature_supported(s.cfg.model))
+    std::printf("\n  curvature: not measured (its Hessian-vector products cover the MLP block with layernorm only)\n");
+  if (!c.measured) return;
+  const int iters = s.args.curvature_iters;
+  std::printf("\n  curvature (probe batch %lld rows, %d Lanczos steps per eigenvalue, FP32 SGEMM):\n",
+              static_cast<long long>(s.B), iters);
+  std::printf("    FP32 forward+backward (no optimizer)  %10.3f ms\n", c.fb_ms);
+  std::printf("    lambda_max(H) alone                  %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", c.hessian_ms,
+              c.hessian_ms / c.fb_ms, c.hessian_ms / c.fb_ms / iters);
+  if (c.precond)
+    std::printf("    lambda_max(H) and lambda_max(P^-1 H) %10.3f ms = %7.2f fwd-bwd = %5.2f x iters\n", c.both_ms,
+                c.both_ms / c.fb_ms, c.both_ms / c.fb_ms / iters);
+  else
+    std::printf("    lambda_max(P^-1 H): not measured (sgd: P = I, the trainer measures lambda_max(H) alone)\n");
+  std::printf("    per Hessian-vector product: %d GEMMs (a forward+backward: %d); one primal pass per measurement\n",
+              hvp_gemms(s.S), 6 * s.S.depth);
+  std::printf("    at the FP32 weights: lambda_max(H) %.6g (resid %.2g), lambda_max(P^-1 H) %.6g (resid %.2g), "
+              "probe loss %.6g\n",
+              c.res.hessian_lmax, c.res.hessian_resid, c.res.precond_lmax, c.res.precond_resid, c.res.loss);
+}
+
+// ---- the last line: one JSON object ----
+
+std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, const ArmsFigures& arms,
+                      const LogFigures& log, const CurvatureFigures& curv) {
+  std::string json = msg("{\"bench\":\"mxlab\",\"device\":\"", s.be->name(), "\",\"math_mode\":\"", s.be->math_mode(),
+                         "\",\"config\":\"", s.args.path, "\",\"depth\":", s.S.depth, ",\"width\":", s.S.d,
+                         ",\"batch\":", s.B, ",\"block\":\"", s.S.attention() ? "attention" : "mlp",
+                         "\",\"seq_len\":", s.cfg.data.seq_len, ",\"steps\":", s.steps, ",\"warmup\":", s.warmup,
+                         ",\"graphs\":", s.graphs ? "true" : "false");
+  for (const Figure& f : st.figs) {
     if (f.ms <= 0) continue;
     json += msg(",\"", f.key, "\":", f.ms);
     if (f.floor_ms > 0) json += msg(",\"", f.key, "_floor\":", f.floor_ms, ",\"", f.key, "_ratio\":", f.ms / f.floor_ms);
   }
-  if (floor_sgemm_default > 0)
-    json += msg(",\"sgemm_default_floor_ms\":", floor_sgemm_default, ",\"sgemm_default_rel_diff\":", sgemm_default_diff);
-  if (K > 0)
-    json += msg(",\"arms\":", K, ",\"trainer_1arm_ms\":", t1, ",\"trainer_arms_ms\":", tk, ",\"arms_serial_ms\":", serial,
-                ",\"arms_saving\":", saving);
-  if (curv)
-    json += msg(",\"fwd_bwd_ms\":", fb_ms, ",\"curvature_iters\":", a.curvature_iters, ",\"curvature_hessian_ms\":",
-                curv_h_ms, ",\"curvature_ms\":", curv_ms, ",\"curvature_hessian_fb_equiv\":", curv_h_ms / fb_ms,
-                ",\"curvature_fb_equiv\":", curv_ms / fb_ms, ",\"hvp_gemms\":", hvp_gemms(bench.S));
-  if (a.log_steps > 0) {
-    json += msg(",\"log_steps\":", a.log_steps, ",\"logged_step_ms\":", lp.logged_ms, ",\"unlogged_step_ms\":", unlogged_ms,
-                ",\"logged_step_clocked_ms\":", lp.clocked_ms);
-  }
-  json += msg(",\"step_gflop\":", gflop(student), "}");
-  std::printf("%s\n", json.c_str());
+  if (st.fp32_steps > 0) json += msg(",\"fp32_loss\":", loss_text(st.fp32_loss), ",\"fp32_loss_step\":", st.fp32_steps - 1);
+  if (st.mx_steps > 0) json += msg(",\"mx_loss\":", loss_text(st.mx_loss), ",\"mx_loss_step\":", st.mx_steps - 1);
+  if (fl.sgemm_default > 0)
+    json += msg(",\"sgemm_default_floor_ms\":", fl.sgemm_default, ",\"sgemm_default_rel_diff\":", fl.sgemm_default_diff);
+  if (arms.K > 0)
+    json += msg(",\"arms\":", arms.K, ",\"trainer_1arm_ms\":", arms.one_ms, ",\"trainer_arms_ms\":", arms.arms_ms,
+                ",\"arms_serial_ms\":", arms.serial_ms, ",\"arms_saving\":", arms.saving);
+  if (curv.measured)
+    json += msg(",\"fwd_bwd_ms\":", curv.fb_ms, ",\"curvature_iters\":", s.args.curvature_iters,
+                ",\"curvature_hessian_ms\":", curv.hessian_ms, ",\"curvature_ms\":", curv.both_ms,
+                ",\"curvature_hessian_fb_equiv\":", curv.hessian_ms / curv.fb_ms,
+                ",\"curvature_fb_equiv\":", curv.both_ms / curv.fb_ms, ",\"hvp_gemms\":", hvp_gemms(s.S));
+  if (log.steps > 0)
+    json += msg(",\"log_steps\":", log.steps, ",\"logged_step_ms\":", log.profile.logged_ms,
+                ",\"unlogged_step_ms\":", log.unlogged_ms, ",\"logged_step_clocked_ms\":", log.profile.clocked_ms);
+  json += msg(",\"step_gflop\":", gflop(pass_gemms(s.S, s.B, true)), "}");
+  return json;
+}
+
+void run_bench(const Args& a) {
+  Setup s = make_setup(a);
+  print_setup(s);
+  StepFigures st = time_step_figures(s);
+  const Floors floors = measure_floors(s, st.figs);
+  print_step_figures(s, st, floors);
+  const ArmsFigures arms = time_arms(s, st.figs);
+  print_arms(s, arms);
+  const LogFigures log = time_logged_steps(s);
+  print_logged_steps(s, log);
+  const CurvatureFigures curv = time_curvature(s, st);
+  print_curvature(s, curv);
+  std::printf("%s\n", json_line(s, st, floors, arms, log, curv).c_str());
 }
 
 // `mxlab bench --ops [NAME...] --device D`: instead of the step figures above, each op of the op
@@ -677,7 +834,7 @@ void run_op_bench(const Args& a, const std::vector<std::string>& names) {
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto args = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand("bench", "Time the pieces of a paired training step on a device (ms/step)");
+  CLI::App* sub = app.add_subcommand("bench", "Time the trainer's step and its pieces on a device (ms/step)");
   sub->add_option("config", args->path, "experiment YAML file (omit for the built-in defaults)");
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.width=256 (repeatable)")
       ->allow_extra_args(false);

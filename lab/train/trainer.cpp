@@ -266,56 +266,78 @@ void Trainer::make_targets(size_t i) {
   make_mx_targets(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_mx_, pass_policy(tr, false, 0), tr.target);
 }
 
-void Trainer::compute_phase(bool log, bool shadow) {
-  const PassPolicy fp32_pol = [&] {
-    PassPolicy p;
-    p.p = PrecisionConfig::fp32();
-    p.seed = cfg_.seed;
-    return p;
-  }();
+void Trainer::step_batch() {
   be_.set_lane(kLaneMain);
   make_batch(be_, cfg_, teacher_shape_, teacher_params_, x_, teacher_ws_);  // target_ = teacher_ws_.out
   for (size_t i = 0; i < traj_.size(); ++i)
     if (live(*traj_[i])) make_targets(i);
+}
 
+void Trainer::train_pass(size_t i, bool log) {
+  Trajectory& tr = *traj_[i];
+  gradient_pass(tr.params, targets_of(tr), tr.ws, pass_policy(tr, log, static_cast<int>(i)), tr.grads, tr.loss_hist);
+}
+
+// The shadow pass: FP32 gradient at the MX weights on the same batch (and the same targets:
+// the trajectory's own with data.mx_teacher_targets).
+void Trainer::shadow_pass(size_t i, Workspace& sw) {
+  Trajectory& tr = *traj_[i];
+  PassPolicy fp32_pol;
+  fp32_pol.p = PrecisionConfig::fp32();
+  fp32_pol.seed = cfg_.seed;
+  gradient_pass(tr.params, targets_of(tr), sw, fp32_pol, tr.shadow, nullptr);
+  be_.copy(tr.shadow_loss, sw.loss, 1);
+}
+
+void Trainer::update(Trajectory& tr, bool log) {
+  const size_t np = static_cast<size_t>(shape_.num_params);
+  if (log) be_.copy(tr.prev, tr.params, np);
+  optimizer_step(be_, cfg_, tr.params, tr.grads, tr.m, tr.v, np);
+}
+
+void Trainer::compute_phase(bool log, bool shadow) {
+  step_batch();
   // MX trajectories (and their shadow passes) fork off lane 0 right after the data, so they
   // overlap with the FP32 trajectory, which is issued last on lane 0.
-  auto train_pass = [&](size_t i) {
-    Trajectory& tr = *traj_[i];
-    gradient_pass(tr.params, targets_of(tr), tr.ws, pass_policy(tr, log, static_cast<int>(i)), tr.grads, tr.loss_hist);
-  };
   int j = 0;  // the j-th live MX trajectory: its own pair of lanes
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
     if (!live(tr) || !tr.is_mx) continue;
     be_.set_lane(train_lane(j));
-    train_pass(i);
+    train_pass(i, log);
     if (shadow) {
-      // The shadow pass: FP32 gradient at the MX weights on the same batch (and the same
-      // targets: the trajectory's own with data.mx_teacher_targets).
       const int lane = shadow_lane(j);
-      Workspace& sw = shadow_ws_.at(lane);
       be_.set_lane(lane);
-      gradient_pass(tr.params, targets_of(tr), sw, fp32_pol, tr.shadow, nullptr);
-      be_.copy(tr.shadow_loss, sw.loss, 1);
+      shadow_pass(i, shadow_ws_.at(lane));
     }
     ++j;
   }
   be_.set_lane(kLaneMain);
   for (size_t i = 0; i < traj_.size(); ++i)
-    if (live(*traj_[i]) && !traj_[i]->is_mx) train_pass(i);
+    if (live(*traj_[i]) && !traj_[i]->is_mx) train_pass(i, log);
   be_.set_lane(kLaneMain);
   be_.join();
 }
 
 void Trainer::update_phase(bool log) {
-  const size_t np = static_cast<size_t>(shape_.num_params);
-  for (auto& t : traj_) {
-    Trajectory& tr = *t;
-    if (!live(tr)) continue;
-    if (log) be_.copy(tr.prev, tr.params, np);
-    optimizer_step(be_, cfg_, tr.params, tr.grads, tr.m, tr.v, np);
-  }
+  for (auto& t : traj_)
+    if (live(*t)) update(*t, log);
+}
+
+void Trainer::step_trajectory(size_t i) {
+  MXLAB_ASSERT(i < traj_.size(), "step_trajectory(", i, "): the trainer has ", traj_.size(), " trajectories");
+  be_.set_lane(kLaneMain);
+  train_pass(i, false);
+  update(*traj_[i], false);
+}
+
+void Trainer::step_shadow(size_t i) {
+  MXLAB_ASSERT(i < traj_.size() && traj_[i]->is_mx, "step_shadow(", i, "): not an MX trajectory");
+  int j = 0;  // its place among the live MX trajectories: the workspace of the lane its step uses
+  for (size_t k = 0; k < i; ++k)
+    if (live(*traj_[k]) && traj_[k]->is_mx) ++j;
+  be_.set_lane(kLaneMain);
+  shadow_pass(i, shadow_ws_.at(shadow_lane(j)));
 }
 
 // On shadow steps that are not logged: the running averages and the shadow_* series.
@@ -690,7 +712,10 @@ void Trainer::step_once(bool log) {
   std::vector<bool> alive(traj_.size());
   for (size_t i = 0; i < traj_.size(); ++i) alive[i] = live(*traj_[i]);
   const int key = capture_keys_.key(shadow, alive);
-  if (!be_.replay(key)) {
+  if (!step_capture_) {
+    compute_phase(false, shadow);
+    update_phase(false);
+  } else if (!be_.replay(key)) {
     const bool recording = be_.begin_capture(key);
     compute_phase(false, shadow);
     update_phase(false);
@@ -698,6 +723,13 @@ void Trainer::step_once(bool log) {
     if (recording) be_.replay(key);
   }
   if (shadow) shadow_only_metrics();
+}
+
+void Trainer::step_unlogged() {
+  MXLAB_ASSERT(step_ < cfg_.steps, "step_unlogged at step ", step_, " of a ", cfg_.steps, "-step run");
+  if (!output_open_) open_output();
+  step_once(false);
+  ++step_;
 }
 
 std::string Trainer::run(const RunControl& ctl, int64_t to_step) {

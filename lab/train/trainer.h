@@ -81,6 +81,25 @@ class Trainer {
   // into rows at once, as before the queue existed). The rows and running averages do not
   // depend on it.
   void set_shadow_flush_every(int64_t steps) { shadow_flush_every_ = steps < 1 ? 1 : steps; }
+  // Unlogged steps run as one captured unit (CUDA graphs on the GPU; the default) or, off,
+  // eagerly op by op (`mxlab bench --no-graphs`). The same ops either way: the same bits.
+  void set_step_capture(bool on) { step_capture_ = on; }
+
+  // ---- one unlogged step, or one piece of it, for timing (`mxlab bench`) ----
+  // One step at step() that logs nothing, whatever log_every says, exactly as run() runs a step
+  // between its log steps (branches, snapshots and curvature due then; compute and update as
+  // one captured unit; the shadow metrics on shadow steps), then step() + 1. Unlike run() it
+  // neither synchronises nor checks for a stop, checkpoint or progress, so that steps can be
+  // issued back to back; run(ctl, step()) afterwards flushes the queued shadow rows and
+  // synchronises. step() must be below config().steps.
+  void step_unlogged();
+  // The pieces of the unlogged step, each alone, with the very calls that step makes for it
+  // (the step spreads them over lanes; these run on lane 0). They neither set the step's scalars
+  // (the caller does, as the step does: Backend::set_step(step_scalars(config(), t)), t below
+  // config().steps), nor capture, synchronise or move step().
+  void step_batch();                // the batch: x, teacher(x) + label noise, each live MX trajectory's own targets
+  void step_trajectory(size_t i);   // trajectory i's forward, loss, backward and optimizer update on that batch
+  void step_shadow(size_t i);       // MX trajectory i's shadow pass: the FP32 gradient at its weights on that batch
 
   // ---- state for checkpoints (lab/runs/checkpoint.h) ----
   // Restore the step counter (after restoring trajectory buffers and bookkeeping).
@@ -97,6 +116,12 @@ class Trainer {
   void step_once(bool log);
   void compute_phase(bool log, bool shadow);
   void update_phase(bool log);
+  // The pieces of compute_phase and update_phase (and of step_batch .. step_shadow), on the
+  // current lane: trajectory i's gradient pass (statistics when `log`), MX trajectory i's shadow
+  // pass in workspace `sw`, a trajectory's optimizer update (keeping the old weights when `log`).
+  void train_pass(size_t i, bool log);
+  void shadow_pass(size_t i, Workspace& sw);
+  void update(Trajectory& tr, bool log);
   void start_branches();
   void write_snapshots();
   void measure_curvature();
@@ -161,6 +186,7 @@ class Trainer {
   };
   std::vector<PendingShadow> pending_shadow_;
   int64_t shadow_flush_every_ = 64;
+  bool step_capture_ = true;  // set_step_capture
   void phase(const char* name) {
     if (phase_clock_) phase_clock_(name);
   }
