@@ -1,6 +1,8 @@
 // The metric declarations' helpers (see metrics.h).
 #include "lab/train/metrics.h"
 
+#include <map>
+
 #include "lab/core/error.h"
 #include "lab/model/mlp.h"
 
@@ -48,15 +50,17 @@ std::vector<std::string> family_tensors(MetricFamily family) {
 }
 
 const Metric* find_metric(const std::string& dataset) {
-  for (const Metric* m : metric::kAll) {
-    if (m->family == MetricFamily::none) {
-      if (dataset == m->name) return m;
-      continue;
+  // Every dataset name a declaration can have (each family member), built once.
+  static const std::map<std::string, const Metric*> by_name = [] {
+    std::map<std::string, const Metric*> out;
+    for (const Metric* m : metric::kAll) {
+      if (m->family == MetricFamily::none) out.emplace(m->name, m);
+      for (const std::string& t : family_tensors(m->family)) out.emplace(member_name(*m, t), m);
     }
-    for (const std::string& t : family_tensors(m->family))
-      if (dataset == member_name(*m, t)) return m;
-  }
-  return nullptr;
+    return out;
+  }();
+  const auto it = by_name.find(dataset);
+  return it == by_name.end() ? nullptr : it->second;
 }
 
 std::vector<std::string> dataset_names(const Metric& m, const NetShape& shape, bool mx, bool curvature) {
