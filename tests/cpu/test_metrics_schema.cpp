@@ -222,6 +222,7 @@ std::vector<std::string> written_against_declared(const RunConfig& cfg) {
   const NetShape shape = NetShape::student(cfg.model, cfg.data.seq_len);
   const MetricSeries row_series[] = {MetricSeries::logged, MetricSeries::shadow, MetricSeries::curvature};
   std::vector<std::string> problems;
+  std::map<std::string, int> differences;  // one line per difference, with the number of rows that have it
   EXPECT_EQ(sink.groups.size(), 5u) << "fp32, two arms, two branches";
   for (const auto& [group, g] : sink.groups) {
     const bool mx = group != "trajectories/fp32";
@@ -247,10 +248,8 @@ std::vector<std::string> written_against_declared(const RunConfig& cfg) {
         std::vector<std::string> undeclared, missing;
         std::set_difference(unique.begin(), unique.end(), want.begin(), want.end(), std::back_inserter(undeclared));
         std::set_difference(want.begin(), want.end(), unique.begin(), unique.end(), std::back_inserter(missing));
-        if (!undeclared.empty())
-          problems.push_back(group + " " + axis + " " + std::to_string(r.step) + " writes undeclared: " + join(undeclared));
-        if (!missing.empty())
-          problems.push_back(group + " " + axis + " " + std::to_string(r.step) + " lacks declared: " + join(missing));
+        if (!undeclared.empty()) differences[group + " writes undeclared " + axis + " datasets: " + join(undeclared)]++;
+        if (!missing.empty()) differences[group + " lacks declared " + axis + " datasets: " + join(missing)]++;
       }
       // Rows of every series the group should have, none of a series it should not.
       const bool expect_rows = series == MetricSeries::logged || !want.empty();
@@ -260,6 +259,7 @@ std::vector<std::string> written_against_declared(const RunConfig& cfg) {
     }
     if (g.loss_all.empty()) problems.push_back(group + " has no " + metric::loss_all.name);
   }
+  for (const auto& [what, rows] : differences) problems.push_back(what + " (" + std::to_string(rows) + " rows)");
   return problems;
 }
 
