@@ -470,7 +470,8 @@ void Trainer::log_metrics(bool shadow_step) {
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
     if (!live(tr)) continue;
-    // Asked per row: an FP32 trajectory whose row stopped it has no weights to compare with.
+    // live(fp32) per row: the FP32 row, written first, may have stopped it (non-finite loss),
+    // and the MX rows after it then have no weight_distance.
     add_weight_metrics(tr, weights.of(i), live(fp32) ? weights.of(0) : nullptr, rows[i]);
     if (has_gamma) {
       add_gamma_metrics(tr, rows[i]);
