@@ -187,6 +187,19 @@ bool has_dataset(const Metric& m, const std::string& dataset, const NetShape& sh
 
 // ---- what the trainer writes ----
 
+// Values per row of a dataset of this shape in a network of this shape.
+size_t width(MetricShape kind, const NetShape& shape) {
+  switch (kind) {
+    case MetricShape::per_layer: return static_cast<size_t>(shape.depth);
+    case MetricShape::per_group: return shape.groups.size();
+    case MetricShape::per_weight:
+      return static_cast<size_t>(std::count_if(shape.groups.begin(), shape.groups.end(), [](const ParamGroup& g) {
+        return g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2;
+      }));
+    default: return 1;
+  }
+}
+
 // A small run of every kind of group: the FP32 trajectory, two arms and a branch of each, with
 // unlogged shadow steps, curvature rows and `model` as given.
 RunConfig small_run(BlockKind block) {
@@ -240,8 +253,9 @@ std::vector<std::string> written_against_declared(const RunConfig& cfg) {
         for (const auto& [name, values] : r.cols) {
           if (name != r.axis) have.insert(name);
           const Metric* m = find_metric(name);
-          if (m && m->shape == MetricShape::scalar && values.size() != 1)
-            problems.push_back(group + " writes " + std::to_string(values.size()) + " values into scalar '" + name + "'");
+          if (m && values.size() != width(m->shape, shape))
+            differences[group + " writes " + std::to_string(values.size()) + " values into '" + name + "', " +
+                        shape_text(m->shape) + " (" + std::to_string(width(m->shape, shape)) + ")"]++;
         }
         const std::set<std::string> unique(have.begin(), have.end());
         if (unique.size() != have.size()) problems.push_back(group + ": a " + axis + " row names a dataset twice");
@@ -258,6 +272,17 @@ std::vector<std::string> written_against_declared(const RunConfig& cfg) {
                            (expect_rows ? "some" : "none"));
     }
     if (g.loss_all.empty()) problems.push_back(group + " has no " + metric::loss_all.name);
+    // The datasets per parameter or weight group name their columns (attribute `names`).
+    for (const Metric* m : metric::kAll) {
+      const bool named = m->shape == MetricShape::per_group || m->shape == MetricShape::per_weight;
+      const auto it = g.dataset_attrs.find(m->name);
+      const size_t names = it == g.dataset_attrs.end() || !it->second.lists.count("names")
+                               ? 0
+                               : it->second.lists.at("names").size();
+      if (names != (named ? width(m->shape, shape) : 0))
+        problems.push_back(group + ": dataset '" + m->name + "' has " + std::to_string(names) + " names, " +
+                           shape_text(m->shape) + " wants " + (named ? std::to_string(width(m->shape, shape)) : "none"));
+    }
   }
   for (const auto& [what, rows] : differences) problems.push_back(what + " (" + std::to_string(rows) + " rows)");
   return problems;
@@ -333,11 +358,17 @@ TEST(MetricsSchema, DeclarationsAreConsistent) {
   EXPECT_EQ(find_metric("no_such_metric"), nullptr);
 }
 
-// What the trainer writes is what the declarations say, group by group and series by series:
-// an MLP network with curvature rows, and an attention network.
+// What the trainer writes is what the declarations say, group by group and series by series,
+// with the declared number of values per row: an MLP network with curvature rows, one without
+// norm gains (no γ, β) and an attention network.
 TEST(MetricsSchema, TrainerWritesExactlyTheDeclaredDatasets) {
   for (const BlockKind block : {BlockKind::mlp, BlockKind::attention}) {
     SCOPED_TRACE(block == BlockKind::mlp ? "mlp" : "attention");
     for (const std::string& p : written_against_declared(small_run(block))) ADD_FAILURE() << p;
   }
+  RunConfig no_gains = small_run(BlockKind::mlp);
+  no_gains.model.ln_affine = false;
+  no_gains.interventions[1].apply = "to_fp32";  // skip_ln_quant needs quantized norm gains
+  SCOPED_TRACE("mlp without norm gains");
+  for (const std::string& p : written_against_declared(no_gains)) ADD_FAILURE() << p;
 }
