@@ -5,8 +5,9 @@ A run holds the FP32 trajectory and one or more MX trajectories ("arms", `trajec
 files before arms have exactly one, named `mx`), and intervention branches, each forking from
 an arm (attribute `from`, `mx` when absent).
 
-The names below are the contract with the C++ writer (lab/train/schema.h);
-tests/test_schema_names.py parses SCHEMA.md and fails if the two drift apart.
+The names below are the contract with the C++ writer, which declares every dataset of a group
+once (lab/train/metrics.h); tests/test_schema_names.py parses SCHEMA.md and fails if this module
+and the document drift apart (tests/cpu/test_metrics_schema.cpp does the same for the C++ side).
 """
 
 import os

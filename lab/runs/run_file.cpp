@@ -10,30 +10,27 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <set>
 #include <vector>
 
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
 #include "lab/io/out_file.h"
+#include "lab/train/metrics.h"
 
 namespace mxlab {
 
 namespace {
 
-// Metrics stored as 1-D [n]; everything else a row holds is [n, width] (per layer / group).
-const std::set<std::string> kScalarMetrics = {"loss", "lr", "grad_norm", "update_norm", "weight_norm",
-                                              "bias_ratio", "cosine", "bias_ratio_avg", "cross_ratio",
-                                              "cross_cosine", "weight_distance",
-                                              // issue 17: the paper's metric and absolute norms
-                                              "cross_ratio_sq", "cross_ratio_sq_avg", "eps_norm", "gbar_norm",
-                                              "gtilde_norm", "eps_par", "eps_perp", "shadow_loss",
-                                              // issue 12: curvature
-                                              "hessian_lmax", "hessian_resid", "precond_lmax", "precond_resid",
-                                              "precond_threshold", "eq10_lhs", "probe_loss"};
 constexpr const char* kAxisAttr = "axis";  // dataset attribute: the step dataset of its series
-constexpr const char* kStep = "step";
-constexpr const char* kLossAll = "loss_all";
+constexpr const char* kStep = metric::step.name;
+constexpr const char* kLossAll = metric::loss_all.name;
+
+// Metrics declared scalar are stored as 1-D [n]; everything else a logged row holds is
+// [n, width] (per layer / group).
+bool scalar_metric(const std::string& name) {
+  const Metric* m = find_metric(name);
+  return m && m->shape == MetricShape::scalar;
+}
 
 void write_attrs(h5::H5Object& o, const Attrs& a) {
   for (const auto& [k, v] : a.str) o.set_attr(k, v);
@@ -203,7 +200,7 @@ void RunFile::append(const std::string& group, const MetricRow& row) {
   for (const auto& [name, values] : row.cols) {
     if (name == kStep || name == row.axis) continue;
     // A series with its own axis: every one of its datasets is a scalar per row.
-    const bool scalar = kScalarMetrics.count(name) > 0 || row.axis != kStep;
+    const bool scalar = scalar_metric(name) || row.axis != kStep;
     if (row.axis != kStep && !impl_->file->is_dataset(group + "/" + name))
       impl_->pending_dataset_attrs[group][name].str[kAxisAttr] = row.axis;
     h5::H5Series& s = impl_->get(group, name, h5::DType::f64, scalar ? 0 : values.size());

@@ -9,18 +9,23 @@
 #include <utility>
 #include <vector>
 
+#include "lab/train/metrics.h"
+
 namespace mxlab {
 
 // One logged row of a trajectory: metric name -> values (1 for scalars, L per-layer, G per group).
+// The metrics are declared in lab/train/metrics.h.
 struct MetricRow {
   int64_t step = 0;
   // The dataset holding the row's step: "step" for logged rows; series with their own cadence
   // (curvature, shadow steps) name theirs ("curvature_step", "shadow_step"). Their datasets carry
   // the attribute `axis` = that name, so that a resumed run cuts each series by its own steps.
-  std::string axis = "step";
+  std::string axis = metric::step.name;
   std::vector<std::pair<std::string, std::vector<double>>> cols;
   void add(const std::string& name, double v) { cols.push_back({name, {v}}); }
   void add(const std::string& name, std::vector<double> v) { cols.push_back({name, std::move(v)}); }
+  void add(const Metric& m, double v) { add(std::string(m.name), v); }
+  void add(const Metric& m, std::vector<double> v) { add(std::string(m.name), std::move(v)); }
 };
 
 // Attribute values of a group or dataset.
@@ -104,7 +109,7 @@ class MemorySink : public MetricSink {
   // Values of one scalar metric of a group, in row order (NaN where absent), over the rows of
   // one axis (the logged rows by default).
   std::vector<double> series(const std::string& group, const std::string& metric, size_t col = 0,
-                             const std::string& axis = "step") const;
+                             const std::string& axis = metric::step.name) const;
 };
 
 }  // namespace mxlab

@@ -415,64 +415,53 @@ void Trainer::append_shadow_row(Trajectory& tr, const ShadowScalars& s, int64_t 
   if (tr.muted) return;
   MetricRow row;
   row.step = step;
-  row.axis = "shadow_step";
-  row.add("shadow_bias_ratio", s.bias_ratio);
-  row.add("shadow_cosine", s.cosine);
-  row.add("shadow_cross_ratio", s.cross_ratio);
-  row.add("shadow_cross_ratio_sq", s.cross_ratio_sq);
-  row.add("shadow_eps_norm", s.eps_norm);
-  row.add("shadow_gbar_norm", s.gbar_norm);
-  row.add("shadow_gtilde_norm", s.gtilde_norm);
-  row.add("shadow_eps_par", s.eps_par);
-  row.add("shadow_eps_perp", s.eps_perp);
-  row.add("shadow_fp32_loss", s.fp32_loss);
+  row.axis = series_axis(MetricSeries::shadow).name;
+  row.add(metric::shadow_bias_ratio, s.bias_ratio);
+  row.add(metric::shadow_cosine, s.cosine);
+  row.add(metric::shadow_cross_ratio, s.cross_ratio);
+  row.add(metric::shadow_cross_ratio_sq, s.cross_ratio_sq);
+  row.add(metric::shadow_eps_norm, s.eps_norm);
+  row.add(metric::shadow_gbar_norm, s.gbar_norm);
+  row.add(metric::shadow_gtilde_norm, s.gtilde_norm);
+  row.add(metric::shadow_eps_par, s.eps_par);
+  row.add(metric::shadow_eps_perp, s.eps_perp);
+  row.add(metric::shadow_fp32_loss, s.fp32_loss);
   sink_.append(tr.h5_group, row);
 }
 
+// ---- a logged step's rows ----
+
+// The gradient sums of a logged step, reduced in one batch. Per live trajectory: g.g (g: its
+// gradient). Per MX trajectory on a shadow step, for each parameter group: g.s, s.s, (g-s)^2,
+// g.g (s: the shadow FP32 gradient at its weights). Per MX trajectory while the FP32
+// trajectory is live, the cross sums g.f, (g-f)^2, f.f (f: the FP32 trajectory's gradient).
+struct Trainer::GradientSums {
+  struct Where {  // offsets into `sums` of one trajectory's
+    size_t grad_sq = 0, groups = 0, cross = 0;
+    bool has_groups = false, has_cross = false;
+  };
+  std::vector<Where> where;  // per trajectory
+  std::vector<double> sums;
+  double grad_sq(size_t i) const { return sums[where[i].grad_sq]; }
+  // 4 sums per parameter group, or null (not a shadow step / not an MX trajectory).
+  const double* group_sums(size_t i) const { return where[i].has_groups ? &sums[where[i].groups] : nullptr; }
+  const double* cross_sums(size_t i) const { return where[i].has_cross ? &sums[where[i].cross] : nullptr; }
+};
+
+// After the update, per live trajectory: (w - w_prev)^2, w.w, (w - w_fp32)^2.
+struct Trainer::WeightSums {
+  std::vector<size_t> at;  // per trajectory: offset of its 3 sums
+  std::vector<double> sums;
+  const double* of(size_t i) const { return &sums[at[i]]; }
+};
+
 void Trainer::log_metrics(bool shadow_step) {
   flush_shadow();  // this step's rows follow the queued ones, and its averages include them
-  const int L = cfg_.model.depth;
-  const auto& groups = shape_.groups;
-  const size_t G = groups.size();
-  const int64_t np = shape_.num_params;
-  const Trajectory& ref = *traj_[0];
-
-  // ---- gradient metrics (before the update) ----
-  // Per trajectory: [g.g]; MX + shadow: per group [g.s, s.s, (g-s)^2, g.g]; cross: [g.f, (g-f)^2, f.f].
-  struct Idx { size_t gg = 0, group = 0, cross = 0; bool has_group = false, has_cross = false; };
-  std::vector<Reduction> req;
-  std::vector<Idx> idx(traj_.size());
-  for (size_t i = 0; i < traj_.size(); ++i) {
-    Trajectory& tr = *traj_[i];
-    if (!live(tr)) continue;
-    idx[i].gg = req.size();
-    req.push_back({Reduction::dot, tr.grads, tr.grads, np});
-    if (tr.is_mx && shadow_step) {
-      idx[i].has_group = true;
-      idx[i].group = req.size();
-      for (const auto& g : groups) {
-        const float* a = tr.grads + g.offset;
-        const float* s = tr.shadow + g.offset;
-        req.push_back({Reduction::dot, a, s, g.size()});
-        req.push_back({Reduction::dot, s, s, g.size()});
-        req.push_back({Reduction::diff_sq, a, s, g.size()});
-        req.push_back({Reduction::dot, a, a, g.size()});
-      }
-    }
-    if (tr.is_mx && live(ref)) {
-      idx[i].has_cross = true;
-      idx[i].cross = req.size();
-      req.push_back({Reduction::dot, tr.grads, ref.grads, np});
-      req.push_back({Reduction::diff_sq, tr.grads, ref.grads, np});
-      req.push_back({Reduction::dot, ref.grads, ref.grads, np});
-    }
-  }
-  std::vector<double> r(req.size());
-  be_.reduce(req.data(), req.size(), r.data());
+  // Gradient metrics (before the update).
+  const GradientSums grads = reduce_gradients(shadow_step);
   phase("gradient reductions");
-  const std::vector<QuantStats> qs = be_.read_stats();
+  const std::vector<QuantStats> quant_stats = be_.read_stats();
   phase("statistics counters");
-
   std::vector<MetricRow> rows(traj_.size());
   std::vector<double> losses(traj_.size(), kNaN);
   for (size_t i = 0; i < traj_.size(); ++i) {
@@ -480,136 +469,227 @@ void Trainer::log_metrics(bool shadow_step) {
     if (!live(tr)) continue;
     MetricRow& row = rows[i];
     row.step = step_;
-    losses[i] = be_.read_scalar(tr.ws.loss);
-    tr.last_loss = losses[i];
-    phase("losses");
-    row.add("loss", losses[i]);
-    row.add("lr", static_cast<double>(scalars(step_).lr));
-    row.add("grad_norm", std::sqrt(r[idx[i].gg]));
-    if (tr.is_mx) {
-      ShadowScalars sh{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
-      std::vector<double> brg(G, kNaN), csg(G, kNaN), eg(G, kNaN), sg(G, kNaN), gtg(G, kNaN);
-      const double nan3[3] = {kNaN, kNaN, kNaN};
-      const double* cross = idx[i].has_cross ? &r[idx[i].cross] : nan3;
-      if (idx[i].has_group) {
-        double sums[4] = {0, 0, 0, 0};  // g.s, s.s, (g-s)^2, g.g
-        for (size_t k = 0; k < G; ++k) {
-          const double* v = &r[idx[i].group + 4 * k];
-          brg[k] = std::sqrt(safe_ratio(v[2], v[1]));
-          csg[k] = safe_ratio(v[0], std::sqrt(v[3]) * std::sqrt(v[1]));
-          eg[k] = std::sqrt(v[2]);
-          sg[k] = std::sqrt(v[1]);
-          gtg[k] = std::sqrt(v[3]);
-          for (int q = 0; q < 4; ++q) sums[q] += v[q];
-        }
-        sh = shadow_scalars(tr, sums, cross, be_.read_scalar(tr.shadow_loss));
-        append_shadow_row(tr, sh, step_);
-        phase("shadow row (with its sink write)");
-      }
-      const double br = sh.bias_ratio;
-      if (std::isfinite(br) && !(br <= tr.max_bias_ratio)) tr.max_bias_ratio = br;
-      row.add("bias_ratio", br);
-      row.add("cosine", sh.cosine);
-      row.add("bias_ratio_avg", tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN);
-      row.add("bias_ratio_group", brg);
-      row.add("cosine_group", csg);
-      // The cross-trajectory metrics (the paper code's) on every logged row.
-      const double cr2 = safe_ratio(cross[1], cross[2]);
-      row.add("cross_ratio", std::sqrt(cr2));
-      row.add("cross_cosine", safe_ratio(cross[0], std::sqrt(r[idx[i].gg]) * std::sqrt(cross[2])));
-      row.add("cross_ratio_sq", cr2);
-      row.add("cross_ratio_sq_avg", tr.cross_sq_avg_weight > 0 ? tr.cross_sq_avg / tr.cross_sq_avg_weight : kNaN);
-      row.add("eps_norm", sh.eps_norm);
-      row.add("gbar_norm", sh.gbar_norm);
-      row.add("gtilde_norm", sh.gtilde_norm);
-      row.add("eps_par", sh.eps_par);
-      row.add("eps_perp", sh.eps_perp);
-      row.add("shadow_loss", sh.fp32_loss);
-      row.add("eps_norm_group", eg);
-      row.add("gbar_norm_group", sg);
-      row.add("gtilde_norm_group", gtg);
-    }
+    losses[i] = add_loss_metrics(tr, grads, i, row);
+    if (tr.is_mx) add_gradient_bias_metrics(tr, grads, i, row);
     phase("gradient metrics (host)");
     clamp_debt(tr, static_cast<int>(i), row);  // the stored weights the step's forward used
     phase("clamp debt (quantization gaps)");
-    // Last-bin statistics of this trajectory's pass.
-    for (const StatTensor t : stat_tensors(shape_)) {
-      std::vector<double> lastbin(L, kNaN), clamped(L, kNaN);
-      for (int l = 0; l < L; ++l) {
-        const size_t slot = static_cast<size_t>(stats_base(static_cast<int>(i)) + stats_slot(l, t));
-        if (slot < qs.size() && qs[slot].n > 0) {
-          lastbin[l] = qs[slot].lastbin_frac();
-          clamped[l] = qs[slot].clamped_frac();
-        }
-      }
-      const std::string nm = name(t);
-      if (t == StatTensor::gamma)
-        for (double f : lastbin)
-          if (std::isfinite(f) && !(f <= tr.max_gamma_lastbin)) tr.max_gamma_lastbin = f;
-      row.add(nm + "_lastbin", lastbin);
-      row.add(nm + "_clamped", clamped);
-    }
+    add_quant_stat_metrics(tr, static_cast<int>(i), quant_stats, row);
     phase("last-bin statistics (host)");
     if (shape_.attention()) {
-      std::vector<double> logit_max(L);
-      for (int l = 0; l < L; ++l) logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
-      row.add("attn_logit_max", logit_max);
+      add_attention_metrics(tr, row);
       phase("attention logits");
     }
   }
 
-  // ---- update, then weight metrics ----
+  // The update, then the weight metrics.
   update_phase(true);
   phase("update");
-  req.clear();
-  std::vector<size_t> widx(traj_.size(), 0);
-  for (size_t i = 0; i < traj_.size(); ++i) {
-    Trajectory& tr = *traj_[i];
-    if (!live(tr)) continue;
-    widx[i] = req.size();
-    req.push_back({Reduction::diff_sq, tr.params, tr.prev, np});
-    req.push_back({Reduction::dot, tr.params, tr.params, np});
-    req.push_back({Reduction::diff_sq, tr.params, ref.params, np});
-  }
-  r.assign(req.size(), 0.0);
-  be_.reduce(req.data(), req.size(), r.data());
+  const WeightSums weights = reduce_weights();
   phase("weight reductions");
   const bool has_gamma = shape_.find(0, ParamGroup::gamma) != nullptr;
+  const Trajectory& fp32 = *traj_[0];
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
     if (!live(tr)) continue;
-    MetricRow& row = rows[i];
-    const double* v = &r[widx[i]];
-    row.add("update_norm", std::sqrt(v[0]));
-    row.add("weight_norm", std::sqrt(v[1]));
-    if (tr.is_mx) row.add("weight_distance", live(ref) ? std::sqrt(safe_ratio(v[2], r[widx[0] + 1])) : kNaN);
+    // live(fp32) per row: the FP32 row, written first, may have stopped it (non-finite loss),
+    // and the MX rows after it then have no weight_distance.
+    add_weight_metrics(tr, weights.of(i), live(fp32) ? weights.of(0) : nullptr, rows[i]);
     if (has_gamma) {
-      std::vector<double> mean(L), sd(L), mn(L), mx(L), m4(4 * static_cast<size_t>(L));
-      std::vector<const float*> gx(L);
-      std::vector<size_t> gn(L);
-      for (int l = 0; l < L; ++l) {
-        const ParamGroup* g = shape_.find(l, ParamGroup::gamma);
-        gx[l] = tr.params + g->offset;
-        gn[l] = static_cast<size_t>(g->size());
-      }
-      be_.moments_batch(gx.data(), gn.data(), gx.size(), m4.data());
-      for (int l = 0; l < L; ++l) {
-        mn[l] = m4[4 * l]; mx[l] = m4[4 * l + 1]; mean[l] = m4[4 * l + 2]; sd[l] = m4[4 * l + 3];
-      }
-      row.add("gamma_mean", mean);
-      row.add("gamma_std", sd);
-      row.add("gamma_min", mn);
-      row.add("gamma_max", mx);
+      add_gamma_metrics(tr, rows[i]);
       phase("gamma moments");
     }
-    row.cols.insert(row.cols.begin(), {"step", {static_cast<double>(step_)}});
-    if (!tr.muted) sink_.append(tr.h5_group, row);
-    tr.rows_logged += 1;
-    if (!std::isfinite(losses[i]) && cfg_.log.on_nonfinite == OnNonfinite::stop) tr.stopped = true;
+    write_logged_row(tr, rows[i], losses[i]);
     phase("sink write");
   }
   if (cfg_.log.flush_every > 0 && traj_[0]->rows_logged % cfg_.log.flush_every == 0) sink_.flush();
   phase("sink flush");
+}
+
+Trainer::GradientSums Trainer::reduce_gradients(bool shadow_step) {
+  const int64_t np = shape_.num_params;
+  const Trajectory& fp32 = *traj_[0];
+  GradientSums out;
+  out.where.resize(traj_.size());
+  std::vector<Reduction> req;
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    const Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    GradientSums::Where& at = out.where[i];
+    at.grad_sq = req.size();
+    req.push_back({Reduction::dot, tr.grads, tr.grads, np});
+    if (tr.is_mx && shadow_step) {
+      at.has_groups = true;
+      at.groups = req.size();
+      for (const ParamGroup& g : shape_.groups) {
+        const float* grad = tr.grads + g.offset;
+        const float* shadow = tr.shadow + g.offset;
+        req.push_back({Reduction::dot, grad, shadow, g.size()});
+        req.push_back({Reduction::dot, shadow, shadow, g.size()});
+        req.push_back({Reduction::diff_sq, grad, shadow, g.size()});
+        req.push_back({Reduction::dot, grad, grad, g.size()});
+      }
+    }
+    if (tr.is_mx && live(fp32)) {
+      at.has_cross = true;
+      at.cross = req.size();
+      req.push_back({Reduction::dot, tr.grads, fp32.grads, np});
+      req.push_back({Reduction::diff_sq, tr.grads, fp32.grads, np});
+      req.push_back({Reduction::dot, fp32.grads, fp32.grads, np});
+    }
+  }
+  out.sums.resize(req.size());
+  be_.reduce(req.data(), req.size(), out.sums.data());
+  return out;
+}
+
+// loss, lr, grad_norm.
+double Trainer::add_loss_metrics(Trajectory& tr, const GradientSums& sums, size_t index, MetricRow& row) {
+  const double loss = be_.read_scalar(tr.ws.loss);
+  tr.last_loss = loss;
+  phase("losses");
+  row.add(metric::loss, loss);
+  row.add(metric::lr, static_cast<double>(scalars(step_).lr));
+  row.add(metric::grad_norm, std::sqrt(sums.grad_sq(index)));
+  return loss;
+}
+
+// The gradient bias of an MX trajectory against the shadow FP32 gradient at its weights (NaN
+// without a shadow pass at this step; a shadow step also appends its shadow_step row and
+// updates the running averages) and against the FP32 trajectory's gradient (cross_*).
+void Trainer::add_gradient_bias_metrics(Trajectory& tr, const GradientSums& sums, size_t index, MetricRow& row) {
+  const size_t num_groups = shape_.groups.size();
+  ShadowScalars shadow{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
+  std::vector<double> bias_ratio_g(num_groups, kNaN), cosine_g(num_groups, kNaN), eps_norm_g(num_groups, kNaN),
+      gbar_norm_g(num_groups, kNaN), gtilde_norm_g(num_groups, kNaN);
+  const double no_cross[3] = {kNaN, kNaN, kNaN};
+  const double* cross = sums.cross_sums(index) ? sums.cross_sums(index) : no_cross;  // g.f, (g-f)^2, f.f
+  if (const double* per_group = sums.group_sums(index)) {
+    double total[4] = {0, 0, 0, 0};  // g.s, s.s, (g-s)^2, g.g over every group
+    for (size_t k = 0; k < num_groups; ++k) {
+      const double* v = per_group + 4 * k;
+      const double gs = v[0], ss = v[1], diff_sq = v[2], gg = v[3];
+      bias_ratio_g[k] = std::sqrt(safe_ratio(diff_sq, ss));
+      cosine_g[k] = safe_ratio(gs, std::sqrt(gg) * std::sqrt(ss));
+      eps_norm_g[k] = std::sqrt(diff_sq);
+      gbar_norm_g[k] = std::sqrt(ss);
+      gtilde_norm_g[k] = std::sqrt(gg);
+      for (int q = 0; q < 4; ++q) total[q] += v[q];
+    }
+    shadow = shadow_scalars(tr, total, cross, be_.read_scalar(tr.shadow_loss));
+    append_shadow_row(tr, shadow, step_);
+    phase("shadow row (with its sink write)");
+  }
+  const double bias_ratio = shadow.bias_ratio;
+  if (std::isfinite(bias_ratio) && !(bias_ratio <= tr.max_bias_ratio)) tr.max_bias_ratio = bias_ratio;
+  row.add(metric::bias_ratio, bias_ratio);
+  row.add(metric::cosine, shadow.cosine);
+  row.add(metric::bias_ratio_avg, tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN);
+  row.add(metric::bias_ratio_group, std::move(bias_ratio_g));
+  row.add(metric::cosine_group, std::move(cosine_g));
+  // The cross-trajectory metrics (the paper code's) on every logged row.
+  const double cross_ratio_sq = safe_ratio(cross[1], cross[2]);
+  row.add(metric::cross_ratio, std::sqrt(cross_ratio_sq));
+  row.add(metric::cross_cosine, safe_ratio(cross[0], std::sqrt(sums.grad_sq(index)) * std::sqrt(cross[2])));
+  row.add(metric::cross_ratio_sq, cross_ratio_sq);
+  row.add(metric::cross_ratio_sq_avg, tr.cross_sq_avg_weight > 0 ? tr.cross_sq_avg / tr.cross_sq_avg_weight : kNaN);
+  row.add(metric::eps_norm, shadow.eps_norm);
+  row.add(metric::gbar_norm, shadow.gbar_norm);
+  row.add(metric::gtilde_norm, shadow.gtilde_norm);
+  row.add(metric::eps_par, shadow.eps_par);
+  row.add(metric::eps_perp, shadow.eps_perp);
+  row.add(metric::shadow_loss, shadow.fp32_loss);
+  row.add(metric::eps_norm_group, std::move(eps_norm_g));
+  row.add(metric::gbar_norm_group, std::move(gbar_norm_g));
+  row.add(metric::gtilde_norm_group, std::move(gtilde_norm_g));
+}
+
+// Last-bin and clamped fractions of every statistics tensor of trajectory `index`'s pass, per
+// layer (NaN where the pass counted nothing).
+void Trainer::add_quant_stat_metrics(Trajectory& tr, int index, const std::vector<QuantStats>& stats,
+                                     MetricRow& row) {
+  const int layers = cfg_.model.depth;
+  for (const StatTensor t : stat_tensors(shape_)) {
+    std::vector<double> lastbin(layers, kNaN), clamped(layers, kNaN);
+    for (int l = 0; l < layers; ++l) {
+      const size_t slot = static_cast<size_t>(stats_base(index) + stats_slot(l, t));
+      if (slot < stats.size() && stats[slot].n > 0) {
+        lastbin[l] = stats[slot].lastbin_frac();
+        clamped[l] = stats[slot].clamped_frac();
+      }
+    }
+    if (t == StatTensor::gamma)
+      for (double f : lastbin)
+        if (std::isfinite(f) && !(f <= tr.max_gamma_lastbin)) tr.max_gamma_lastbin = f;
+    row.add(member_name(metric::lastbin, t), std::move(lastbin));
+    row.add(member_name(metric::clamped, t), std::move(clamped));
+  }
+}
+
+void Trainer::add_attention_metrics(const Trajectory& tr, MetricRow& row) {
+  std::vector<double> logit_max(cfg_.model.depth);
+  for (int l = 0; l < cfg_.model.depth; ++l) logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
+  row.add(metric::attn_logit_max, std::move(logit_max));
+}
+
+Trainer::WeightSums Trainer::reduce_weights() {
+  const int64_t np = shape_.num_params;
+  const Trajectory& fp32 = *traj_[0];
+  WeightSums out;
+  out.at.assign(traj_.size(), 0);
+  std::vector<Reduction> req;
+  for (size_t i = 0; i < traj_.size(); ++i) {
+    const Trajectory& tr = *traj_[i];
+    if (!live(tr)) continue;
+    out.at[i] = req.size();
+    req.push_back({Reduction::diff_sq, tr.params, tr.prev, np});
+    req.push_back({Reduction::dot, tr.params, tr.params, np});
+    req.push_back({Reduction::diff_sq, tr.params, fp32.params, np});
+  }
+  out.sums.assign(req.size(), 0.0);
+  be_.reduce(req.data(), req.size(), out.sums.data());
+  return out;
+}
+
+// update_norm, weight_norm and (MX trajectories) weight_distance, from the trajectory's weight
+// sums and the FP32 trajectory's (null when it is not live).
+void Trainer::add_weight_metrics(const Trajectory& tr, const double* sums, const double* fp32_sums, MetricRow& row) {
+  row.add(metric::update_norm, std::sqrt(sums[0]));
+  row.add(metric::weight_norm, std::sqrt(sums[1]));
+  if (tr.is_mx) row.add(metric::weight_distance, fp32_sums ? std::sqrt(safe_ratio(sums[2], fp32_sums[1])) : kNaN);
+}
+
+// Mean, standard deviation, minimum and maximum of the FP32 master gamma of each layer.
+void Trainer::add_gamma_metrics(const Trajectory& tr, MetricRow& row) {
+  const int layers = cfg_.model.depth;
+  std::vector<double> mean(layers), sd(layers), min(layers), max(layers), moments(4 * static_cast<size_t>(layers));
+  std::vector<const float*> gamma(layers);
+  std::vector<size_t> count(layers);
+  for (int l = 0; l < layers; ++l) {
+    const ParamGroup* g = shape_.find(l, ParamGroup::gamma);
+    gamma[l] = tr.params + g->offset;
+    count[l] = static_cast<size_t>(g->size());
+  }
+  be_.moments_batch(gamma.data(), count.data(), gamma.size(), moments.data());  // per layer: min, max, mean, sd
+  for (int l = 0; l < layers; ++l) {
+    min[l] = moments[4 * l];
+    max[l] = moments[4 * l + 1];
+    mean[l] = moments[4 * l + 2];
+    sd[l] = moments[4 * l + 3];
+  }
+  row.add(metric::gamma_mean, std::move(mean));
+  row.add(metric::gamma_std, std::move(sd));
+  row.add(metric::gamma_min, std::move(min));
+  row.add(metric::gamma_max, std::move(max));
+}
+
+// The row goes to the sink (its step first); a non-finite loss stops the trajectory under
+// log.on_nonfinite: stop.
+void Trainer::write_logged_row(Trajectory& tr, MetricRow& row, double loss) {
+  row.cols.insert(row.cols.begin(), {metric::step.name, {static_cast<double>(step_)}});
+  if (!tr.muted) sink_.append(tr.h5_group, row);
+  tr.rows_logged += 1;
+  if (!std::isfinite(loss) && cfg_.log.on_nonfinite == OnNonfinite::stop) tr.stopped = true;
 }
 
 // The curvature instrument at the start of step_ (every log.curvature_every-th step from the
@@ -639,14 +719,14 @@ void Trainer::measure_curvature() {
     const double r = tr.is_mx ? (tr.bias_avg_weight > 0 ? tr.bias_avg / tr.bias_avg_weight : kNaN) : 0.0;
     MetricRow row;
     row.step = step_;
-    row.axis = "curvature_step";
-    row.add("hessian_lmax", c.hessian_lmax);
-    row.add("hessian_resid", c.hessian_resid);
-    row.add("precond_lmax", c.precond_lmax);
-    row.add("precond_resid", c.precond_resid);
-    row.add("precond_threshold", threshold);
-    row.add("eq10_lhs", std::fabs(1.0 - s_) + s_ * r);
-    row.add("probe_loss", c.loss);
+    row.axis = series_axis(MetricSeries::curvature).name;
+    row.add(metric::hessian_lmax, c.hessian_lmax);
+    row.add(metric::hessian_resid, c.hessian_resid);
+    row.add(metric::precond_lmax, c.precond_lmax);
+    row.add(metric::precond_resid, c.precond_resid);
+    row.add(metric::precond_threshold, threshold);
+    row.add(metric::eq10_lhs, std::fabs(1.0 - s_) + s_ * r);
+    row.add(metric::probe_loss, c.loss);
     sink_.append(tr.h5_group, row);
   }
 }
@@ -678,18 +758,18 @@ void Trainer::clamp_debt(const Trajectory& tr, int index, MetricRow& row) {
       mx[l] = gaps[k].max_rel;
       above[l] = gaps[k].above_frac();
     }
-    const std::string t = kind == ParamGroup::gamma ? "gamma" : "beta";
-    row.add(t + "_gap_mean", mean);
-    row.add(t + "_gap_max", mx);
-    row.add(t + "_above_frac", above);
+    const StatTensor t = kind == ParamGroup::gamma ? StatTensor::gamma : StatTensor::beta;
+    row.add(member_name(metric::gap_mean, t), mean);
+    row.add(member_name(metric::gap_max, t), mx);
+    row.add(member_name(metric::above_frac, t), above);
   }
   std::vector<double> wmean, wabove;
   for (; k < gaps.size(); ++k) {
     wmean.push_back(gaps[k].mean_rel());
     wabove.push_back(gaps[k].above_frac());
   }
-  row.add("weight_gap_mean", wmean);
-  row.add("weight_above_frac", wabove);
+  row.add(metric::weight_gap_mean, wmean);
+  row.add(metric::weight_above_frac, wabove);
 }
 
 void Trainer::step_once(bool log) {
@@ -833,22 +913,23 @@ std::map<std::string, Attrs> Trainer::dataset_attrs(const Trajectory& tr) const 
   const PrecisionConfig& p = tr.policy;
   for (const StatTensor t : stat_tensors(shape_)) {
     const bool q = stat_quantized(p, t);
-    for (const char* suffix : {"_lastbin", "_clamped"}) {
+    for (const Metric* family : {&metric::lastbin, &metric::clamped}) {
       Attrs a;
       a.ints["quantized"] = q ? 1 : 0;
       a.str["format"] = name(q ? stat_role_format(p, t) : p.diagnostic_format);
-      m[std::string(name(t)) + suffix] = a;
+      m[member_name(*family, t)] = a;
     }
   }
+  // The datasets per parameter group or per weight group name their columns.
   Attrs names;
   for (const auto& g : shape_.groups) names.lists["names"].push_back(g.name);
-  for (const char* d : {"bias_ratio_group", "cosine_group", "eps_norm_group", "gbar_norm_group", "gtilde_norm_group"})
-    m[d] = names;
   Attrs wnames;
   for (const auto& g : shape_.groups)
     if (g.kind == ParamGroup::w1 || g.kind == ParamGroup::w2) wnames.lists["names"].push_back(g.name);
-  m["weight_gap_mean"] = wnames;
-  m["weight_above_frac"] = wnames;
+  for (const Metric* decl : metric::kAll) {
+    if (decl->shape == MetricShape::per_group) m[decl->name] = names;
+    if (decl->shape == MetricShape::per_weight) m[decl->name] = wnames;
+  }
   return m;
 }
 

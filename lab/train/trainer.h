@@ -131,7 +131,19 @@ class Trainer {
   void snapshot(const Trajectory& tr);
   StepScalars scalars(int64_t t) const;
   PassPolicy pass_policy(const Trajectory& tr, bool collect, int index) const;
+  // A logged step's rows (lab/train/SCHEMA.md "Datasets"), one metric family per function.
+  struct GradientSums;  // the step's gradient reductions, per trajectory (trainer.cpp)
+  struct WeightSums;    // the weight reductions after the update
   void log_metrics(bool shadow_step);
+  GradientSums reduce_gradients(bool shadow_step);
+  double add_loss_metrics(Trajectory& tr, const GradientSums& sums, size_t index, MetricRow& row);  // returns the loss
+  void add_gradient_bias_metrics(Trajectory& tr, const GradientSums& sums, size_t index, MetricRow& row);
+  void add_quant_stat_metrics(Trajectory& tr, int index, const std::vector<QuantStats>& stats, MetricRow& row);
+  void add_attention_metrics(const Trajectory& tr, MetricRow& row);
+  WeightSums reduce_weights();
+  void add_weight_metrics(const Trajectory& tr, const double* sums, const double* fp32_sums, MetricRow& row);
+  void add_gamma_metrics(const Trajectory& tr, MetricRow& row);
+  void write_logged_row(Trajectory& tr, MetricRow& row, double loss);
   // An unlogged shadow step's sums are queued on the backend (Backend::reduce_deferred) and
   // turned into rows by flush_shadow(), in step order: every shadow_flush_every_ queued steps,
   // and before anything reads the running averages or the run file (a log step, a branch start,
