@@ -1,7 +1,7 @@
 // Every metric the trainer writes into a trajectory's or branch's group of the run file, each
 // declared once: its dataset name, its shape, the series its rows belong to, which groups have
 // it and what it means. The trainer (lab/train/trainer.cpp) writes rows through these
-// declarations, RunFile (lab/train/run_file.cpp) shapes its datasets by them, lab/train/SCHEMA.md
+// declarations, RunFile (lab/runs/run_file.cpp) shapes its datasets by them, lab/train/SCHEMA.md
 // documents the same list (tests/cpu/test_metrics_schema.cpp fails when the two differ) and
 // analysis/mxlab_analysis/schema.py reads through the same names.
 //
