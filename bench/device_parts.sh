@@ -15,7 +15,10 @@
 #   refbench  the baseline of a performance change, on the same GPU in the same call: builds .ref
 #             (as `ref` does, when not built yet) and runs the paper configuration's bench with it
 #             and with this tree's binary, alternately (ref, this, ref, this)
-#   paired10k issue 16's whole-run target: the 10,000-step paired run of the paper configuration
+#   digest    a 200-step CUDA run of the paper configuration with this binary and the baseline's,
+#             every dataset and attribute digested (bench/dataset_digest.py) and compared: a
+#             refactor must leave them equal (OUTDIR/digest_this.txt, digest_ref.txt)
+#   paired10k the whole-run target: the 10,000-step paired run of the paper configuration
 #             with the shadow gradient every step (--set log.bias_every=1), wall time, with this
 #             tree's binary and then, when .ref is built (or .devref carried), with the baseline's
 #   logsteps  where a logged step's time goes: mxlab bench --log-steps 100 on the paper
@@ -103,6 +106,24 @@ for step in "$@"; do
           echo "$tag $i: $(grep -E '^  FP32 trajectory step' "$LOGS/bench_fig4_${tag}_$i.log")"
         done
       done
+      ;;
+    digest)
+      # Bit-for-bit check of a refactor: a 200-step CUDA run of the paper configuration with this
+      # tree's binary and with the baseline's (when there), every dataset and attribute digested
+      # (bench/dataset_digest.py); the two digests must be equal.
+      for tag in this ref; do
+        b=$(bin_of "$tag")
+        [ "$tag" = ref ] && [ ! -x "$b" ] && continue
+        rm -rf "$WORK/digest_$tag"
+        $b run experiments/paper/fig4_baseline.yaml --device cuda --steps 200 --quiet \
+          --out "$WORK/digest_$tag" > "$LOGS/digest_$tag.log" 2>&1 || echo "digest $tag: run failed"
+        python3 bench/dataset_digest.py "$WORK/digest_$tag"/*.h5 > "$OUT/digest_$tag.txt"
+        echo "digest $tag: $(wc -l < "$OUT/digest_$tag.txt") lines, sha256 $(sha256sum < "$OUT/digest_$tag.txt" | head -c 16)"
+      done
+      if [ -f "$OUT/digest_ref.txt" ]; then
+        if cmp -s "$OUT/digest_this.txt" "$OUT/digest_ref.txt"; then echo "digest: this = ref, bit for bit"
+        else echo "digest: this and ref DIFFER:"; diff "$OUT/digest_ref.txt" "$OUT/digest_this.txt" | head -20; fi
+      fi
       ;;
     paired10k)
       for tag in this ref; do
