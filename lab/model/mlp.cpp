@@ -65,8 +65,8 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
   MXLAB_ASSERT(params != nullptr && !s.groups.empty(), "pass on an empty network");
   MXLAB_ASSERT(ws.batch > 0 && static_cast<int>(ws.a_in.size()) == s.depth && ws.out != nullptr,
                "workspace was not made for this network (depth ", s.depth, ", workspace ", ws.a_in.size(), ")");
-  if (pol.p.block_size <= 0)
-    throw Error(msg("precision.block_size must be positive (got ", pol.p.block_size, ")"));
+  MXLAB_ASSERT(pol.p.block_size > 0, "precision.block_size ", pol.p.block_size,
+               " (configuration validation admits only positive sizes)");
   const PrecisionConfig& p = pol.p;
   const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
                             p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
