@@ -1229,20 +1229,7 @@ namespace {
 void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionConfig& iv) {
   if (a == "to_fp32" || a == "to_fp32_keep_gamma_q") {
     const NumFmt ln_affine = p.ln_affine;
-    p.weight = p.activation = p.grad = NumFmt::fp32;
-    p.weight_bwd = NumFmt::fp32;
-    p.activation_bwd = NumFmt::fp32;
-    p.grad_wgrad = NumFmt::fp32;
-    p.ln_affine = NumFmt::fp32;
-    p.attn_logits = NumFmt::fp32;
-    p.attn_probs = NumFmt::fp32;
-    p.elementwise_bf16 = false;
-    // The lab's FP32 ops (the FP32 trajectory's), not the emulator's compositions.
-    p.layernorm = LnOps::fused;
-    p.gelu = GeluOps::fused;
-    p.residual = ResidualPrec::elementwise;
-    p.bias = BiasPrec::fp32;
-    p.ln_beta_grad = true;
+    p.make_fp32();
     // keep_gamma_q: the norm's affine weights stay as the forward pass used them (issue 17: no
     // change of the function through gamma at the switch).
     if (a == "to_fp32_keep_gamma_q") p.ln_affine = ln_affine;

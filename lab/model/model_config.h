@@ -111,7 +111,11 @@ struct PrecisionConfig {
   bool rounding_uniform() const;  // every role (grad_wgrad included) rounds with the same mode
   NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
   NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
-  // The all-FP32 policy of the reference trajectory and the shadow pass.
+  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops; the block
+  // size, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
+  void make_fp32();
+  // The all-FP32 policy of the reference trajectory and the shadow pass: make_fp32() of the
+  // defaults.
   static PrecisionConfig fp32();
 };
 
