@@ -15,7 +15,7 @@
 #   refbench  the baseline of a performance change, on the same GPU in the same call: builds .ref
 #             (as `ref` does, when not built yet) and runs the paper configuration's bench with it
 #             and with this tree's binary, alternately (ref, this, ref, this)
-#   paired10k issue 16's whole-run target: the 10,000-step paired run of the paper configuration
+#   paired10k the whole-run speed target: the 10,000-step paired run of the paper configuration
 #             with the shadow gradient every step (--set log.bias_every=1), wall time, with this
 #             tree's binary and then, when .ref is built (or .devref carried), with the baseline's
 #   logsteps  where a logged step's time goes: mxlab bench --log-steps 100 on the paper

@@ -388,9 +388,9 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
 // same columns (l, l ^ 4, l ^ 8, ..., l ^ 28) finish each column's block amax with three
 // shuffles. The next warp item's 4 loads are issued before the current one is computed (the
 // layout of the contiguous kernel, transposed). Items of 512 elements (not 1024, as with 8 x 4
-// tiles: kernels/PERF.md v7) give a [2048 x 512] operand 2048 warps with work, and the smaller
-// tiles leave room for 4 CTAs per SM. Needs cols % 4 == 0, `in` 16-byte and `out` 16-byte (f32) /
-// 8-byte (bf16) aligned (the launcher checks; other shapes take mx_strided_kernel).
+// tiles: kernels/PERF.md, "4 × 4 tiles per lane") give a [2048 x 512] operand 2048 warps with
+// work, and the smaller tiles leave room for 4 CTAs per SM. Needs cols % 4 == 0, `in` 16-byte
+// and `out` 16-byte (f32) / 8-byte (bf16) aligned (the launcher checks; other shapes take mx_strided_kernel).
 struct TileSlice {
   int64_t off;  // flat index of the lane's first element (its first row, first column)
   int nv;       // of the lane's kTileRows rows, how many exist (0: the lane has nothing here)

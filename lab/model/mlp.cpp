@@ -499,8 +499,8 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
 
   ws.h_round = R;
   // The weights' operands, built the same way for prequantize and for their gemm() calls: the
-  // pass hands them all over first, so that a backend may quantize them in one go (issue 16,
-  // v24; bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
+  // pass hands them all over first, so that a backend may quantize them in one go
+  // (bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
   // the pass itself writes.
   auto w1_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w1).offset, true, p.weight, Role::weight, k, OpId::fc1_w);
@@ -616,7 +616,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   // Operands that nothing writes during the backward, handed over first (as in forward()): the
   // dgrad GEMMs' weights, and the forward's saved y as the dW1 GEMM reads it (strided: blocks
   // down the batch; 1 M elements each, like the weights). Not a (4 M elements): one launch over
-  // tensors of two sizes was slower than their own launches (kernels/PERF.md v25).
+  // tensors of two sizes was slower than their own launches (kernels/PERF.md, "the weight-gradient
+  // GEMMs' saved activations quantized ahead too").
   auto w2_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w2).offset, false, w_bwd, Role::weight, k, OpId::da_w);
   };

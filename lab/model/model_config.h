@@ -80,8 +80,8 @@ struct PrecisionConfig {
   ScaleRule scale_rule = ScaleRule::floor;
   Bump bump = Bump::clamp;                // floor_bump: clamp (only blocks that would clamp) | always
   // Element rounding of the MX roles. `rounding` is the mode of every role; a role may
-  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M, grad_wgrad: M}`,
-  // issue 12): weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and
+  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M, grad_wgrad: M}`):
+  // weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and
   // wgrad GEMMs (activation, activation_bwd), grad = dY in both backward GEMMs (grad, and
   // grad_wgrad unless grad_wgrad has a mode of its own), ln_affine = Q(gamma), Q(beta).
   Rounding rounding = Rounding::nearest_even;

@@ -25,10 +25,10 @@ namespace {
 const std::set<std::string> kScalarMetrics = {"loss", "lr", "grad_norm", "update_norm", "weight_norm",
                                               "bias_ratio", "cosine", "bias_ratio_avg", "cross_ratio",
                                               "cross_cosine", "weight_distance",
-                                              // issue 17: the paper's metric and absolute norms
+                                              // the paper's metric and absolute norms
                                               "cross_ratio_sq", "cross_ratio_sq_avg", "eps_norm", "gbar_norm",
                                               "gtilde_norm", "eps_par", "eps_perp", "shadow_loss",
-                                              // issue 12: curvature
+                                              // curvature
                                               "hessian_lmax", "hessian_resid", "precond_lmax", "precond_resid",
                                               "precond_threshold", "eq10_lhs", "probe_loss"};
 constexpr const char* kAxisAttr = "axis";  // dataset attribute: the step dataset of its series

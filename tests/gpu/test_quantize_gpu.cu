@@ -537,7 +537,7 @@ TEST(QuantizeGpu, Bf16InexactCornerIsCounted) {
   }
 }
 
-// quantize_bf16_batch (issue 16, v24: a step's weights quantized together) against quantize_bf16
+// quantize_bf16_batch (a step's weights quantized together) against quantize_bf16
 // one by one: the same bf16 bits for every tensor of a mixed list (both tuned kernels, several
 // shapes, formats and roundings, tensors that do not fill a whole band or block row), with the
 // ones that cannot share a launch (stochastic rounding, statistics, other block sizes, non-MX
