@@ -1,4 +1,4 @@
-// What GeLU's bit contract costs on the GPU (issue 16, kernels/PERF.md "What the bit contracts
+// What GeLU's bit contract costs on the GPU (kernels/PERF.md, "What the bit contracts
 // cost"). Three versions of the FP32 activation forward and backward on the paper's tensor
 // (B x H = 2048 x 2048), timed in one process:
 //   contract  the backend's kernels (launch_act_fwd / launch_act_bwd): det_erf and det_exp of

@@ -651,8 +651,8 @@ class CudaBackend final : public Backend {
     refuse_in_capture("quant_gap");
     constexpr size_t kWords = 5;
     for (size_t i = 0; i < count; ++i)
-      if (is_mx(reqs[i].q.fmt) && reqs[i].q.block <= 0)
-        throw Error(msg("quant_gap: block size must be positive (got ", reqs[i].q.block, ")"));
+      MXLAB_ASSERT(!is_mx(reqs[i].q.fmt) || reqs[i].q.block > 0, "quant_gap: block size ", reqs[i].q.block,
+                   " (configuration admits only positive sizes)");
     std::vector<double> w(kWords * count);
     per_item_batch(
         count, kWords,

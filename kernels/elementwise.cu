@@ -210,20 +210,17 @@ struct SwigluBwdOp {
 
 // ---- residual add / add ----
 
+// The residual update out = x + (y, bias) under one of two rounding rules (Round, below); the
+// vectorised path reads x and y four at a time.
+template <class Round>
 struct ResidualOp {
   float* out;  // may be x
   const float* x;
-  const float* y;     // read through R_y (yb, ym): a GEMM output left unrounded
+  const float* y;     // a GEMM output left unrounded: Round rounds it on read
   const float* bias;  // (d) or null
   int64_t d;
-  bool rb;
-  Rounding rm;
-  bool yb;
-  Rounding ym;
-  __device__ float b_at(int64_t c) const { return bias ? bias[c] : 0.0f; }
-  __device__ float f(float xv, float yv, int64_t c) const {
-    return residual_elem(xv, ew_round(yv, yb, ym), b_at(c), bias != nullptr, rb, rm);
-  }
+  Round r;
+  __device__ float f(float xv, float yv, int64_t c) const { return r(xv, yv, bias ? bias[c] : 0.0f, bias != nullptr); }
   __device__ void vec(int64_t v) const {
     const int64_t c = (4 * v) % d;  // d % 4 == 0 on this path: c..c+3 lie in one row
     float4 a = ld4(x, v);
@@ -237,29 +234,24 @@ struct ResidualOp {
   __device__ void one(int64_t i) const { out[i] = f(x[i], y[i], i % d); }
 };
 
+// residual_add: out = R(x + R(R_y(y) + b)) (residual_elem), y read through R_y (yb, ym).
+struct ResidualPlainRound {
+  bool rb;
+  Rounding rm;
+  bool yb;
+  Rounding ym;
+  __device__ float operator()(float xv, float yv, float b, bool has_bias) const {
+    return residual_elem(xv, ew_round(yv, yb, ym), b, has_bias, rb, rm);
+  }
+};
+
 // residual_add_r: out = R_out(x + R_in(R_y(y) + R_b(b))) (residual_r_elem).
-struct ResidualROp {
-  float* out;  // may be x
-  const float* x;
-  const float* y;
-  const float* bias;  // (d) or null
-  int64_t d;
+struct ResidualSpeltRound {
   Backend::ResidualRound rr;
-  __device__ float f(float xv, float yv, int64_t c) const {
-    return residual_r_elem(xv, yv, bias ? bias[c] : 0.0f, bias != nullptr, rr.y_in.bf16, rr.y_in.mode,
-                           rr.bias_in.bf16, rr.bias_in.mode, rr.inner.bf16, rr.inner.mode, rr.out.bf16, rr.out.mode);
+  __device__ float operator()(float xv, float yv, float b, bool has_bias) const {
+    return residual_r_elem(xv, yv, b, has_bias, rr.y_in.bf16, rr.y_in.mode, rr.bias_in.bf16, rr.bias_in.mode,
+                           rr.inner.bf16, rr.inner.mode, rr.out.bf16, rr.out.mode);
   }
-  __device__ void vec(int64_t v) const {
-    const int64_t c = (4 * v) % d;  // d % 4 == 0 on this path: c..c+3 lie in one row
-    float4 a = ld4(x, v);
-    const float4 b = ld4(y, v);
-    a.x = f(a.x, b.x, c);
-    a.y = f(a.y, b.y, c + 1);
-    a.z = f(a.z, b.z, c + 2);
-    a.w = f(a.w, b.w, c + 3);
-    st4(out, v, a);
-  }
-  __device__ void one(int64_t i) const { out[i] = f(x[i], y[i], i % d); }
 };
 
 struct AddOp {
@@ -395,13 +387,14 @@ bool launch_act_bwd(Act act, const float* h, const float* da, float* dh, int64_t
 void launch_residual_add(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                          const ElementwiseRound& r, const ElementwiseRound& y_in, cudaStream_t s) {
   const bool vec_ok = d % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(y);  // bias read per element
-  launch_ew(ResidualOp{out, x, y, bias, d, r.bf16, r.mode, y_in.bf16, y_in.mode}, rows * d, vec_ok, s);
+  launch_ew(ResidualOp<ResidualPlainRound>{out, x, y, bias, d, {r.bf16, r.mode, y_in.bf16, y_in.mode}}, rows * d, vec_ok,
+            s);
 }
 
 void launch_residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                            const Backend::ResidualRound& rr, cudaStream_t s) {
   const bool vec_ok = d % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(y);  // bias read per element
-  launch_ew(ResidualROp{out, x, y, bias, d, rr}, rows * d, vec_ok, s);
+  launch_ew(ResidualOp<ResidualSpeltRound>{out, x, y, bias, d, {rr}}, rows * d, vec_ok, s);
 }
 
 bool launch_add(float* dst, const float* a, const float* b, int64_t n, const ElementwiseRound& r, cudaStream_t s,

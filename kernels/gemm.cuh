@@ -14,7 +14,7 @@
 //     set_verify_bf16_exact(true) detects those and reruns on the FP32 path;
 //   - otherwise (fp16 roles, FP32 mixed with a quantized role): the quantized operands are
 //     dequantized into FP32 scratch and the pedantic SGEMM runs (an FP32 role is read in place).
-// Producer-side quantization (Backend::layernorm_fwd / act_fwd / act_bwd's q_out, issue 16): an
+// Producer-side quantization (Backend::layernorm_fwd / act_fwd / act_bwd's q_out): an
 // element-wise op that writes a GEMM operand may write its bf16 quantization too, into this
 // runner's held buffer (produce_target() says whether and where; kernels/mx_produce.cuh says
 // which operands qualify). hold() then records which operand the buffer holds, and the next
@@ -85,7 +85,7 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   bool produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq);
   // The producer has been launched with produce_target's *pq: the buffer now holds `op`.
   void hold(const GemmOperand& op, int64_t rows, int64_t cols);
-  // Operands quantized ahead (Backend::prequantize; issue 16, v24): every ops[i] that takes the
+  // Operands quantized ahead (Backend::prequantize): every ops[i] that takes the
   // bf16 path with a deterministic rounding and no
   // statistics slot is quantized now, all of them in as few launches as quantize_bf16_batch
   // allows, into the runner's ahead buffer, and taken once by the next run() whose operand

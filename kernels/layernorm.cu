@@ -5,7 +5,7 @@
 // (lane l owns the same elements), so the results do not depend on alignment.
 //
 // The backward's rows of up to kLnRegGroups * 32 float4s (d <= 512) take a register-resident
-// kernel (v22): each lane loads all its float4s of dy, xhat and gamma at once and keeps g and
+// kernel: each lane loads all its float4s of dy, xhat and gamma at once and keeps g and
 // xhat in registers for both passes, instead of a loop that waits on one load per iteration. With
 // B = 2048 rows there are only ~16 warps per SM, too few to hide that latency (ncu: 10.3 -> 8.1 us
 // per layer). Same elements per lane, same order of every sum and operation: the same bits

@@ -14,8 +14,8 @@
 
 namespace mxlab::cuda {
 
-// Which backward kernel: automatic picks the register-resident one for d <= 512 (layernorm.cu,
-// v22); loop forces the row loop (for tests: both must give the same bits).
+// Which backward kernel: automatic picks the register-resident one for d <= 512 (layernorm.cu);
+// loop forces the row loop (for tests: both must give the same bits).
 enum class LnKernel { automatic, loop };
 // Whether automatic takes the register-resident backward for rows of d (given d % 4 == 0 and
 // 16-byte aligned pointers).

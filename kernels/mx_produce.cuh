@@ -1,4 +1,4 @@
-// Producer-side MX quantization (issue 16; lab/model/backend.h, "Producer-side quantization"):
+// Producer-side MX quantization (lab/model/backend.h, "Producer-side quantization"):
 // an element-wise kernel that writes a GEMM operand (layernorm forward's y, act_fwd's a,
 // act_bwd's dh) also writes that operand's MX quantization, as bf16 for the tensor-core GEMM,
 // in the same pass, so no separate quantize kernel has to read it again.
@@ -7,7 +7,7 @@
 // roundings (nearest_even, nearest_away, toward_zero), no statistics, rows a multiple of 32
 // long. Everything else keeps the separate pass (kernels/gemm.cuh decides; nothing changes
 // then). The rounding is a runtime value here, and so is the element format except for
-// fp8_e4m3 (the paper's), whose constants are folded into its own instances (v20): two kernel
+// fp8_e4m3 (the paper's), whose constants are folded into its own instances: two kernel
 // instances per producer, not one per format x rounding (CI compiles these on 2 cores); both are
 // evaluated by
 // the same scalar code the quantizer kernels and the CPU reference call

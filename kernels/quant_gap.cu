@@ -3,7 +3,7 @@
 // depend on order (the counts are integers held exactly in doubles, the maximum ignores order),
 // so the kernels run them as chains in the same order and take the rest across a warp at once.
 // The double results agree with the CPU's bit for bit.
-//   - one pass (gap_one_pass_kernel, v14; a block per chunk since v17): the chunk's elements
+//   - one pass (gap_one_pass_kernel, a block per chunk): the chunk's elements
 //     are computed and folded where they are read (scalar formats; MX blocks of 32 along
 //     whole-block rows: a warp's 32 elements are one block);
 //   - else pass 1 writes each element's rel and flag (one thread per MX block, as
@@ -13,8 +13,8 @@
 //     from shared memory).
 // A warp reads 32 consecutive values at a time (coalesced; in the one-pass kernel kGapIlp windows
 // per warp, the chunk's sum chained by thread 0 from shared memory); in the two-pass
-// path every lane runs the sum's chain, taking each value from its lane by a shuffle. (Before
-// v14b every lane also folded the maximum and the counts one element at a time and one warp
+// path every lane runs the sum's chain, taking each value from its lane by a shuffle. (Before,
+// every lane also folded the maximum and the counts one element at a time and one warp
 // folded the chunk partials so; before that one thread per chunk read 1024 values 8 KB apart
 // from its neighbours'.)
 #include "kernels/quant_gap.cuh"
@@ -167,7 +167,7 @@ __device__ __forceinline__ void write_partials(double* partials, int64_t c, cons
   o[4] = a.bad;
 }
 
-// The one-pass path: a block per chunk (v17; v14-v14d ran a warp per chunk, which left ~8 warps
+// The one-pass path: a block per chunk (a warp per chunk, as it ran first, which left ~8 warps
 // per SM, 12 % occupancy, latency-bound) computes each element's rel and flag itself and folds
 // them at once, so nothing is written per element. Scalar formats (mx == false) need nothing but
 // the element; MX blocks need `32 consecutive flat indices == one block`, i.e. blocks of 32 along

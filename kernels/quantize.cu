@@ -388,9 +388,9 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
 // same columns (l, l ^ 4, l ^ 8, ..., l ^ 28) finish each column's block amax with three
 // shuffles. The next warp item's 4 loads are issued before the current one is computed (the
 // layout of the contiguous kernel, transposed). Items of 512 elements (not 1024, as with 8 x 4
-// tiles: kernels/PERF.md v7) give a [2048 x 512] operand 2048 warps with work, and the smaller
-// tiles leave room for 4 CTAs per SM. Needs cols % 4 == 0, `in` 16-byte and `out` 16-byte (f32) /
-// 8-byte (bf16) aligned (the launcher checks; other shapes take mx_strided_kernel).
+// tiles: kernels/PERF.md, "4 × 4 tiles per lane") give a [2048 x 512] operand 2048 warps with
+// work, and the smaller tiles leave room for 4 CTAs per SM. Needs cols % 4 == 0, `in` 16-byte
+// and `out` 16-byte (f32) / 8-byte (bf16) aligned (the launcher checks; other shapes take mx_strided_kernel).
 struct TileSlice {
   int64_t off;  // flat index of the lane's first element (its first row, first column)
   int nv;       // of the lane's kTileRows rows, how many exist (0: the lane has nothing here)
@@ -761,7 +761,8 @@ void launch_tuned(const MxPlan& m, const KBatch& b, int n, unsigned grid, Elem e
 // One MX pass over the tensor under spec q (quantization and/or statistics).
 void launch_mx(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind kind, unsigned long long* stats,
                unsigned long long* inexact, cudaStream_t s) {
-  if (q.block <= 0) throw Error(msg("quantize: block size must be positive (got ", q.block, ")"));
+  MXLAB_ASSERT(q.block > 0, "quantize: block size ", q.block,
+               " (configuration and `mxlab quantize --block-size` admit only positive sizes)");
   const KParams p = make_params(L, q, out, kind, stats, inexact);
   const Elem elem = mx_elem(q.fmt);
   const int k = q.block;
@@ -801,8 +802,9 @@ void validate(const QuantLaunch& L) {
   if (L.rows > 0 && L.cols > 0 && !L.in) throw Error("quantize: null input pointer");
   if (L.rows > 0 && L.cols > kMaxElements / L.rows)
     throw Error(msg("quantize: tensor of ", L.rows, " x ", L.cols, " elements is larger than supported (2^43)"));
-  if (is_mx(L.q.fmt) && L.q.block <= 0)
-    throw Error(msg("quantize: block size must be positive (got ", L.q.block, ")"));
+  // Before plan_mx (the batch plans before it launches); launch_mx checks every MX pass again.
+  MXLAB_ASSERT(!is_mx(L.q.fmt) || L.q.block > 0, "quantize: block size ", L.q.block,
+               " (configuration and `mxlab quantize --block-size` admit only positive sizes)");
 }
 
 // Statistics pass under stats_q (when not fused into the quantization pass).

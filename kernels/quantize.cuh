@@ -80,7 +80,7 @@ void quantize_f32(const QuantLaunch& L, float* out, cudaStream_t s);
 void quantize_bf16(const QuantLaunch& L, __nv_bfloat16* out, cudaStream_t s);
 // quantize_bf16 of Ls[i] into outs[i] for i < n, with the same bits, in fewer launches: those
 // that take the contiguous or the strided tile kernel with a deterministic rounding and no
-// statistics share one launch per kernel instance, up to 8 tensors each (issue 16: a step's
+// statistics share one launch per kernel instance, up to 8 tensors each (a step's
 // weights quantized together). Returns the number of launches issued.
 int quantize_bf16_batch(const QuantLaunch* Ls, __nv_bfloat16* const* outs, int n, cudaStream_t s);
 // Statistics only (under L.stats_q) into L.d_stats; nothing written.

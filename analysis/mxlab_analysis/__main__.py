@@ -150,7 +150,7 @@ def make_parser():
     sp.set_defaults(func=_cmd_curves)
 
     sp = sub.add_parser("warn", help="early warning: per signal, ROC over alarm thresholds "
-                        "(diverging vs stable trajectories), AUC, lead time (issue 12)")
+                        "(diverging vs stable trajectories), AUC, lead time")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
     sp.add_argument("-o", "--out", help="write the figure (PNG): ROC per signal and lead times")
     sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
@@ -167,7 +167,7 @@ def make_parser():
     sp.set_defaults(func=_cmd_warn)
 
     sp = sub.add_parser("survival", help="Kaplan-Meier curves of steps to divergence per group, "
-                        "95 %% bands, pairwise log-rank p-values (issue 17)")
+                        "95 %% bands, pairwise log-rank p-values")
     sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
     sp.add_argument("--by", required=True, metavar="KEY[,KEY]", help="group by these keys: "
                     "'arm' (the trajectory's group name: fp32, an arm, a branch) and/or dotted "

@@ -95,14 +95,14 @@ MX_GROUP_DATASETS = ("bias_ratio_group", "cosine_group")  # shape [n, G]
 DATASET_ATTR_NAMES = "names"  # on the *_group datasets: the G parameter-group names
 MX_DATASETS = MX_SERIES + MX_GROUP_DATASETS
 
-# gamma/beta clamp debt (issue 12): |x - Q(x)|/|x| per layer (mean, max) and the fraction of
+# gamma/beta clamp debt: |x - Q(x)|/|x| per layer (mean, max) and the fraction of
 # stored elements above what their block can represent (clamped by the quantizer).
 DEBT_TENSORS = ("gamma", "beta")
 DEBT_STATS = ("gap_mean", "gap_max", "above_frac")
 DEBT_DATASETS = tuple(f"{t}_{s}" for t in DEBT_TENSORS for s in DEBT_STATS)  # [n, L]
 WEIGHT_DEBT_DATASETS = ("weight_gap_mean", "weight_above_frac")  # [n, 2L], attribute `names`
 # MX groups: the paper's code's squared cross-trajectory ratio and its running average, the
-# absolute norms of eps = g~ - g-bar, g-bar and g~, the FP32 loss at the MX weights (issue 17).
+# absolute norms of eps = g~ - g-bar, g-bar and g~, the FP32 loss at the MX weights.
 DS_CROSS_RATIO_SQ = "cross_ratio_sq"
 DS_CROSS_RATIO_SQ_AVG = "cross_ratio_sq_avg"
 MX_SERIES_V2 = (DS_CROSS_RATIO_SQ, DS_CROSS_RATIO_SQ_AVG, "eps_norm", "gbar_norm", "gtilde_norm",
@@ -112,7 +112,7 @@ NEW_ROW_DATASETS = DEBT_DATASETS + WEIGHT_DEBT_DATASETS + MX_SERIES_V2 + MX_GROU
 
 ROW_DATASETS = SCALAR_SERIES + PER_LAYER_DATASETS + MX_DATASETS + NEW_ROW_DATASETS  # share n
 
-# Curvature (issue 12, log.curvature_every > 0): their own step axis `curvature_step`, length m.
+# Curvature (log.curvature_every > 0): their own step axis `curvature_step`, length m.
 DS_CURVATURE_STEP = "curvature_step"
 DS_HESSIAN_LMAX = "hessian_lmax"
 DS_PRECOND_LMAX = "precond_lmax"         # largest eigenvalue of the Adam-preconditioned Hessian
@@ -121,7 +121,7 @@ DS_EQ10_LHS = "eq10_lhs"                 # |1 - s| + s r, s = lr * precond_lmax,
 CURVATURE_DATASETS = (DS_CURVATURE_STEP, DS_HESSIAN_LMAX, DS_PRECOND_LMAX, DS_PRECOND_THRESHOLD,
                       DS_EQ10_LHS, "hessian_resid", "precond_resid", "probe_loss")
 
-# The shadow series (issue 17): one row per shadow step (every bias_every-th and the last),
+# The shadow series: one row per shadow step (every bias_every-th and the last),
 # on their own axis `shadow_step`: the global scalars of that step's shadow pass.
 DS_SHADOW_STEP = "shadow_step"
 SHADOW_DATASETS = (DS_SHADOW_STEP, "shadow_bias_ratio", "shadow_cosine", "shadow_cross_ratio",

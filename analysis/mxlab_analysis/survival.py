@@ -1,5 +1,5 @@
 """`survival DIR --by KEY[,KEY]`: Kaplan-Meier curves of "steps to divergence" per group of
-trajectories, with 95 % bands and pairwise log-rank tests (issue 17: most divergences come
+trajectories, with 95 % bands and pairwise log-rank tests (most divergences come
 late, so a fixed horizon censors them; counting k/n at the horizon throws that away).
 
 Definitions (analysis/README.md, `survival`, says the same):

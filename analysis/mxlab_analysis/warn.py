@@ -1,5 +1,5 @@
-"""`warn DIR`: how well each logged signal warns of a divergence before it happens (issue 12,
-item 5). For every candidate signal, sweep an alarm threshold over all trajectories of a set
+"""`warn DIR`: how well each logged signal warns of a divergence before it happens.
+For every candidate signal, sweep an alarm threshold over all trajectories of a set
 of runs and report, per threshold, the fraction of diverging trajectories that raised the
 alarm before they diverged (TPR) with the lead time, and the fraction of the others that ever
 raised it (false alarms, FPR); per signal the ROC AUC and the best threshold.
@@ -54,10 +54,10 @@ class Signal:
 
 SIGNALS = (
     Signal("gamma_lastbin", ABOVE),       # paper fig. 3: LN gamma piles into the last bin
-    Signal("gamma_above_frac", ABOVE),    # issue 12: stored gamma above what its block represents
-    Signal("gamma_gap_mean", ABOVE),      # issue 12: the gap the quantizer hides from the forward
+    Signal("gamma_above_frac", ABOVE),    # clamp debt: stored gamma above what its block represents
+    Signal("gamma_gap_mean", ABOVE),      # clamp debt: the gap the quantizer hides from the forward
     Signal("bias_ratio_avg", ABOVE),      # paper app. B.2: divergence follows once it nears 2
-    Signal("cosine", EITHER),             # paper: decays; issue 17: rises before divergence
+    Signal("cosine", EITHER),             # paper: decays; fresh-seed study: rises before divergence
     Signal("precond_ratio", ABOVE),       # Cohen et al. 2022: adaptive edge of stability at 1
     Signal("eq10_lhs", ABOVE),            # paper Eq. 10: unstable above ~1
     Signal("grad_norm", ABOVE),           # loss spikes follow gradient growth

@@ -115,8 +115,8 @@ def lr_format_sweep(tmp_path_factory):
     return str(directory)
 
 
-# A multi-arm run (issue 13): three arms beside FP32, branches forking from two of them, the
-# clamp-debt rows and curvature every 50 steps (issue 12).
+# A multi-arm run: three arms beside FP32, branches forking from two of them, the
+# clamp-debt rows and curvature every 50 steps.
 ARMS = [{"name": "floor", "diverge_at": 300},
         {"name": "rne", "set": {"rounding": "nearest_even"}},
         {"name": "rceil", "set": {"scale_rule": "rceil"}, "diverge_at": 340}]

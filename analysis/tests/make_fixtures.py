@@ -145,7 +145,7 @@ class Curves:
     def __init__(self, rng, steps, layers, diverge_at=None, spike_at=None, nan_at=None,
                  floor=0.02, mx=True, start=0, prefix=None, new_datasets=False):
         self.rng, self.steps, self.layers, self.mx, self.start = rng, steps, layers, mx, start
-        self.new_datasets = new_datasets  # clamp debt and issue 17's shadow series
+        self.new_datasets = new_datasets  # clamp debt and the paper-metric shadow series
         self.diverge_at = diverge_at
         t = np.arange(steps, dtype=np.float64)
         loss = np.exp(-t / (steps / 6.0)) + floor
@@ -510,7 +510,7 @@ def write_demo(out, steps=6000):
                       width=width, depth=depth, mx_diverge_at=diverge and diverge // 4,
                       fp32_spike_at=(steps // 8 if depth == 4 else None))
     paths["sweep"] = os.path.join(out, "sweep")
-    # Multi-arm seeds (issue 13) with clamp debt and curvature (issue 12): for warn, survival.
+    # Multi-arm seeds with clamp debt and curvature: for warn, survival.
     d = os.path.join(out, "arms")
     os.makedirs(d, exist_ok=True)
     for seed in range(4):

@@ -1,4 +1,4 @@
-"""Multi-arm run files (issue 13): the loader exposes every arm, and every command handles
+"""Multi-arm run files: the loader exposes every arm, and every command handles
 them; files from before arms (exactly `fp32` and `mx`) read as they always did."""
 
 import csv

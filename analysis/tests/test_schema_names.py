@@ -103,7 +103,7 @@ def test_row_datasets(tables):
 NEW_FAMILIES = {
     "arms (attributes)": (S.ATTR_ARMS, S.ATTR_ARM, S.ATTR_FROM),
     "clamp debt": S.DEBT_DATASETS + S.WEIGHT_DEBT_DATASETS,
-    "shadow series (issue 17)": S.MX_SERIES_V2,
+    "shadow series": S.MX_SERIES_V2,
     "curvature": S.CURVATURE_DATASETS,
 }
 

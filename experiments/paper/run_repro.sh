@@ -7,16 +7,16 @@
 #   bash experiments/paper/run_repro.sh E OUTDIR   # lr 5e-4: scale rules rceil / floor_bump x 5 seeds
 #   bash experiments/paper/run_repro.sh F OUTDIR   # lr 5e-4 seed 0: interventions at 4200 / 4800
 #   bash experiments/paper/run_repro.sh G OUTDIR   # lr 5e-4: nearest-even x 5 seeds; depth 6 x 2 seeds
-#   bash experiments/paper/run_repro.sh J OUTDIR   # issue 12: instruments at lr 5e-4 (seeds 0-4; seed 0
+#   bash experiments/paper/run_repro.sh J OUTDIR   # stability instruments at lr 5e-4 (seeds 0-4; seed 0
 #                                                  #   with snapshots at 4200/4800, interventions, mxlab eval)
-#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # issue 13: the arms
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh K OUTDIR   # recipe arms
 #                                                  #   study (shard i/n, or every seed), over those GPUs
-#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] [MXLAB_JOBS=4] [MXLAB_M_STUDIES=fresh_seeds_20k] bash experiments/paper/run_repro.sh M OUTDIR   # issue 17: the fresh-seed
+#   [MXLAB_SHARD=i/n] [MXLAB_GPUS=0,1] [MXLAB_JOBS=4] [MXLAB_M_STUDIES=fresh_seeds_20k] bash experiments/paper/run_repro.sh M OUTDIR   # the fresh-seed
 #                                                  #   20k-step study (3 arms) and its code-faithful twin
-#   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # issue 17: the jump at a switch,
+#   [MXLAB_GPUS=0,1] bash experiments/paper/run_repro.sh L OUTDIR   # the jump at a switch,
 #                                                  #   explanations separated, 5 diverging seeds
-#   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds (issue 14 a)
-#   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds (issue 14 b)
+#   bash experiments/paper/run_repro.sh H OUTDIR   # lr 5e-4: MLP vs attention block x 5 seeds
+#   bash experiments/paper/run_repro.sh I OUTDIR   # lr 5e-4: layernorm vs RMSNorm vs MXNorm x 5 seeds
 # MXLAB_REPRO_LIMIT=S stops the training S seconds after the part began, over all of its `mxlab run`
 # calls together (the finished runs are still summarised; a rerun into the same OUTDIR resumes the
 # others). MXLAB_REPRO_RUNS=DIR keeps the run files there instead of OUTDIR/runs.

@@ -9,6 +9,7 @@
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
 #include "lab/core/error.h"
+#include "lab/runs/run_status.h"
 #include "lab/runs/checkpoint.h"
 #include "lab/config/config_io.h"
 #include "lab/config/names.h"
@@ -70,7 +71,8 @@ int do_branch(const BranchArgs& a) {
   if (run_id.empty() || yaml.empty()) throw Error(msg(a.file, " is not an mxlab run file (no run_id/config_yaml)"));
   // Resuming an unfinished run truncates every group at its checkpoint and recomputes only the
   // branches its configuration names, so a branch added now would be silently cut short.
-  if (run_status != "complete" && run_status != "diverged")
+  const std::optional<RunStatus> parsed_status = parse_run_status(run_status);
+  if (!parsed_status || !is_finished(*parsed_status))
     throw Error(msg(a.file, " has status '", run_status, "': finish the run first (run the same `mxlab run` "
                     "command again to resume it), then add branches"));
   RunConfig cfg = config_from_yaml_string(yaml, a.file, {});
@@ -154,8 +156,7 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
   RunControl ctl;
   const std::atomic<bool>* stop = install_stop_handlers();
   ctl.stop_requested = [stop] { return stop->load(); };
-  const std::string status = tr.run(ctl);
-  if (status == "interrupted") {
+  if (run_status_of(tr.run(ctl)) == RunStatus::interrupted) {
     std::fprintf(stderr, "mxlab: interrupted; branch '%s' is incomplete in %s: run the same command again\n",
                  a.name.c_str(), a.file.c_str());
     file->flush();

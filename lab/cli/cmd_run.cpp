@@ -14,6 +14,7 @@
 #include "lab/cli/commands.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
+#include "lab/runs/run_status.h"
 #include "lab/core/exit_codes.h"
 #include "lab/io/writable_dir.h"
 #include "lab/runs/checkpoint.h"
@@ -47,10 +48,12 @@ std::string pending_state(const ExpandedRun& r, const std::string& out) {
   const std::string holder = live_lock_holder(out, r.id);
   if (!holder.empty()) return "busy (locked by " + holder + ")";
   const std::string status = RunFile::peek_root_str(path, "status");
-  if (status == "complete" || status == "diverged") return "skip (" + status + ")";
+  const std::optional<RunStatus> parsed = parse_run_status(status);
+  if (parsed && is_finished(*parsed)) return "skip (" + status + ")";
+  const std::string shown = status.empty() ? to_string(RunStatus::unreadable) : status;
   const std::vector<int64_t> ck = list_checkpoints(out, r.id);
-  if (!ck.empty()) return msg("resume (", status.empty() ? "unreadable" : status, ", checkpoint at step ", ck.back(), ")");
-  return msg("run again (", status.empty() ? "unreadable" : status, ", no checkpoint)");
+  if (!ck.empty()) return msg("resume (", shown, ", checkpoint at step ", ck.back(), ")");
+  return msg("run again (", shown, ", no checkpoint)");
 }
 
 int do_run(const RunArgs& a) {

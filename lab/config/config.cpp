@@ -288,7 +288,7 @@ std::vector<std::string> ln_affine_names() {
   return v;
 }
 
-// precision.rounding: one mode for every role, or a mapping of roles to modes (issue 12). The
+// precision.rounding: one mode for every role, or a mapping of roles to modes. The
 // first kSpelledRoles are the roles a one-mode `rounding` is spelt out into (set_config_path)
 // and that the mapping form always prints; grad_wgrad follows grad unless it is given.
 const char* const kRoundingRoles[] = {"weight", "activation", "grad", "ln_affine", "grad_wgrad"};
@@ -625,7 +625,7 @@ const char* const kArmKeys[] = {"name", "apply", "set"};
 
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
 void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode& value, const std::string& label) {
-  if (key.rfind("rounding.", 0) == 0) {  // one role's rounding (issue 12)
+  if (key.rfind("rounding.", 0) == 0) {  // one role's rounding
     const std::string role = key.substr(9);
     const int i = rounding_role_index(role);
     if (i < 0)
@@ -1229,21 +1229,8 @@ namespace {
 void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionConfig& iv) {
   if (a == "to_fp32" || a == "to_fp32_keep_gamma_q") {
     const NumFmt ln_affine = p.ln_affine;
-    p.weight = p.activation = p.grad = NumFmt::fp32;
-    p.weight_bwd = NumFmt::fp32;
-    p.activation_bwd = NumFmt::fp32;
-    p.grad_wgrad = NumFmt::fp32;
-    p.ln_affine = NumFmt::fp32;
-    p.attn_logits = NumFmt::fp32;
-    p.attn_probs = NumFmt::fp32;
-    p.elementwise_bf16 = false;
-    // The lab's FP32 ops (the FP32 trajectory's), not the emulator's compositions.
-    p.layernorm = LnOps::fused;
-    p.gelu = GeluOps::fused;
-    p.residual = ResidualPrec::elementwise;
-    p.bias = BiasPrec::fp32;
-    p.ln_beta_grad = true;
-    // keep_gamma_q: the norm's affine weights stay as the forward pass used them (issue 17: no
+    p.make_fp32();
+    // keep_gamma_q: the norm's affine weights stay as the forward pass used them (no
     // change of the function through gamma at the switch).
     if (a == "to_fp32_keep_gamma_q") p.ln_affine = ln_affine;
   } else if (a == "snap_gamma" || a == "reset_adam_v") {

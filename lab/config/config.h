@@ -20,7 +20,7 @@ struct DataConfig {
   int batch = 2048;            // sequences per step (with seq_len 1: tokens per step)
   int seq_len = 1;             // tokens per sequence: rows per step = batch * seq_len
   float label_noise = 0.005f;
-  // The paper code's target path for the MX trajectories (issue 17): each MX arm/branch trains on
+  // The paper code's target path for the MX trajectories: each MX arm/branch trains on
   // teacher(x) computed under its own precision policy plus fresh label noise (its own stream);
   // false (default): every trajectory trains on the same FP32 targets.
   bool mx_teacher_targets = false;
@@ -49,19 +49,19 @@ struct LogConfig {
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int flush_every = 100;       // HDF5 flush period in logged rows
   bool progress = true;        // progress line on a terminal
-  // Curvature instrument (issue 12): every N-th step (0 = off), the largest eigenvalue of the
+  // Curvature instrument: every N-th step (0 = off), the largest eigenvalue of the
   // FP32 loss's Hessian and of the Adam-preconditioned one at each trajectory's weights, on a
   // fixed probe batch of `probe_batch` rows (0 = data.batch), `curvature_iters` iterations.
   int curvature_every = 0;
   int curvature_iters = 20;
   int probe_batch = 0;
-  // Parameter snapshots (issue 12): the state at the start of these steps / every N-th step.
+  // Parameter snapshots: the state at the start of these steps / every N-th step.
   std::vector<int> snapshot_steps;
   int snapshot_every = 0;
   bool snapshot_optimizer = false;  // also Adam's m and v
 };
 
-// One intervention (issue 5): a named patch of an arm's MX policy from step `at` on.
+// One intervention: a named patch of an arm's MX policy from step `at` on.
 struct InterventionConfig {
   std::string name;
   int at = 0;
@@ -70,7 +70,7 @@ struct InterventionConfig {
   std::string from = "mx";                   // the arm it forks from
 };
 
-// One arm (issue 13): a named MX recipe, a patch of `precision` with an intervention's syntax.
+// One arm: a named MX recipe, a patch of `precision` with an intervention's syntax.
 // All arms of a run train in lock-step with the one FP32 trajectory. No `arms:` = one arm `mx`
 // with `precision` unpatched.
 struct ArmConfig {

@@ -393,7 +393,8 @@ class CpuBackend final : public Backend {
     // index order folds (x, Q) into the fixed-order sums: elements counted where both are finite
     // (quant_gap_counts), `above` = the quantizer's clamped count (a clamped element is never
     // +-Inf: its block's scale leaves room for max_normal, lab/mx/README.md).
-    if (is_mx(q.fmt) && q.block <= 0) throw Error(msg("quant_gap: block size must be positive (got ", q.block, ")"));
+    MXLAB_ASSERT(!is_mx(q.fmt) || q.block > 0, "quant_gap: block size ", q.block,
+                 " (configuration admits only positive sizes)");
     const int64_t n = rows * cols;
     std::vector<float> qv(static_cast<size_t>(n));
     if (round_bf16_first)

@@ -144,18 +144,18 @@ class Backend {
   virtual void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
                     float* C, float beta, const ElementwiseRound& out) = 0;
 
-  // Producer-side quantization (issue 16; an optimisation a backend may ignore, the CPU does).
+  // Producer-side quantization (an optimisation a backend may ignore, the CPU does).
   // Most GEMM operands of an MX step are written by one element-wise op just before the GEMM
   // reads them (y by layernorm_fwd, a by act_fwd, dh by act_bwd). Such an op may be given the
-  // operand as `q_out` (q_out->p = its output, shape = its output's [rows x cols]; add's dA, too,
-  // since issue 16's v23): the backend
+  // operand as `q_out` (q_out->p = its output, shape = its output's [rows x cols]; add's dA, too):
+  // the backend
   // may then quantize the output in the same pass, as it writes it, and keep the result for the
   // next gemm() on the same lane whose operand equals q_out (same pointer, layout, spec, seeds,
   // flags and statistics slot) and carries `prequantized`. That gemm takes it, once. Nothing
   // may write the tensor in between. Results are bit-identical with and without
   // (kernels/gemm.cuh, "Producer-side quantization").
   //
-  // Operands quantized ahead (issue 16, v24): prequantize(ops, n) says that the next gemm()
+  // Operands quantized ahead: prequantize(ops, n) says that the next gemm()
   // calls on this lane will read ops[i].op (stored [ops[i].rows x ops[i].cols]; a pass's weights,
   // which nothing writes during the pass): the backend may quantize them all now, in one pass
   // where it can, and let each such gemm() whose operand equals ops[i].op and carries
@@ -182,7 +182,7 @@ class Backend {
   // swiglu h is [rows x 2*cols] (first half "a", second half "gate") and a is [rows x cols].
   // R_h (`h_in`) lets the model leave a GEMM output unrounded (gemm's `out` = no rounding) and
   // round it in its consumers instead: bit-identical to rounding it in gemm, one pass over the
-  // tensor fewer (kernels/PERF.md, issue 16).
+  // tensor fewer (kernels/PERF.md).
   virtual void act_fwd(Act act, const float* h, float* a, int64_t rows, int64_t cols, const ElementwiseRound& r,
                        const ElementwiseRound& h_in, const GemmOperand* q_out = nullptr) = 0;
   // dh = R(R_da(da) * act'(R_h(h))) (swiglu: dh is [rows x 2*cols]); h_in and da_in as act_fwd's.
@@ -249,7 +249,7 @@ class Backend {
   virtual void reset_stats(int slots) = 0;
   virtual std::vector<QuantStats> read_stats() = 0;
 
-  // ==== stability instruments (issue 12): curvature tangents and the quantization gap ====
+  // ==== stability instruments: curvature tangents and the quantization gap ====
   // The exact Hessian-vector product (lab/model/hvp.h) and its eigensolver
   // (lab/model/curvature.h) run on the FP32 loss, so these ops are FP32 and never round their
   // outputs. Element formulas: lab/model/instrument_elementwise.h; derivations and exact
@@ -330,7 +330,7 @@ class Backend {
   virtual void quant_gaps(const QuantGapRequest* reqs, size_t count, QuantGap* out);
   // ==== end of the stability instruments ====
 
-  // ==== attention blocks and RMS/MX norms (issue 14; lab/model/README.md "Norms", "Attention") ====
+  // ==== attention blocks and RMS/MX norms (lab/model/README.md "Norms", "Attention") ====
   // Both backends implement every op of this section; the defaults only let test doubles that
   // never run an attention or RMS-norm network leave them out (they throw mxlab::Error).
 

@@ -1,4 +1,4 @@
-// The curvature instrument (issue 12, item 1): the largest eigenvalue of the Hessian of the
+// The curvature instrument: the largest eigenvalue of the Hessian of the
 // FP32 loss on a probe batch, and of the Adam-preconditioned Hessian P^-1 H with
 // P = diag(sqrt(v_hat) + eps) (Cohen et al. 2022, "Adaptive gradient methods at the edge of
 // stability"), by Lanczos on the exact Hessian-vector products of lab/model/hvp.h. One object

@@ -1,4 +1,4 @@
-// Exact Hessian-vector products of the student's FP32 loss (issue 12, curvature), written once
+// Exact Hessian-vector products of the student's FP32 loss (the curvature instrument), written once
 // against the Backend interface like forward/backward in mlp.h: Pearlmutter's R-operator
 // (forward-over-reverse). hvp_prepare runs the primal pass once at the weights (forward, loss,
 // and the chain of input gradients, saved per layer); each hvp_apply then runs a tangent

@@ -65,8 +65,8 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
   MXLAB_ASSERT(params != nullptr && !s.groups.empty(), "pass on an empty network");
   MXLAB_ASSERT(ws.batch > 0 && static_cast<int>(ws.a_in.size()) == s.depth && ws.out != nullptr,
                "workspace was not made for this network (depth ", s.depth, ", workspace ", ws.a_in.size(), ")");
-  if (pol.p.block_size <= 0)
-    throw Error(msg("precision.block_size must be positive (got ", pol.p.block_size, ")"));
+  MXLAB_ASSERT(pol.p.block_size > 0, "precision.block_size ", pol.p.block_size,
+               " (configuration validation admits only positive sizes)");
   const PrecisionConfig& p = pol.p;
   const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
                             p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
@@ -499,8 +499,8 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
 
   ws.h_round = R;
   // The weights' operands, built the same way for prequantize and for their gemm() calls: the
-  // pass hands them all over first, so that a backend may quantize them in one go (issue 16,
-  // v24; bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
+  // pass hands them all over first, so that a backend may quantize them in one go
+  // (bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
   // the pass itself writes.
   auto w1_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w1).offset, true, p.weight, Role::weight, k, OpId::fc1_w);
@@ -616,7 +616,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   // Operands that nothing writes during the backward, handed over first (as in forward()): the
   // dgrad GEMMs' weights, and the forward's saved y as the dW1 GEMM reads it (strided: blocks
   // down the batch; 1 M elements each, like the weights). Not a (4 M elements): one launch over
-  // tensors of two sizes was slower than their own launches (kernels/PERF.md v25).
+  // tensors of two sizes was slower than their own launches (kernels/PERF.md, "the weight-gradient
+  // GEMMs' saved activations quantized ahead too").
   auto w2_op = [&](int k) {
     return ops.make(params + group(s, k, ParamGroup::w2).offset, false, w_bwd, Role::weight, k, OpId::da_w);
   };

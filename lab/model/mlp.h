@@ -169,7 +169,7 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
               float* grads, const PassPolicy& pol);
 
 // How the forward pass quantizes a parameter group under `pol`, for Backend::quant_gap (the
-// clamp debt of issue 12): gamma / beta as Q_ln does (the ln_affine role, one row of d, no bf16
+// clamp debt): gamma / beta as Q_ln does (the ln_affine role, one row of d, no bf16
 // first), W1 / W2 as the forward GEMM's weight operand (the weight role, blocks along K, its
 // stochastic seed sr_seed(pol.seed, sr_op), bf16 first per the policy). b2 is never quantized
 // (q.fmt = fp32). Stochastic rounding also needs the step's StepScalars, as the pass does.
@@ -183,7 +183,7 @@ struct ParamQuant {
 ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol);
 // Set the stored norm affine weights (every gamma and beta group of an MLP block) to the values
 // the forward pass uses under `pol` (Q(gamma), Q(beta) of forward_param_quant; the
-// snap_gamma intervention, issue 17). `scratch` holds at least the largest such group. Uses the
+// snap_gamma intervention). `scratch` holds at least the largest such group. Uses the
 // stochastic-rounding stream of the backend's current StepScalars.step.
 void snap_norm_affine(Backend& be, const NetShape& S, float* params, const PassPolicy& pol, float* scratch);
 

@@ -21,24 +21,26 @@ bool PrecisionConfig::rounding_uniform() const {
          rounding_of(Role::grad_wgrad) == w;
 }
 
+void PrecisionConfig::make_fp32() {
+  weight = activation = grad = NumFmt::fp32;
+  weight_bwd = NumFmt::fp32;
+  activation_bwd = NumFmt::fp32;
+  grad_wgrad = NumFmt::fp32;
+  ln_affine = NumFmt::fp32;
+  attn_logits = NumFmt::fp32;
+  attn_probs = NumFmt::fp32;
+  elementwise_bf16 = false;
+  // The lab's FP32 ops (the FP32 trajectory's), not the emulator's compositions.
+  layernorm = LnOps::fused;
+  gelu = GeluOps::fused;
+  residual = ResidualPrec::elementwise;
+  bias = BiasPrec::fp32;
+  ln_beta_grad = true;
+}
+
 PrecisionConfig PrecisionConfig::fp32() {
-  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops: the FP32
-  // trajectory's policy. The `to_fp32` intervention preset sets the same fields
-  // (lab/config: apply_preset; a CPU test checks the two agree).
   PrecisionConfig p;
-  p.weight = p.activation = p.grad = NumFmt::fp32;
-  p.weight_bwd = NumFmt::fp32;
-  p.activation_bwd = NumFmt::fp32;
-  p.grad_wgrad = NumFmt::fp32;
-  p.ln_affine = NumFmt::fp32;
-  p.attn_logits = NumFmt::fp32;
-  p.attn_probs = NumFmt::fp32;
-  p.elementwise_bf16 = false;
-  p.layernorm = LnOps::fused;
-  p.gelu = GeluOps::fused;
-  p.residual = ResidualPrec::elementwise;
-  p.bias = BiasPrec::fp32;
-  p.ln_beta_grad = true;
+  p.make_fp32();
   return p;
 }
 

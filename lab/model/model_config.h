@@ -80,8 +80,8 @@ struct PrecisionConfig {
   ScaleRule scale_rule = ScaleRule::floor;
   Bump bump = Bump::clamp;                // floor_bump: clamp (only blocks that would clamp) | always
   // Element rounding of the MX roles. `rounding` is the mode of every role; a role may
-  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M, grad_wgrad: M}`,
-  // issue 12): weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and
+  // override it (YAML `rounding: {weight: M, activation: M, grad: M, ln_affine: M, grad_wgrad: M}`):
+  // weight = W in every GEMM (weight, weight_bwd), activation = X in the forward and
   // wgrad GEMMs (activation, activation_bwd), grad = dY in both backward GEMMs (grad, and
   // grad_wgrad unless grad_wgrad has a mode of its own), ln_affine = Q(gamma), Q(beta).
   Rounding rounding = Rounding::nearest_even;
@@ -111,7 +111,11 @@ struct PrecisionConfig {
   bool rounding_uniform() const;  // every role (grad_wgrad included) rounds with the same mode
   NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
   NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
-  // The all-FP32 policy of the reference trajectory and the shadow pass.
+  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops; the block
+  // size, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
+  void make_fp32();
+  // The all-FP32 policy of the reference trajectory and the shadow pass: make_fp32() of the
+  // defaults.
   static PrecisionConfig fp32();
 };
 

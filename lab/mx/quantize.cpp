@@ -82,7 +82,8 @@ void quantize_dequantize(const float* in, float* out, int64_t rows, int64_t cols
     if (stats) *stats = st;
     return;
   }
-  if (spec.block <= 0) throw Error(msg("quantize: block size must be positive (got ", spec.block, ")"));
+  MXLAB_ASSERT(spec.block > 0, "quantize: block size ", spec.block,
+               " (configuration and `mxlab quantize --block-size` admit only positive sizes)");
   const ElemSpec& es = elem_spec(mx_elem(spec.fmt));
   const BlockWalk w{rows, cols, axis};
   const int64_t k = spec.block;

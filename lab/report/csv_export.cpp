@@ -120,7 +120,7 @@ std::vector<std::string> export_run_csv(const std::string& run_path, const std::
                                   "divergence_step", "spike_count", "spike_score", "final_loss", "min_loss",
                                   "max_bias_ratio", "max_gamma_lastbin", "source"});
   for (const GroupRecord& g : rec.groups)
-    summary += csv_line({rec.run_id, g.name, g.branch ? std::to_string(g.at) : "", rec.status,
+    summary += csv_line({rec.run_id, g.name, g.branch ? std::to_string(g.at) : "", to_string(rec.status),
                          std::to_string(g.steps_run), std::to_string(g.first_nonfinite_step),
                          std::to_string(g.divergence_step), std::to_string(g.spike_count), csv_number(g.spike_score),
                          csv_number(g.final_loss), csv_number(g.min_loss), csv_number(g.max_bias_ratio),

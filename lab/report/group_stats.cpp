@@ -12,6 +12,7 @@
 #include <set>
 
 #include "lab/core/error.h"
+#include "lab/runs/run_status.h"
 #include "lab/core/text_table.h"
 #include "lab/stats/loss_events.h"
 #include "lab/io/table_text.h"
@@ -25,7 +26,7 @@ constexpr const char* kAbsent = "-";  // the value of a key a run's configuratio
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
 
-bool finished(const RunRecord& r) { return r.readable && (r.status == "complete" || r.status == "diverged"); }
+bool finished(const RunRecord& r) { return r.readable && is_finished(r.status); }
 
 std::string file_name(const RunRecord& r) { return std::filesystem::path(r.path).filename().string(); }
 
@@ -210,7 +211,7 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
   std::vector<const RunRecord*> used;
   for (const RunRecord& r : runs) {
     if (finished(r)) used.push_back(&r);
-    else out.left_out.push_back(msg(file_name(r), ": status ", r.status.empty() ? "unknown" : r.status,
+    else out.left_out.push_back(msg(file_name(r), ": status ", to_string(r.status),
                                     r.error.empty() ? "" : " (" + r.error + ")"));
   }
   for (const std::string& k : opt.keys) {

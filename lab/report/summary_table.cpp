@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "lab/core/text_table.h"
+#include "lab/runs/run_status.h"
 #include "lab/io/table_text.h"
 
 namespace mxlab {
@@ -27,7 +28,7 @@ std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
         const std::string v = config_value(r, k, &found);
         row.push_back(found ? format_config_value(v) : cell.none());
       }
-      row.push_back(cell.text(r.status));
+      row.push_back(cell.text(to_string(r.status)));
       return row;
     };
     const std::string file = csv ? r.path : std::filesystem::path(r.path).filename().string();

@@ -29,7 +29,7 @@ std::string write_index(const std::string& dir, const std::vector<RunRecord>& ru
   std::string text = csv_line(header);
   const TableCell cell{true};
   for (const RunRecord& r : runs) {
-    std::vector<std::string> row = {r.run_id, r.status, r.readable ? std::to_string(r.steps) : ""};
+    std::vector<std::string> row = {r.run_id, to_string(r.status), r.readable ? std::to_string(r.steps) : ""};
     for (const auto& k : swept) {
       bool found = false;
       const std::string v = config_value(r, k, &found);

@@ -116,7 +116,7 @@ std::string record_damage(const std::string& path) {
   const RunRecord r = read_run_record(path);  // takes hdf5_mutex itself
   if (r.readable) return "";
   // This process holds the run's lock, so the record may say `running` rather than why.
-  if (r.status == "unreadable" && !r.error.empty()) return r.error;
+  if (r.status == RunStatus::unreadable && !r.error.empty()) return r.error;
   return "it is not a whole record of its run (`mxlab summarize` of its folder says why)";
 }
 
@@ -175,12 +175,12 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
   RunLock lock;
   try {
     if (opt.lock && !lock.try_acquire(opt.out_dir, out.run_id)) {
-      out.status = "busy";
+      out.status = RunStatus::busy;
       out.error = "locked by " + lock.holder();
       return out;
     }
   } catch (const std::exception& e) {
-    out.status = "failed";
+    out.status = RunStatus::failed;
     out.error = e.what();
     return out;
   }
@@ -188,9 +188,9 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
   // A finished file of the same configuration is a result: never recompute it.
   std::string finished_damage;  // a finished file of this run that is not a whole record: why
   if (file_exists(out.path)) {
-    const std::string status = peek(out.path, "status");
+    const std::optional<RunStatus> status = parse_run_status(peek(out.path, "status"));
     const std::string id = peek(out.path, "run_id");
-    if ((status == "complete" || status == "diverged") && id == out.run_id) {
+    if (status && is_finished(*status) && id == out.run_id) {
       // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
       finished_damage = record_damage(out.path);
       if (!finished_damage.empty()) {
@@ -198,7 +198,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
           std::lock_guard<std::mutex> g(hdf5_mutex());
           RunFile::open(out.path);
         } catch (const std::exception& e) {
-          out.status = "failed";
+          out.status = RunStatus::failed;
           out.error = e.what();
           return out;
         }
@@ -207,7 +207,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       // A finished file that is still not a whole record (no snapshot could mend it) is not a
       // result: the run starts again from step 0 and says so (below).
       if (finished_damage.empty()) {
-        out.status = "skipped";
+        out.status = RunStatus::skipped;
         std::pair<int64_t, std::string> excursion;
         std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
         std::tie(out.excursion_step, out.excursion_arm) = excursion;
@@ -286,7 +286,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       root.str["run_id"] = out.run_id;
       root.str["config_yaml"] = dump_config(cfg);
       root.str["start_time"] = utc_now();
-      root.str["status"] = "running";
+      root.str["status"] = to_string(RunStatus::running);
       root.ints["steps"] = cfg.steps;
       if (!restart_why.empty()) root.str["restart_reason"] = "the file of this run found here was replaced: " + restart_why;
       std::lock_guard<std::mutex> g(hdf5_mutex());
@@ -300,7 +300,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       load_checkpoint(trainer, out.run_id, resume_ckpt);
       file->truncate_from(resume_step);
       Attrs a;
-      a.str["status"] = "running";
+      a.str["status"] = to_string(RunStatus::running);
       a.str["error"] = "";  // a failed run that is run again starts with a clean slate
       file->set_root_attrs(a);
       out.resumed = true;
@@ -340,13 +340,13 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
                    format_duration(eta).c_str());
       std::fflush(stderr);
     };
-    std::string status = trainer.run(ctl);
+    const RunStatus status = run_status_of(trainer.run(ctl));
     if (opt.progress) std::fprintf(stderr, "\n");
-    if (status == "interrupted") {
+    if (status == RunStatus::interrupted) {
       file->flush();
       save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, trainer.step()));
     }
-    trainer.finish(status);
+    trainer.finish(to_string(status));
     Attrs end;
     end.str["end_time"] = utc_now();
     file->set_root_attrs(end);
@@ -368,7 +368,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     }
   } catch (const std::exception& e) {
     if (opt.progress) std::fprintf(stderr, "\n");
-    out.status = "failed";
+    out.status = RunStatus::failed;
     out.error = e.what();
     if (file) {
       // When a write into the run file itself failed (disk full, ...), writing the failure into
@@ -379,7 +379,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       if (!run_file_broken) {
         try {
           Attrs a;
-          a.str["status"] = "failed";
+          a.str["status"] = to_string(RunStatus::failed);
           a.str["error"] = out.error;
           a.str["end_time"] = utc_now();
           file->set_root_attrs(a);

@@ -12,6 +12,7 @@
 #include "lab/model/backend.h"
 #include "lab/config/config.h"
 #include "lab/io/locks.h"
+#include "lab/runs/run_status.h"
 
 namespace mxlab {
 
@@ -43,7 +44,8 @@ struct RunOptions {
 struct RunOutcome {
   // complete | diverged | interrupted | skipped (already complete) | failed | busy (locked by
   // another live process)
-  std::string run_id, path, status;
+  RunStatus status = RunStatus::failed;
+  std::string run_id, path;
   std::string error;  // failed: the message (also stored in the file's `error` attribute);
                       // busy: who holds the lock
   bool resumed = false;

@@ -166,13 +166,18 @@ std::string shown(const std::string& text) {
 // intervention of its configuration; the summary attributes of each group (a branch that never
 // started has none). Damage can rename an object or an attribute as well as break it. (Files
 // without `arms`, of older builds or made by hand, are taken as they are.)
-void check_whole(const h5::H5File& f, const RunRecord& rec, const std::string& yaml) {
-  static const std::set<std::string> kStatuses = {"running", "complete", "diverged", "failed", "interrupted"};
-  if (!kStatuses.count(rec.status))
-    throw Error(msg("its status '", shown(rec.status), "' is none of running, complete, diverged, failed, interrupted: "
+// Returns the status, which `status_text` spells.
+RunStatus check_whole(const h5::H5File& f, const RunRecord& rec, const std::string& status_text, const std::string& yaml) {
+  const std::optional<RunStatus> parsed = parse_run_status(status_text);
+  const bool in_schema = parsed && (*parsed == RunStatus::running || *parsed == RunStatus::complete ||
+                                    *parsed == RunStatus::diverged || *parsed == RunStatus::failed ||
+                                    *parsed == RunStatus::interrupted);
+  if (!in_schema)
+    throw Error(msg("its status '", shown(status_text), "' is none of running, complete, diverged, failed, interrupted: "
                     "the file is damaged"));
-  if (rec.status != "complete" && rec.status != "diverged" && rec.status != "interrupted") return;
-  const std::string ended = rec.status == "interrupted" ? "was interrupted" : "ended";
+  const RunStatus status = *parsed;
+  if (!is_finished(status) && status != RunStatus::interrupted) return status;
+  const std::string ended = status == RunStatus::interrupted ? "was interrupted" : "ended";
   std::vector<std::string> expected;
   if (f.has_attr("/", "arms")) {
     expected.push_back(std::string(kTrajectories) + "/" + kFp32);
@@ -192,6 +197,7 @@ void check_whole(const h5::H5File& f, const RunRecord& rec, const std::string& y
       throw Error(msg("group ", shown(g.h5_path), " has no summary attributes (steps_run, ...) although its run ", ended,
                       ": the file is damaged"));
   }
+  return status;
 }
 
 bool is_int_text(const std::string& s) {
@@ -249,7 +255,6 @@ RunRecord read_run_record(const std::string& path) {
     if (!f.has_attr("/", "schema_version")) throw Error(msg(path, ": no schema_version attribute: not an mxlab run file"));
     auto str = [&](const char* name) { return f.has_attr("/", name) ? f.get_attr_string("/", name) : std::string(); };
     if (!str("run_id").empty()) rec.run_id = str("run_id");
-    rec.status = str("status");
     rec.error = str("error");
     rec.start_time = str("start_time");
     rec.end_time = str("end_time");
@@ -275,17 +280,17 @@ RunRecord read_run_record(const std::string& path) {
       });
       rec.groups.insert(rec.groups.end(), br.begin(), br.end());
     }
-    check_whole(f, rec, str("config_yaml"));
+    rec.status = check_whole(f, rec, str("status"), str("config_yaml"));
     rec.readable = true;
   } catch (const std::exception& e) {
     rec.readable = false;
     rec.groups.clear();
     const std::string holder = live_lock_holder(dir_of(path), rec.run_id);
     if (!holder.empty()) {
-      rec.status = "running";
+      rec.status = RunStatus::running;
       rec.error = "being written by " + holder;
     } else {
-      rec.status = "unreadable";
+      rec.status = RunStatus::unreadable;
       rec.error = e.what();
       if (::access(RunFile::snapshot_path(path).c_str(), F_OK) == 0)
         rec.error += msg(" (", RunFile::snapshot_path(path), " holds its state at its last flush: `mxlab run` of its "
@@ -294,7 +299,7 @@ RunRecord read_run_record(const std::string& path) {
     return rec;
   }
   // A `running` file that nobody holds was left by a process that was killed.
-  if (rec.status == "running" && live_lock_holder(dir_of(path), rec.run_id).empty() && rec.error.empty())
+  if (rec.status == RunStatus::running && live_lock_holder(dir_of(path), rec.run_id).empty() && rec.error.empty())
     rec.error = "abandoned (no live process holds its lock): mxlab run resumes it";
   return rec;
 }

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "lab/runs/run_status.h"
+
 namespace mxlab {
 
 // Summary of one trajectory (`fp32`, `mx`, or an arm of a multi-arm run) or branch of a run
@@ -43,7 +45,9 @@ struct GroupRecord {
 struct RunRecord {
   std::string path;
   std::string run_id;   // root attribute (the file name when unreadable)
-  std::string status;   // root attribute; "running" files whose lock is held say so in `error`
+  // root attribute (complete, diverged, ...), or unreadable; running files whose lock is held
+  // say so in `error`
+  RunStatus status = RunStatus::unreadable;
   std::string error;    // failed: the message; unreadable: why
   bool readable = false;
   std::string name, start_time, end_time;

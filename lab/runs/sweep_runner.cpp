@@ -145,9 +145,9 @@ std::vector<int> parse_gpu_list(const std::string& text) {
 int sweep_exit_code(const std::vector<SweepRunResult>& runs) {
   bool failed = false, stopped = false, busy = false;
   for (const auto& r : runs) {
-    if (r.status == "failed") failed = true;
-    if (r.status == "interrupted" || r.status == "not_run") stopped = true;
-    if (r.status == "busy") busy = true;
+    if (r.status == RunStatus::failed) failed = true;
+    if (r.status == RunStatus::interrupted || r.status == RunStatus::not_run) stopped = true;
+    if (r.status == RunStatus::busy) busy = true;
   }
   if (failed) return kExitRunFailed;
   if (stopped) return kExitInterrupted;
@@ -195,27 +195,27 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
 
   auto report_line = [&](size_t k_done, const ExpandedRun& run, const SweepRunResult& r, int64_t stopped_at) {
     std::string detail;
-    if (r.status == "complete") detail = msg(run.cfg.steps, " steps");
-    else if (r.status == "diverged") {
+    if (r.status == RunStatus::complete) detail = msg(run.cfg.steps, " steps");
+    else if (r.status == RunStatus::diverged) {
       detail = r.divergence_step >= 0 ? msg("diverged at step ", r.divergence_step) : std::string("diverged");
       if (!r.divergence_arm.empty() && r.divergence_arm != "mx") detail += " (arm " + r.divergence_arm + ")";
     }
-    else if (r.status == "skipped") detail = "already complete";
-    else if (r.status == "interrupted") detail = msg("stopped at step ", stopped_at, ", checkpoint saved");
-    else if (r.status == "failed") detail = "error: " + r.error;
-    else if (r.status == "busy") detail = "being run by another process (" + r.error + ")";
-    if (r.excursion_step >= 0 && (r.status == "complete" || r.status == "diverged")) {
-      detail += msg(r.status == "complete" ? ", " : "; ", "excursion at step ", r.excursion_step);
+    else if (r.status == RunStatus::skipped) detail = "already complete";
+    else if (r.status == RunStatus::interrupted) detail = msg("stopped at step ", stopped_at, ", checkpoint saved");
+    else if (r.status == RunStatus::failed) detail = "error: " + r.error;
+    else if (r.status == RunStatus::busy) detail = "being run by another process (" + r.error + ")";
+    if (r.excursion_step >= 0 && is_finished(r.status)) {
+      detail += msg(r.status == RunStatus::complete ? ", " : "; ", "excursion at step ", r.excursion_step);
       if (!r.excursion_arm.empty() && r.excursion_arm != "mx") detail += " (arm " + r.excursion_arm + ")";
     }
     if (r.resumed) detail += msg(", resumed from step ", r.resumed_from);
     if (!r.note.empty()) detail += ", " + r.note;
-    if (r.status != "skipped" && r.status != "busy") detail += msg(", ", format_duration(r.seconds));
-    if (!r.device.empty() && r.status != "skipped" && r.status != "busy") detail += ", " + r.device;
+    if (r.status != RunStatus::skipped && r.status != RunStatus::busy) detail += msg(", ", format_duration(r.seconds));
+    if (!r.device.empty() && r.status != RunStatus::skipped && r.status != RunStatus::busy) detail += ", " + r.device;
     const std::string sw = swept_text(run.swept);
     std::lock_guard<std::mutex> g(out_mu);
     clear_live();
-    std::fprintf(opt.out, "[%zu/%zu] %s %s: %s%s%s\n", k_done, total, run.id.c_str(), r.status.c_str(),
+    std::fprintf(opt.out, "[%zu/%zu] %s %s: %s%s%s\n", k_done, total, run.id.c_str(), to_string(r.status),
                  detail.c_str(), sw.empty() ? "" : "  ", sw.c_str());
     std::fflush(opt.out);
   };
@@ -258,7 +258,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       try {
         o = run_one(run.cfg, ro);
       } catch (const std::exception& e) {  // run_one reports run problems itself; this is the rest
-        o.status = "failed";
+        o.status = RunStatus::failed;
         o.error = e.what();
       }
       SweepRunResult& r = result.runs[k];
@@ -339,11 +339,11 @@ std::string format_sweep_report(const SweepResult& result) {
   for (const auto& kv : result.runs.front().swept) header.push_back(kv.first);
   for (const char* h : {"status", "excursion_step", "diverged_to_end_step", "note"}) header.push_back(h);
   rows.push_back(header);
-  std::map<std::string, int> counts;
+  std::map<RunStatus, int> counts;
   for (const SweepRunResult& r : result.runs) {
     std::vector<std::string> row = {std::to_string(r.index), r.run_id};
     for (const auto& kv : r.swept) row.push_back(kv.second);
-    row.push_back(r.status);
+    row.push_back(to_string(r.status));
     row.push_back(r.excursion_step >= 0 ? std::to_string(r.excursion_step) : "-");
     row.push_back(r.divergence_step >= 0 ? std::to_string(r.divergence_step) : "-");
     std::string note = r.error;
@@ -360,20 +360,21 @@ std::string format_sweep_report(const SweepResult& result) {
   std::string out = aligned_table(rows);
   out += msg(result.runs.size(), result.runs.size() == 1 ? " run:" : " runs:");
   bool first = true;
-  for (const char* s : {"complete", "diverged", "skipped", "interrupted", "not_run", "failed", "busy"}) {
+  for (RunStatus s : {RunStatus::complete, RunStatus::diverged, RunStatus::skipped, RunStatus::interrupted,
+                      RunStatus::not_run, RunStatus::failed, RunStatus::busy}) {
     auto it = counts.find(s);
     if (it == counts.end()) continue;
-    out += msg(first ? " " : ", ", it->second, " ", s == std::string("not_run") ? "not started" : s);
+    out += msg(first ? " " : ", ", it->second, " ", s == RunStatus::not_run ? "not started" : to_string(s));
     first = false;
   }
   out += "\n";
-  if (counts.count("interrupted") || counts.count("not_run"))
+  if (counts.count(RunStatus::interrupted) || counts.count(RunStatus::not_run))
     out += "stopped: run the same command again to resume (finished runs are skipped, interrupted ones resume "
            "from their checkpoint)\n";
-  if (counts.count("failed"))
+  if (counts.count(RunStatus::failed))
     out += "failed: the message is in the table (and in the file's `error` attribute where it could be written); "
            "fix the cause and run the same command again\n";
-  if (counts.count("busy"))
+  if (counts.count(RunStatus::busy))
     out += "busy: another process holds these runs' locks (<out>/<run_id>.lock); run again once it is done\n";
   return out;
 }

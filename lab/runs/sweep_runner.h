@@ -57,7 +57,7 @@ struct SweepRunResult {
   std::string run_id;
   std::vector<std::pair<std::string, std::string>> swept;
   // complete | diverged | skipped | interrupted | failed | busy | not_run (stopped before it began)
-  std::string status = "not_run";
+  RunStatus status = RunStatus::not_run;
   std::string error;
   std::string device;
   bool resumed = false;

@@ -1,6 +1,6 @@
-// Multi-arm runs (issue 13) and per-role rounding (issue 12) on the CPU backend: configuration,
+// Multi-arm runs and per-role rounding on the CPU backend: configuration,
 // bit-identity of an arm with the single-arm run of its recipe, the shadow series and the
-// absolute-norm metrics (issue 17), and parameter snapshots (issue 12).
+// absolute-norm metrics, and parameter snapshots.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Attention blocks and RMS/MX norms on the CPU reference (issue 14): the new backend ops on
+// Attention blocks and RMS/MX norms on the CPU reference: the new backend ops on
 // tiny hand-worked inputs, the batched GEMM against per-item GEMMs, the model's layout,
 // statistics slots and roles, and the trainer's attention datasets. The FP32 forward and every
 // gradient are checked against PyTorch autograd by tests/torch/crosscheck.py (ctest

@@ -417,7 +417,7 @@ TEST(Config, RunIdsOfSchemaOneConfigsAreStable) {
   const std::string src = MXLAB_SOURCE_DIR;
   EXPECT_EQ(config_hash(RunConfig{}), "2f848def76bf");
   EXPECT_EQ(config_hash(load_config(src + "/experiments/quickstart.yaml")), "df348d1f4b0d");
-  // fig4_interventions.yaml has had the student's fc2 bias since (issue 17); its published
+  // fig4_interventions.yaml has since been given the student's fc2 bias; its published
   // configuration is the same file without it.
   EXPECT_EQ(config_hash(load_config(src + "/experiments/paper/fig4_interventions.yaml", {"model.fc2_bias=false"})),
             "e30552693b92");
@@ -528,7 +528,7 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
       {"bf16_activations", {"activation", "activation_bwd", "attn_logits", "attn_probs"}},
       {"bf16_weights", {"weight", "weight_bwd"}},
       {"bf16_fwd_activations", {"activation", "attn_logits", "attn_probs"}},
-      // Issue 17: to_fp32 with gamma/beta quantized as before; snap_gamma changes state only.
+      // to_fp32 with gamma/beta quantized as before; snap_gamma changes state only.
       {"to_fp32_keep_gamma_q",
        {"weight", "activation", "grad", "weight_bwd", "activation_bwd", "grad_wgrad", "elementwise", "attn_logits",
         "attn_probs"}},

@@ -48,7 +48,7 @@ namespace {
 
 constexpr int64_t kBatch = 5;
 constexpr int kIters = 20;          // the default log.curvature_iters
-constexpr double kLambdaRel = 1e-3;  // issue 12: lambda_max within 1e-3 relative
+constexpr double kLambdaRel = 1e-3;  // lambda_max within 1e-3 relative
 constexpr double kFdStep = 1e-6;
 
 struct Case {

@@ -123,8 +123,8 @@ TEST(DetMath, ErfWithinUlpBound) { expect_sweep("erf", sweep(-20.0f, 20.0f, det_
 // of their values at every 251st float pattern (all of them: signs, subnormals, Inf, NaN).
 // Results computed by earlier versions stay comparable only while these hold, and a
 // restructuring of det_erf or of the GeLU formulas (say, to evaluate det_erf's branches
-// separately in a kernel; kernels/PERF.md v21) must leave them unchanged. A deliberate change
-// of these functions updates the constants and says so in its commit.
+// separately in a kernel, as kernels/PERF.md tried for GeLU's erf) must leave them unchanged. A
+// deliberate change of these functions updates the constants and says so in its commit.
 TEST(DetMath, ErfAndGeluBitsAreFrozen) {
   auto fnv = [](uint64_t& h, float f) {
     const uint32_t b = f32_bits(f);

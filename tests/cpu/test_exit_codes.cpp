@@ -91,6 +91,29 @@ TEST(ExitCodes, BadInputAndUsageErrorsAre2OnOneLine) {
   }
 }
 
+// A block size that is not positive is refused where configuration comes in (with --set, in
+// the file, or in an intervention's `set`), on one line naming the key, never by the internal
+// checks of the layers below (which would say "internal error" and exit 3).
+TEST(ExitCodes, NonPositiveBlockSizeIs2OnOneLine) {
+  const Experiment s = setup();
+  const std::string in_file = s.dir + "/block0.yaml";
+  write_bytes(in_file, "steps: 20\ndevice: cpu\nmodel: {depth: 1, width: 32, hidden_mult: 2}\nprecision: {block_size: 0}\n");
+  const std::string in_branch = s.dir + "/branch0.yaml";
+  write_bytes(in_branch, "steps: 20\ndevice: cpu\nmodel: {depth: 1, width: 32, hidden_mult: 2}\n"
+                         "interventions:\n  - name: a\n    at: 10\n    set: {block_size: 0}\n");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", s.yaml, "--set", "precision.block_size=0", "--out", s.out},
+        {"run", s.yaml, "--set", "precision.block_size=-32", "--out", s.out},
+        {"run", in_file, "--out", s.out}, {"run", in_branch, "--out", s.out}}) {
+    const Proc p = run_mxlab(args);
+    EXPECT_EQ(p.exit_code, kExitBadInput) << args[1] << " " << p.output;
+    EXPECT_EQ(count_of(p.output, "\n"), 1) << p.output;
+    EXPECT_EQ(p.output.rfind("mxlab: error: ", 0), 0u) << p.output;
+    EXPECT_TRUE(contains(p.output, "block_size must be > 0")) << p.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(s.out)) << "nothing runs, nothing is written";
+}
+
 TEST(ExitCodes, UnwritableOutputIs74) {
   const Experiment s = setup();
   write_bytes(s.dir + "/plainfile", "x");

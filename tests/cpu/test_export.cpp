@@ -119,7 +119,7 @@ TEST(Export, CsvColumnsAndValuesMatchTheRunFile) {
   opt.out_dir = dir.str();
   opt.make_backend = [](const std::string&) { return make_cpu_backend(); };
   const RunOutcome r = run_one(tiny_run(), opt);
-  ASSERT_EQ(r.status, "complete") << r.error;
+  ASSERT_EQ(to_string(r.status), std::string("complete")) << r.error;
 
   const std::string csv_dir = dir.str() + "/csv";
   auto [rc, out] = run_command(std::string(MXLAB_BINARY) + " export " + r.path + " --csv " + csv_dir);

@@ -1,4 +1,4 @@
-// The stability instruments inside the trainer (issue 12): curvature rows on their own axis for
+// The stability instruments inside the trainer: curvature rows on their own axis for
 // every trajectory, equal to a measurement at the snapshot of that step; the Eq. 10 left-hand
 // side and the edge-of-stability threshold from their definitions; the clamp debt of gamma,
 // beta and the weights, consistent with the forward pass's own clamped counts; resume.

@@ -1,4 +1,4 @@
-// data.mx_teacher_targets (issue 17): the MX trajectories train on targets computed through the
+// data.mx_teacher_targets: the MX trajectories train on targets computed through the
 // teacher under their own precision policy, with fresh label noise (the paper code's target
 // path); the FP32 trajectory keeps the FP32 targets.
 #include <gtest/gtest.h>

@@ -439,7 +439,7 @@ TEST(NamesSummarize, BranchesPoolByKindNotByName) {
   GroupingOptions o{{kArmKey}};
   o.branches = true;
   std::vector<RunRecord> recs = scan_run_dir(dir.str());
-  for (const RunRecord& r : recs) ASSERT_TRUE(r.readable) << r.path << ": " << r.status << " " << r.error;
+  for (const RunRecord& r : recs) ASSERT_TRUE(r.readable) << r.path << ": " << to_string(r.status) << " " << r.error;
   read_events(recs, EventRules{});  // the per-step losses the groups' events come from
   const GroupedOutcomes g = group_outcomes(recs, o);
   ASSERT_EQ(g.groups.size(), 3u);

@@ -1,4 +1,4 @@
-// Issue 17's presets that separate the two explanations of the loss jump at a switch:
+// The presets that separate the two explanations of the loss jump at a switch:
 // `snap_gamma` (stored gamma/beta := the quantized values the forward pass used, a change of
 // state when the branch starts), `to_fp32_keep_gamma_q` (to_fp32 with the norm's affine weights
 // still quantized as before), and presets joined by '+'.

@@ -168,7 +168,7 @@ std::set<std::string> reported(const std::string& log_text, const std::string& s
 
 std::map<std::string, int> status_counts(const SweepResult& r) {
   std::map<std::string, int> m;
-  for (const auto& x : r.runs) ++m[x.status];
+  for (const auto& x : r.runs) ++m[to_string(x.status)];
   return m;
 }
 
@@ -345,7 +345,7 @@ TEST_F(SweepRun, StoppedSweepResumesToTheUninterruptedFiles) {
   EXPECT_EQ(first.exit_code, 130) << format_sweep_report(first);
   for (size_t k = 0; k < kSweepRuns; ++k) {
     const std::string want = k < 3 ? "complete" : k == 3 ? "interrupted" : "not_run";
-    EXPECT_EQ(first.runs[k].status, want) << "run " << k;
+    EXPECT_EQ(to_string(first.runs[k].status), want) << "run " << k;
   }
   const std::string p3 = dir.str() + "/" + runs[3].id + ".h5";
   EXPECT_EQ(root_attr(p3, "status"), "interrupted");
@@ -359,7 +359,7 @@ TEST_F(SweepRun, StoppedSweepResumesToTheUninterruptedFiles) {
   const SweepResult second = run_sweep(runs, opt);
   EXPECT_EQ(second.exit_code, 0) << format_sweep_report(second);
   for (size_t k = 0; k < kSweepRuns; ++k) {
-    EXPECT_EQ(second.runs[k].status, k < 3 ? "skipped" : "complete") << "run " << k;
+    EXPECT_EQ(to_string(second.runs[k].status), k < 3 ? "skipped" : "complete") << "run " << k;
     EXPECT_EQ(second.runs[k].resumed, k == 3) << "run " << k;
   }
   EXPECT_GE(second.runs[3].resumed_from, 20);
@@ -369,7 +369,7 @@ TEST_F(SweepRun, StoppedSweepResumesToTheUninterruptedFiles) {
   const std::vector<RunRecord> recs = scan_run_dir(dir.str());
   ASSERT_EQ(recs.size(), kSweepRuns);
   for (size_t k = 0; k < recs.size(); ++k) {
-    EXPECT_EQ(recs[k].status, "complete") << recs[k].path;
+    EXPECT_EQ(to_string(recs[k].status), "complete") << recs[k].path;
     EXPECT_EQ(recs[k].groups.size(), 3u) << recs[k].path;
     if (k) {
       EXPECT_LT(recs[k - 1].run_id, recs[k].run_id);
@@ -402,7 +402,7 @@ TEST_F(SweepRun, FailingRunIsMarkedFailedAndTheOthersComplete) {
   };
   const SweepResult first = run_sweep(runs, opt);
   EXPECT_EQ(first.exit_code, 1);
-  for (size_t k = 0; k < kSweepRuns; ++k) EXPECT_EQ(first.runs[k].status, k == 2 ? "failed" : "complete") << k;
+  for (size_t k = 0; k < kSweepRuns; ++k) EXPECT_EQ(to_string(first.runs[k].status), k == 2 ? "failed" : "complete") << k;
   EXPECT_EQ(first.runs[2].error, "injected failure in run 2");
   const std::string p2 = dir.str() + "/" + runs[2].id + ".h5";
   EXPECT_EQ(root_attr(p2, "status"), "failed");
@@ -421,7 +421,7 @@ TEST_F(SweepRun, FailingRunIsMarkedFailedAndTheOthersComplete) {
   opt.on_progress = nullptr;
   const SweepResult second = run_sweep(runs, opt);
   EXPECT_EQ(second.exit_code, 0) << format_sweep_report(second);
-  for (size_t k = 0; k < kSweepRuns; ++k) EXPECT_EQ(second.runs[k].status, k == 2 ? "complete" : "skipped") << k;
+  for (size_t k = 0; k < kSweepRuns; ++k) EXPECT_EQ(to_string(second.runs[k].status), k == 2 ? "complete" : "skipped") << k;
   EXPECT_EQ(root_attr(p2, "error"), "");
   expect_same_datasets(p2, reference(runs[2].id));
 }
@@ -671,13 +671,13 @@ TEST(SweepReport, ExcursionAndDivergedToEndColumns) {
   SweepRunResult a;
   a.index = 0;
   a.run_id = "r0";
-  a.status = "complete";
+  a.status = RunStatus::complete;
   a.excursion_step = 1200;
   a.excursion_arm = "floor_away";
   SweepRunResult b;
   b.index = 1;
   b.run_id = "r1";
-  b.status = "diverged";
+  b.status = RunStatus::diverged;
   b.divergence_step = 19950;
   b.divergence_arm = "mx";
   result.runs = {a, b};

@@ -151,7 +151,7 @@ TEST(Trainer, EveryMetricIsLoggedWithItsShape) {
     per_layer.insert(std::string(t) + "_lastbin");
     per_layer.insert(std::string(t) + "_clamped");
   }
-  for (const char* t : {"gamma", "beta"})  // clamp debt (issue 12)
+  for (const char* t : {"gamma", "beta"})  // clamp debt
     for (const char* q : {"_gap_mean", "_gap_max", "_above_frac"}) per_layer.insert(std::string(t) + q);
   const std::set<std::string> per_weight = {"weight_gap_mean", "weight_above_frac"};
   for (const char* g : {"trajectories/fp32", "trajectories/mx"}) {

@@ -1,4 +1,4 @@
-// Multi-arm runs on CUDA (issue 13): an arm of a K-arm run, whose passes run on their own
+// Multi-arm runs on CUDA: an arm of a K-arm run, whose passes run on their own
 // streams beside the other arms', is bit-identical to the single-arm run of its recipe on the
 // same device (CUDA graphs on, as the trainer always runs them), and every metric of the
 // shadow series is there. The CPU twin is tests/cpu/test_arms.cpp. Runs that share one GPU at
@@ -141,7 +141,7 @@ TEST(ArmsGpu, ABranchBeyondTheTwentyEighthTrajectoryTrainsUnderGraphs) {
   for (float l : m.groups.at("branches/late").loss_all) EXPECT_TRUE(std::isfinite(l));
 }
 
-// snap_gamma and reset_adam_v on CUDA (issue 17; CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
+// snap_gamma and reset_adam_v on CUDA (CPU twin tests/cpu/test_snap_gamma.cpp): the branch's first
 // step sees the function its arm saw (same loss at `at`, bit for bit, graphs on), its gamma
 // clamp debt is zero there, and it trains on its own afterwards.
 TEST(ArmsGpu, SnapGammaBranchStartsFromTheQuantizedGamma) {
@@ -172,7 +172,7 @@ TEST(ArmsGpu, SnapGammaBranchStartsFromTheQuantizedGamma) {
   EXPECT_TRUE(seen);
 }
 
-// The clamp debt on CUDA (v14: a trajectory's gaps in one batch, one pass per tensor where its
+// The clamp debt on CUDA (a trajectory's gaps in one batch, one pass per tensor where its
 // rows are whole blocks of 32) is the CPU's, bit for bit, on the weights both backends start
 // from: every gap column of step 0's row, both trajectories (MX blocks and FP32's scalar path).
 TEST(ArmsGpu, ClampDebtOfTheFirstStepIsTheCpus) {
@@ -211,7 +211,7 @@ TEST(ArmsGpu, ClampDebtOfTheFirstStepIsTheCpus) {
   EXPECT_EQ(compared, 16u);  // gamma, beta: mean, max, above; weights: mean, above; two trajectories
 }
 
-// data.mx_teacher_targets on CUDA (issue 17; CPU twin tests/cpu/test_mx_targets.cpp): the FP32
+// data.mx_teacher_targets on CUDA (CPU twin tests/cpu/test_mx_targets.cpp): the FP32
 // trajectory is untouched and the MX arm's targets differ.
 TEST(ArmsGpu, MxTeacherTargetsFeedOnlyTheMxTrajectories) {
   MXLAB_REQUIRE_GPU();

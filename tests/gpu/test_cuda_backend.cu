@@ -621,7 +621,7 @@ TEST(CudaBackend, ReduceAndMomentsMatchCpu) {
     for (int k = 0; k < 4; ++k) EXPECT_EQ(mg[k], mg2[k]) << "moments not deterministic";
   }
   // A batch of requests (the trainer's 7 shadow sums per arm and more, lengths mixed): each equals
-  // the same request reduced alone, bit for bit. (v15 of kernels/PERF.md ran requests of one
+  // the same request reduced alone, bit for bit. (kernels/PERF.md once ran requests of one
   // length fused with this test; it was slower and is not kept, the test is.)
   {
     const Buf& g = as[4];
@@ -788,7 +788,7 @@ TEST(CudaBackend, GraphReplayEqualsEager) {
   graph->end_capture(kKey + 1);
 }
 
-// ---- attention blocks and RMS/MX norms (issue 14) ----------------------------------------
+// ---- attention blocks and RMS/MX norms ----------------------------------------
 // Compared as the header says: the batched GEMM like the GEMM (bit-identical quantized
 // operands, accumulation-order tolerance; statistics equal), RMSNorm/MXNorm and softmax like
 // layernorm (row sums in double in another order: >= 99% of rows bit-exact, every element

@@ -244,7 +244,7 @@ TEST(QuantGapGpu, MatchesCpuBitForBit) {
   std::printf("[quant_gap] %d cases bit-exact\n", cases);
 }
 
-// The batched gaps (v14: one read-back per batch, one pass where a warp's 32 elements are one
+// The batched gaps (one read-back per batch, one pass where a warp's 32 elements are one
 // block or need none) against the CPU's quant_gap of each tensor: the one-pass shapes (blocks of
 // 32 along whole-block rows, with NaN/Inf blocks, zeros and clamps; scalar formats with a
 // partial last window), the two-pass ones beside them in the same batch, and a batch longer

@@ -1,4 +1,4 @@
-// The register-resident layernorm backward (kernels/layernorm.cu, v22) against the row-loop kernel
+// The register-resident layernorm backward (kernels/layernorm.cu) against the row-loop kernel
 // it replaces for d <= 512: the same bits in dx, dgamma and dbeta, for every rounding, dy read
 // through R or as it is, with and without the affine parameters, for row lengths that fill a
 // lane's four float4 groups or leave some empty, and for rows holding NaN, Inf and huge offsets.

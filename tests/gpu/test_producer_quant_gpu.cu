@@ -1,4 +1,4 @@
-// Producer-side quantization (issue 16; kernels/mx_produce.cuh, kernels/gemm.cuh): the
+// Producer-side quantization (kernels/mx_produce.cuh, kernels/gemm.cuh): the
 // layernorm forward and the activation kernels write the next GEMM's MX operand (bf16) in the
 // same pass as their output. Checked here:
 //   1. Kernels: for every producer x MX element format x deterministic rounding x scale rule,

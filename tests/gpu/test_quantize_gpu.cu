@@ -16,6 +16,7 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -536,7 +537,7 @@ TEST(QuantizeGpu, Bf16InexactCornerIsCounted) {
   }
 }
 
-// quantize_bf16_batch (issue 16, v24: a step's weights quantized together) against quantize_bf16
+// quantize_bf16_batch (a step's weights quantized together) against quantize_bf16
 // one by one: the same bf16 bits for every tensor of a mixed list (both tuned kernels, several
 // shapes, formats and roundings, tensors that do not fill a whole band or block row), with the
 // ones that cannot share a launch (stochastic rounding, statistics, other block sizes, non-MX
@@ -638,8 +639,8 @@ TEST(QuantizeGpu, RejectsBadArguments) {
   L.rows = 2;
   L.cols = 32;
   L.q.fmt = NumFmt::mxfp8_e4m3;
-  L.q.block = 0;
-  EXPECT_THROW(mxlab::cuda::quantize_f32(L, d.p, nullptr), mxlab::Error);
+  L.q.block = 0;  // configuration admits only positive sizes: an internal check catches the rest
+  EXPECT_THROW(mxlab::cuda::quantize_f32(L, d.p, nullptr), std::logic_error);
   L.q.block = 32;
   L.rows = -1;
   EXPECT_THROW(mxlab::cuda::quantize_f32(L, d.p, nullptr), mxlab::Error);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch cross-check of mxlab's FP32 forward and backward (issue 14).
+"""PyTorch cross-check of mxlab's FP32 forward and backward.
 
 For every block x norm x activation x loss combination, `mxlab dump-step` writes one FP32 CPU
 step of a small network (weights, batch, loss, every parameter gradient; lab/cli/cmd_dump_step.cpp).
