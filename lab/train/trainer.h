@@ -1,5 +1,5 @@
-// The paired run (DESIGN.md section 5): the `fp32` trajectory and one or more MX arms of the
-// student (issue 13: `arms:`; without it the one arm `mx`), trained from identical initial
+// The paired run (README, "What a run records"): the `fp32` trajectory and one or more MX arms of the
+// student (`arms:`; without it the one arm `mx`), trained from identical initial
 // weights on identical batches in lock-step, the shadow FP32 gradient at each MX trajectory's
 // weights, intervention branches (forking from an arm), metrics, snapshots and summaries.
 #pragma once
@@ -125,7 +125,7 @@ class Trainer {
   void start_branches();
   void write_snapshots();
   void measure_curvature();
-  // Clamp debt (issue 12): gap and clamped fraction of the stored gamma, beta and weights
+  // Clamp debt: gap and clamped fraction of the stored gamma, beta and weights
   // against the forward pass's quantization, per layer / weight group, into `row`.
   void clamp_debt(const Trajectory& tr, int index, MetricRow& row);
   void snapshot(const Trajectory& tr);
