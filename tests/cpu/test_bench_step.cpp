@@ -15,9 +15,13 @@
 #include "lab/train/batch.h"
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
+#include "tests/cpu/bench_util.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;
+
+using mxlab::test::json_number;
+using mxlab::test::run_loss;
 
 namespace {
 
@@ -112,24 +116,6 @@ TEST(BenchTrainerStep, UnloggedStepsAndPiecesAreTheRunsStep) {
     EXPECT_EQ(got, want) << name;
   }
 }
-
-namespace {
-
-// The number after "key": in the last (JSON) line of bench's output, or NaN.
-double json_number(const std::string& out, const std::string& key) {
-  const size_t p = out.rfind("\"" + key + "\":");
-  if (p == std::string::npos) return std::nan("");
-  return std::strtod(out.c_str() + p + key.size() + 3, nullptr);
-}
-
-// Trajectory `traj`'s loss at `step` in the run file `mxlab run` writes for `exp`.
-float run_loss(const std::string& file, const std::string& traj, int64_t step) {
-  const h5::H5File f(file, h5::H5File::Mode::read);
-  const std::vector<double> l = f.read_doubles("trajectories/" + traj + "/loss_all");
-  return step < static_cast<int64_t>(l.size()) ? static_cast<float>(l[static_cast<size_t>(step)]) : NAN;
-}
-
-}  // namespace
 
 // `mxlab bench --device cpu` reports every figure, and the losses it prints are the run's: the
 // FP32 and MX figures train steps 0..n-1 (n = warm-up + timed steps), the paired figure steps

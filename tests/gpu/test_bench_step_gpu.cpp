@@ -12,23 +12,11 @@
 
 #include "lab/io/h5file.h"
 #include "tests/cpu/run_binary_util.h"
+#include "tests/cpu/bench_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace {
-
-double json_number(const std::string& out, const std::string& key) {
-  const size_t p = out.rfind("\"" + key + "\":");
-  if (p == std::string::npos) return std::nan("");
-  return std::strtod(out.c_str() + p + key.size() + 3, nullptr);
-}
-
-float run_loss(const std::string& file, const std::string& traj, int64_t step) {
-  const mxlab::h5::H5File f(file, mxlab::h5::H5File::Mode::read);
-  const std::vector<double> l = f.read_doubles("trajectories/" + traj + "/loss_all");
-  return step < static_cast<int64_t>(l.size()) ? static_cast<float>(l[static_cast<size_t>(step)]) : NAN;
-}
-
-}  // namespace
+using mxlab::test::json_number;
+using mxlab::test::run_loss;
 
 TEST(BenchGpu, ReportsTheLossesMxlabRunWritesAtTheSameStep) {
   MXLAB_REQUIRE_GPU();
