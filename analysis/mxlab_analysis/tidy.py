@@ -230,7 +230,9 @@ def read_long_csv(path):
     (not NaN) for one-value datasets, text columns as text, value float64 (nan, inf kept)."""
     pd = _pandas()
     text = ["run_id", "trajectory", "kind", "arm", "metric", "column"]
-    df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False,
+    # round_trip: the 17-digit values read back to the same double (pandas' default parser may
+    # be off in the last bit).
+    df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False, float_precision="round_trip",
                      na_values={c: [""] for c in pd.read_csv(path, nrows=0).columns if c not in text})
     df["value"] = df["value"].astype(np.float64)
     df["step"] = df["step"].astype(np.int64)
