@@ -60,7 +60,7 @@ def _flatten(tree, prefix="", out=None):
     out = {} if out is None else out
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict):  # an empty map has no key, as in the binary
             _flatten(value, name + ".", out)
         elif isinstance(value, list):
             out[name] = _flow(value)
