@@ -29,7 +29,7 @@ struct GroupingOptions {
   EventRules events{};
   // Pairs only of groups with the same values of these keys (a subset of `keys`, not all of
   // them); empty: every pair.
-  std::vector<std::string> within;
+  std::vector<std::string> within{};
 };
 
 // One trajectory (or branch) of a finished run as an outcome.
