@@ -230,9 +230,11 @@ def read_long_csv(path):
     (not NaN) for one-value datasets, text columns as text, value float64 (nan, inf kept)."""
     pd = _pandas()
     text = ["run_id", "trajectory", "kind", "arm", "metric", "column"]
-    # round_trip: the 17-digit values read back to the same double (pandas' default parser may
-    # be off in the last bit).
-    df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False, float_precision="round_trip",
+    # The 17-digit values must read back to the same double: pandas before 3 needs round_trip
+    # for that (its default parser may be off in the last bit); 3 does it by default and
+    # deprecates the argument.
+    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+    df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False, **exact,
                      na_values={c: [""] for c in pd.read_csv(path, nrows=0).columns if c not in text})
     df["value"] = df["value"].astype(np.float64)
     df["step"] = df["step"].astype(np.int64)
