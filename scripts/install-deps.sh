@@ -8,6 +8,7 @@ PKGS=(build-essential cmake git pkg-config
       libeigen3-dev libhdf5-dev libyaml-cpp-dev libcli11-dev libgtest-dev googletest
       python3 python3-numpy python3-h5py python3-matplotlib python3-pytest
       python3-scipy python3-statsmodels   # results/paired_stats.py (Wilcoxon, stratified Cox PHReg)
+      python3-pandas   # analysis/mxlab_analysis/tidy.py (the long table of a results directory)
       python3-torch   # CPU PyTorch for the FP32 cross-check (tests/torch, run by /usr/bin/python3)
       slurm-wlm munge)  # a single-node Slurm for tests/slurm/test_sweep.sh (scripts/slurm-local.sh)
 
@@ -28,7 +29,7 @@ fi
 
 # The python3 on PATH may not be Debian's (e.g. a pyenv build): make sure it can import
 # what analysis/ needs, from PyPI if necessary.
-if ! python3 -c "import numpy, h5py, matplotlib, pytest, scipy, statsmodels" 2>/dev/null; then
-  echo "install-deps: $(command -v python3) lacks numpy/h5py/matplotlib/pytest/scipy/statsmodels - installing with pip"
-  python3 -m pip install --quiet numpy h5py matplotlib pytest scipy statsmodels
+if ! python3 -c "import numpy, h5py, matplotlib, pytest, scipy, statsmodels, pandas" 2>/dev/null; then
+  echo "install-deps: $(command -v python3) lacks numpy/h5py/matplotlib/pytest/scipy/statsmodels/pandas - installing with pip"
+  python3 -m pip install --quiet numpy h5py matplotlib pytest scipy statsmodels pandas
 fi

@@ -1,6 +1,8 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
 // HDF5 (file names and number format: lab/report/csv_export.h); `--snapshot S --npy DIR`: the
 // parameter snapshots of step S as .npy files (lab/report/snapshot_export.h).
+// `mxlab export DIR --long OUT.csv`: every run file of a results directory (or one run file) as
+// one long table, one row per logged value (lab/report/long_export.h).
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +19,7 @@
 #include "lab/io/out_file.h"
 #include "lab/io/writable_dir.h"
 #include "lab/report/csv_export.h"
+#include "lab/report/long_export.h"
 #include "lab/report/snapshot_export.h"
 
 namespace mxlab::cli {
@@ -25,7 +28,7 @@ namespace {
 constexpr int kOrder = 45;  // after summarize in --help
 
 struct Args {
-  std::string run, dir, npy;
+  std::string run, dir, npy, long_out;
   int64_t snapshot = -1;
 };
 
@@ -60,8 +63,32 @@ void add_files(Staged& s, const std::vector<std::string>& written) {
 // file, a full disk halfway) leaves no partial set behind. Files are moved with rename(2), which
 // replaces a link of that name instead of writing through it; a subfolder that is a link is
 // refused (lab/io/out_file.h).
+constexpr size_t kMaxLeftOutLines = 10;  // notes on stderr about run files left out of --long
+
+int do_long(const Args& a) {
+  if (!a.dir.empty() || !a.npy.empty() || a.snapshot >= 0)
+    throw Error("--long writes one table by itself: run --csv DIR or --snapshot S --npy DIR as a separate export");
+  const std::string ext = std::filesystem::path(a.long_out).extension().string();
+  if (ext == ".gz" || ext == ".parquet")
+    throw Error(msg("--long ", a.long_out, ": writes plain CSV only; name it .csv (and compress it afterwards, e.g. "
+                    "gzip)"));
+  ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
+  const LongExportResult r = export_long_csv(a.run, a.long_out);
+  for (size_t i = 0; i < r.left_out.size() && i < kMaxLeftOutLines; ++i)
+    std::fprintf(stderr, "mxlab: note: left out %s\n", r.left_out[i].c_str());
+  if (r.left_out.size() > kMaxLeftOutLines)
+    std::fprintf(stderr, "mxlab: note: left out %zu more\n", r.left_out.size() - kMaxLeftOutLines);
+  std::printf("%s\n", a.long_out.c_str());
+  return 0;
+}
+
 int do_export(const Args& a) {
-  if (a.dir.empty() && a.npy.empty()) throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR");
+  if (!a.long_out.empty()) return do_long(a);
+  if (std::filesystem::is_directory(a.run))
+    throw Error(msg(a.run, " is a directory: --csv and --npy export one run file (give DIR/<run_id>.h5); --long OUT.csv "
+                    "exports every run file of a directory as one table"));
+  if (a.dir.empty() && a.npy.empty())
+    throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR (or --long OUT.csv)");
   if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
   if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
@@ -106,13 +133,21 @@ int do_export(const Args& a) {
 
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
-  CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its snapshots as .npy");
-  c->add_option("run", a->run, "run file <run_id>.h5")->required()->check(CLI::ExistingFile);
+  CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its "
+                                   "snapshots as .npy; or every run file of a results directory as one long CSV table");
+  c->add_option("run", a->run, "run file <run_id>.h5 (with --long: also a results directory)")
+      ->required()
+      ->check(CLI::ExistingPath);
   c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)");
   c->add_option("--snapshot", a->snapshot, "with --npy: the step of the parameter snapshots to write")
       ->check(integer_in(0, LLONG_MAX));
   c->add_option("--npy", a->npy,
                 "directory for the snapshot's .npy files: <trajectory>/<group>.npy (m/, v/: Adam), probe_x/y.npy");
+  c->add_option("--long", a->long_out,
+                "write one long table to this CSV file: a row per logged value of every run file of RUN (a results "
+                "directory or one run file), columns run_id, the configuration keys that differ between the runs, "
+                "seed, trajectory, kind, arm, step, metric, column, value (lab/train/README.md)")
+      ->type_name("OUT.csv");
   c->callback([a] { set_exit_code(do_export(*a)); });
 });
 

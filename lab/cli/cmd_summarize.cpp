@@ -6,6 +6,9 @@
 // with excursion and survival statistics per group and tests per pair (group_stats.h).
 // --excursion-factor/-window/-block: the excursion rule the events are read with (summary.h);
 // --tail-steps: the tail of tail_log_ratio.
+// --where KEY=VALUE (repeatable): only the runs with those configuration values (run_filter.h).
+// --within KEY[,KEY...]: with --compare, only pairs of groups with the same values of those --by
+// keys; --compare-csv FILE: the pairs table as one CSV file (pandas reads it; stdout unchanged).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -17,6 +20,8 @@
 #include "lab/report/group_stats.h"
 #include "lab/runs/index.h"
 #include "lab/report/run_events.h"
+#include "lab/report/run_filter.h"
+#include "lab/io/table_text.h"
 #include "lab/report/summary_table.h"
 
 namespace mxlab::cli {
@@ -34,6 +39,9 @@ struct Args {
   bool by_given = false;
   GroupingOptions grouping;
   bool compare = false;
+  std::vector<std::string> where;  // KEY=VALUE
+  std::string within;              // KEY[,KEY...]
+  std::string compare_csv;         // FILE
 };
 
 std::vector<std::string> split_keys(const std::string& text) {
@@ -48,6 +56,7 @@ std::vector<std::string> split_keys(const std::string& text) {
 std::string grouped(const std::vector<RunRecord>& runs, const Args& a) {
   GroupingOptions opt = a.grouping;
   opt.keys = split_keys(a.by);
+  if (!a.within.empty()) opt.within = split_keys(a.within);
   const GroupedOutcomes g = group_outcomes(runs, opt);
   for (size_t i = 0; i < g.left_out.size() && i < kMaxLeftOutLines; ++i)
     std::fprintf(stderr, "mxlab: note: left out %s\n", g.left_out[i].c_str());
@@ -55,10 +64,13 @@ std::string grouped(const std::vector<RunRecord>& runs, const Args& a) {
     std::fprintf(stderr, "mxlab: note: left out %zu more\n", g.left_out.size() - kMaxLeftOutLines);
   if (g.groups.empty())
     throw Error(msg(a.dir, ": no trajectory of a finished run (status complete or diverged) to group"));
+  if (!a.compare_csv.empty()) write_text_atomically(a.compare_csv, pairs_csv(g));
   return grouped_tables(g, a.compare, a.csv);
 }
 
 int do_summarize(const Args& a) {
+  std::vector<WhereClause> where;
+  for (const std::string& w : a.where) where.push_back(parse_where(w));
   const std::string problem = excursion_rule_problem(a.grouping.events.excursion);
   if (!problem.empty()) throw Error("--excursion-factor/--excursion-window/--excursion-block: " + problem);
   // Read without HDF5's file lock, as the Python side does: a run in progress holds its file
@@ -77,6 +89,7 @@ int do_summarize(const Args& a) {
     }
   }
   if (runs.empty()) throw Error(msg(a.dir, ": no .h5 run files in this directory (give the --out directory of mxlab run)"));
+  runs = filter_runs(std::move(runs), where);
   read_events(runs, a.grouping.events);
   const std::string table = !a.by_given ? summary_table(runs, a.csv) : grouped(runs, a);
   std::fwrite(table.data(), 1, table.size(), stdout);
@@ -103,6 +116,22 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
               "log-rank test of steps to excursion, paired by seed: exact McNemar test and the stratified log-rank "
               "with its within-seed label-permutation p")
       ->needs(by);
+  c->add_option("--where", a->where,
+                 "only the runs whose configuration has this value (repeatable; numbers compared as numbers: "
+                 "optimizer.lr=6e-4 matches 0.0006)")
+      ->type_name("KEY=VALUE")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  c->add_option("--compare-csv", a->compare_csv,
+                "with --by: write the pairs table of --compare to this CSV file (one table, header first), "
+                "whether or not --compare prints it")
+      ->type_name("FILE")
+      ->needs(by);
+  c->add_option("--within", a->within,
+                "with --compare or --compare-csv: only pairs of groups with the same values of these --by keys "
+                "(--by arm,optimizer.lr --within optimizer.lr: the arms compared at each learning rate)")
+      ->type_name("KEY[,KEY...]")
+      ->needs(by);
   ExcursionRule& ex = a->grouping.events.excursion;
   c->add_option("--excursion-factor", ex.factor,
                 "excursion: a loss block's minimum above this x the minimum of the blocks before (lab/train/README.md)")
@@ -125,6 +154,8 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->needs(by);
   c->callback([a, by] {
     a->by_given = by->count() > 0;
+    if (!a->within.empty() && !a->compare && a->compare_csv.empty())
+      throw Error("--within restricts the pairs of --compare / --compare-csv FILE: give one of them");
     set_exit_code(do_summarize(*a));
   });
 });

@@ -194,6 +194,36 @@ void pair_by_stratum(const MembersByStratum& a, const MembersByStratum& b, Outco
   p.permutation = permutation_log_rank(strata);
 }
 
+// The pairs table: a header row, then one row per pair.
+std::vector<std::vector<std::string>> pair_rows(const GroupedOutcomes& g, const TableCell& cell) {
+  auto count = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header;
+  for (const char* side : {"a_", "b_"})
+    for (const std::string& k : g.keys) header.push_back(side + k);
+  for (const char* c : {"a_n", "a_excursions", "b_n", "b_excursions", "fisher_p", "logrank_observed_a",
+                        "logrank_expected_a", "logrank_chi2", "logrank_p", "paired_n", "paired_only_a",
+                        "paired_only_b", "mcnemar_p", "strata", "stratified_u", "stratified_chi2",
+                        "stratified_p", "permutation_p", "permutation_exact", "permutation_labelings"})
+    header.push_back(c);
+  rows.push_back(header);
+  for (const OutcomePair& p : g.pairs) {
+    const OutcomeGroup &a = g.groups[p.a], &b = g.groups[p.b];
+    const PermutationLogRank& pr = p.permutation;
+    std::vector<std::string> row = a.values;
+    row.insert(row.end(), b.values.begin(), b.values.end());
+    for (const std::string& c :
+         {count(a.n), count(a.excursions), count(b.n), count(b.excursions), cell.num(p.fisher_p),
+          cell.num(p.log_rank.observed_a), cell.num(p.log_rank.expected_a), cell.num(p.log_rank.chi2),
+          cell.num(p.log_rank.p), count(p.paired_n), count(p.only_a), count(p.only_b), cell.num(p.mcnemar_p),
+          count(pr.strata), pr.strata > 0 ? cell.num(pr.u) : cell.none(), cell.num(pr.chi2), cell.num(pr.p_asymptotic),
+          cell.num(pr.p), pr.strata > 0 ? count(pr.exact ? 1 : 0) : cell.none(), count(pr.labelings)})
+      row.push_back(c);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 }  // namespace
 
 GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const GroupingOptions& opt) {
@@ -204,10 +234,26 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
     if (!seen.insert(k).second) throw Error(msg("--by: key '", k, "' given twice"));
   }
   if (!(opt.degraded_factor > 0)) throw Error(msg("--degraded-factor must be > 0, not ", opt.degraded_factor));
+  std::vector<size_t> within;  // indices into the keys
+  for (const std::string& k : opt.within) {
+    const auto it = std::find(opt.keys.begin(), opt.keys.end(), k);
+    if (k.empty()) throw Error("--within: empty key (write --within optimizer.lr)");
+    if (it == opt.keys.end())
+      throw Error(msg("--within: '", k, "' is not one of the --by keys (", join(opt.keys, ", "),
+                      "): pairs are restricted to groups with the same value of a --by key"));
+    const size_t i = static_cast<size_t>(it - opt.keys.begin());
+    if (std::find(within.begin(), within.end(), i) != within.end())
+      throw Error(msg("--within: key '", k, "' given twice"));
+    within.push_back(i);
+  }
+  if (!within.empty() && within.size() == opt.keys.size())
+    throw Error(msg("--within names every --by key (", join(opt.keys, ", "),
+                    "): no two groups share them all; leave one out, e.g. --by arm,optimizer.lr --within optimizer.lr"));
   GroupedOutcomes out;
   out.keys = opt.keys;
   out.degraded_factor = opt.degraded_factor;
   out.events = opt.events;
+  out.within = opt.within;
   std::vector<const RunRecord*> used;
   for (const RunRecord& r : runs) {
     if (finished(r)) used.push_back(&r);
@@ -264,6 +310,7 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
   for (size_t a = 0; a < out.groups.size(); ++a)
     for (size_t b = a + 1; b < out.groups.size(); ++b) {
       const OutcomeGroup &ga = out.groups[a], &gb = out.groups[b];
+      if (!std::all_of(within.begin(), within.end(), [&](size_t i) { return ga.values[i] == gb.values[i]; })) continue;
       OutcomePair p;
       p.a = a;
       p.b = b;
@@ -314,30 +361,7 @@ std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv) {
   out += rows_text(rows, csv);
   if (!compare) return out;
 
-  rows.clear();
-  header.clear();
-  for (const char* side : {"a_", "b_"})
-    for (const std::string& k : g.keys) header.push_back(side + k);
-  for (const char* c : {"a_n", "a_excursions", "b_n", "b_excursions", "fisher_p", "logrank_observed_a",
-                        "logrank_expected_a", "logrank_chi2", "logrank_p", "paired_n", "paired_only_a",
-                        "paired_only_b", "mcnemar_p", "strata", "stratified_u", "stratified_chi2",
-                        "stratified_p", "permutation_p", "permutation_exact", "permutation_labelings"})
-    header.push_back(c);
-  rows.push_back(header);
-  for (const OutcomePair& p : g.pairs) {
-    const OutcomeGroup &a = g.groups[p.a], &b = g.groups[p.b];
-    const PermutationLogRank& pr = p.permutation;
-    std::vector<std::string> row = a.values;
-    row.insert(row.end(), b.values.begin(), b.values.end());
-    for (const std::string& c :
-         {count(a.n), count(a.excursions), count(b.n), count(b.excursions), cell.num(p.fisher_p),
-          cell.num(p.log_rank.observed_a), cell.num(p.log_rank.expected_a), cell.num(p.log_rank.chi2),
-          cell.num(p.log_rank.p), count(p.paired_n), count(p.only_a), count(p.only_b), cell.num(p.mcnemar_p),
-          count(pr.strata), pr.strata > 0 ? cell.num(pr.u) : cell.none(), cell.num(pr.chi2), cell.num(pr.p_asymptotic),
-          cell.num(pr.p), pr.strata > 0 ? count(pr.exact ? 1 : 0) : cell.none(), count(pr.labelings)})
-      row.push_back(c);
-    rows.push_back(row);
-  }
+  rows = pair_rows(g, cell);
   out += "\n";
   if (!csv)
     out += msg("pairs: Fisher's exact test of the excursion counts (two-sided); log-rank test of steps to excursion "
@@ -345,8 +369,11 @@ std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv) {
                "keys): only a / only b had an excursion, exact McNemar test (two-sided); stratified log-rank over the "
                "strata (u = O_a - E_a, chi-square p) and its within-stratum label-permutation p (exact when there are at "
                "most ", kPermutationMaxExact, " labelings, else ", kPermutationDraws,
-               " draws from a fixed seed); no correction for multiple comparisons\n");
+               " draws from a fixed seed); no correction for multiple comparisons",
+               g.within.empty() ? "" : "; only pairs of groups with the same " + join(g.within, ", "), "\n");
   return out + rows_text(rows, csv);
 }
+
+std::string pairs_csv(const GroupedOutcomes& g) { return rows_text(pair_rows(g, TableCell{true}), true); }
 
 }  // namespace mxlab

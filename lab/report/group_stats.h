@@ -27,6 +27,9 @@ struct GroupingOptions {
   double degraded_factor = kDefaultDegradedFactor;
   // The rules the records' events were read with (read_events): named in the text tables' titles.
   EventRules events{};
+  // Pairs only of groups with the same values of these keys (a subset of `keys`, not all of
+  // them); empty: every pair.
+  std::vector<std::string> within{};
 };
 
 // One trajectory (or branch) of a finished run as an outcome.
@@ -79,14 +82,16 @@ struct GroupedOutcomes {
   double degraded_factor = kDefaultDegradedFactor;
   EventRules events;
   std::vector<OutcomeGroup> groups;   // sorted by their values (numbers as numbers, fp32 first)
-  std::vector<OutcomePair> pairs;     // every pair of groups
+  std::vector<std::string> within;    // GroupingOptions::within
+  std::vector<OutcomePair> pairs;     // every pair of groups (of the same `within` values)
   size_t runs = 0;                    // runs that contributed
   std::vector<std::string> left_out;  // "<file>: <why>", one per run or trajectory left out
 };
 
 // Groups the trajectories of the finished runs (status complete or diverged) of `runs`, whose
 // events read_events has filled; other runs (running, interrupted, failed, unreadable) and
-// trajectories that ran no step or have no events are listed in left_out. Throws mxlab::Error for a key that no run's configuration has.
+// trajectories that ran no step or have no events are listed in left_out. Throws mxlab::Error for a key that no run's configuration has,
+// and for `within` keys that are not --by keys (or are all of them).
 GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const GroupingOptions& opt);
 
 // The groups table, and with `compare` an empty line and the pairs table. Text: a title line
@@ -94,5 +99,9 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
 // without titles, floats as the shortest decimal that reads back to the same double, empty for
 // none, -1 for "no such step".
 std::string grouped_tables(const GroupedOutcomes& g, bool compare, bool csv);
+
+// The pairs table alone as CSV (the columns of grouped_tables' second table): what
+// `--compare-csv FILE` writes, one table that pandas.read_csv reads.
+std::string pairs_csv(const GroupedOutcomes& g);
 
 }  // namespace mxlab

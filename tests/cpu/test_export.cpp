@@ -14,8 +14,10 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lab/core/error.h"
@@ -32,6 +34,7 @@ using namespace mxlab;
 namespace {
 
 using mxlab::test::TempDir;
+using mxlab::test::read_file;
 using mxlab::test::run_command;
 
 
@@ -233,4 +236,188 @@ TEST(Export, NotARunFileIsOneLineError) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("x.h5"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir.str() + "/csv/x_summary.csv"));
+}
+
+namespace {
+
+// Lines of a CSV file without quoted fields, split on commas.
+std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells(1);
+    for (char c : line) {
+      if (c == ',') cells.emplace_back();
+      else cells.back() += c;
+    }
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+// Two runs of tiny_run() that differ in the learning rate and the seed, in `dir`.
+std::vector<RunOutcome> two_runs(const std::string& dir) {
+  RunOptions opt;
+  opt.out_dir = dir;
+  opt.make_backend = [](const std::string&) { return make_cpu_backend(); };
+  std::vector<RunOutcome> out;
+  for (int i = 0; i < 2; ++i) {
+    RunConfig c = tiny_run();
+    c.optimizer.lr = i == 0 ? 3e-3f : 1e-3f;
+    c.seed = 3 + i;
+    out.push_back(run_one(c, opt));
+    EXPECT_EQ(to_string(out.back().status), std::string("complete")) << out.back().error;
+  }
+  return out;
+}
+
+}  // namespace
+
+// `mxlab export DIR --long OUT.csv`: the header (the swept key, seed, ...), every value the
+// per-trajectory export writes and nothing else, cell for cell the same text, and the identifying
+// columns of each row.
+TEST(ExportLong, EveryValueOfTheFlatExportOnceWithItsRun) {
+  TempDir dir;
+  const std::string runs = dir.str() + "/runs";
+  const std::vector<RunOutcome> r = two_runs(runs);
+  ASSERT_EQ(r.size(), 2u);
+  const std::string long_csv = dir.str() + "/out/long.csv";
+  auto [rc, out] = run_command(std::string(MXLAB_BINARY) + " export " + runs + " --long " + long_csv);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, long_csv + "\n");
+  const auto rows = csv_rows(read_file(long_csv));
+  ASSERT_GT(rows.size(), 1000u);
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"run_id", "optimizer.lr", "seed", "trajectory", "kind", "arm", "step",
+                                               "metric", "column", "value"}));
+
+  // (run_id, T, flat column, step) -> cell of the per-trajectory files (loss_all: column loss_all).
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, std::string> flat;
+  std::map<std::string, std::string> lr_of;
+  for (const RunOutcome& o : r) {
+    const std::string csv = dir.str() + "/csv_" + o.run_id;
+    auto [erc, eout] = run_command(std::string(MXLAB_BINARY) + " export " + o.path + " --csv " + csv);
+    ASSERT_EQ(erc, 0) << eout;
+    for (const auto& e : std::filesystem::directory_iterator(csv)) {
+      std::string name = e.path().stem().string();
+      if (name == o.run_id + "_summary") continue;
+      name = name.substr(o.run_id.size() + 1);  // <T>[_loss_all | _<series>]
+      std::string tag = name;
+      bool loss_all = false;
+      for (const std::string suffix : {"_loss_all", "_shadow", "_curvature"})
+        if (tag.size() > suffix.size() && tag.compare(tag.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          tag = tag.substr(0, tag.size() - suffix.size());
+          loss_all = suffix == "_loss_all";
+        }
+      const auto t = csv_rows(read_file(e.path().string()));
+      for (size_t i = 1; i < t.size(); ++i)
+        for (size_t c = 1; c < t[0].size(); ++c)
+          flat[{o.run_id, tag, loss_all ? "loss_all" : t[0][c], t[i][0]}] = t[i][c];
+    }
+    lr_of[o.run_id] = o.run_id == r[0].run_id ? "0.003" : "0.001";
+  }
+  std::set<std::tuple<std::string, std::string, std::string, std::string>> seen;
+  std::string last_run;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const std::vector<std::string>& row = rows[i];
+    ASSERT_EQ(row.size(), 10u) << i;
+    const std::string &id = row[0], &traj = row[3], &kind = row[4], &arm = row[5], &metric = row[7], &column = row[8];
+    ASSERT_TRUE(lr_of.count(id)) << id;
+    ASSERT_LE(last_run, id) << "runs in run id order";
+    last_run = id;
+    EXPECT_EQ(row[1], lr_of[id]);
+    EXPECT_EQ(row[2], id == r[0].run_id ? "3" : "4");
+    const std::string expected_kind = traj == "fp32" ? "fp32" : traj == "fp32_late" ? "branch" : "arm";
+    EXPECT_EQ(kind, expected_kind) << traj;
+    EXPECT_EQ(arm, traj == "fp32_late" ? "mx" : traj);
+    const std::string tag = kind == "branch" ? "branch-" + traj : traj;
+    const auto key = std::make_tuple(id, tag, column.empty() ? metric : metric + "_" + column, row[6]);
+    const auto it = flat.find(key);
+    ASSERT_NE(it, flat.end()) << "row " << i << ": no such cell in the per-trajectory export: " << id << " " << tag
+                              << " " << std::get<2>(key) << " step " << row[6];
+    EXPECT_EQ(row[9], it->second) << "row " << i;
+    EXPECT_TRUE(seen.insert(key).second) << "row " << i << " twice";
+  }
+  EXPECT_EQ(seen.size(), flat.size()) << "cells of the per-trajectory export missing from the long table";
+
+  // Against the file directly: the branch's loss_all starts at its `at`, the named per-group
+  // columns, and the first rows of a group are its loss.
+  h5::H5File f(r[0].path, h5::H5File::Mode::read);
+  const std::vector<double> all = f.read_doubles("branches/fp32_late/loss_all");
+  const std::vector<double> ratio = f.read_doubles("trajectories/mx/bias_ratio_group");
+  const std::vector<std::string> names = f.get_attr_strings("trajectories/mx/bias_ratio_group", "names");
+  const size_t groups = names.size();
+  size_t found_all = 0, found_ratio = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    if (row[0] != r[0].run_id) continue;
+    if (row[3] == "fp32_late" && row[7] == "loss_all") {
+      const int64_t step = std::stoll(row[6]);
+      ASSERT_GE(step, 12);
+      EXPECT_TRUE(same_value(row[9], all[static_cast<size_t>(step - 12)]));
+      ++found_all;
+    }
+    if (row[3] == "mx" && row[7] == "bias_ratio_group" && row[8] == names[1]) {
+      EXPECT_TRUE(same_value(row[9], ratio[found_ratio * groups + 1])) << row[6];
+      ++found_ratio;
+    }
+  }
+  EXPECT_EQ(found_all, all.size());
+  EXPECT_EQ(found_ratio, ratio.size() / groups);
+  EXPECT_EQ(rows[1][3], "fp32");
+  EXPECT_EQ(rows[1][7], "loss");
+}
+
+// Bad input is one line and exit 2, with nothing written; a damaged run file is left out with a
+// note; OUT that is a link is replaced, never written through; no temp file stays behind.
+TEST(ExportLong, RefusesBadInputAndNeverWritesThroughALink) {
+  TempDir dir;
+  const std::string runs = dir.str() + "/runs", bin = MXLAB_BINARY;
+  const std::vector<RunOutcome> r = two_runs(runs);
+  const std::string out = dir.str() + "/long.csv";
+  const std::string empty = dir.str() + "/empty";
+  std::filesystem::create_directories(empty);
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {runs + " --csv " + dir.str() + "/csv", "is a directory: --csv and --npy export one run file"},
+           {runs + " --long " + out + " --csv " + dir.str() + "/csv", "--long writes one table by itself"},
+           {runs + " --long " + out + ".gz", "writes plain CSV only"},
+           {empty + " --long " + out, "no .h5 run files in this directory"},
+           {runs + " --long " + empty, "is a directory; give the name of the CSV file"},
+           {dir.str() + "/nosuch --long " + out, "nosuch"}}) {
+    auto [rc, text] = run_command(bin + " export " + args);
+    EXPECT_EQ(rc, 2) << args << ": " << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+    EXPECT_NE(text.find(says), std::string::npos) << text;
+    EXPECT_FALSE(std::filesystem::exists(out)) << args;
+  }
+  // A damaged file beside the runs: left out, named on stderr; the others exported.
+  std::ofstream(runs + "/zz.h5") << "not hdf5";
+  auto [rc, text] = run_command("(" + bin + " export " + runs + " --long " + out + " >/dev/null)");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_EQ(text.rfind("mxlab: note: left out zz.h5: ", 0), 0u) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  const std::string full = read_file(out);
+  EXPECT_NE(full.find(r[1].run_id), std::string::npos);
+  // Only damaged files: an error, and the last table stays as it was.
+  const std::string bad = dir.str() + "/bad";
+  std::filesystem::create_directories(bad);
+  std::ofstream(bad + "/x.h5") << "not hdf5";
+  std::tie(rc, text) = run_command(bin + " export " + bad + " --long " + out);
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  EXPECT_TRUE(read_file(out) == full) << "the table of the last export changed";
+  // One run file exports too, without swept keys.
+  std::tie(rc, text) = run_command(bin + " export " + r[0].path + " --long " + out);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_EQ(read_file(out).rfind("run_id,seed,trajectory,kind,arm,step,metric,column,value\n", 0), 0u);
+  // OUT a link to a file elsewhere: replaced by the table, its target untouched.
+  const std::string target = dir.str() + "/target.txt", link = dir.str() + "/link.csv";
+  std::ofstream(target) << "keep";
+  std::filesystem::create_symlink(target, link);
+  std::tie(rc, text) = run_command(bin + " export " + runs + " --long " + link);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_TRUE(read_file(target) == "keep") << "written through the link";
+  EXPECT_FALSE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(read_file(link) == full) << "not the table";
+  for (const auto& e : std::filesystem::directory_iterator(dir.str()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }

@@ -20,10 +20,12 @@
 #include "lab/config/config_io.h"
 #include "lab/report/group_stats.h"
 #include "lab/report/run_events.h"
+#include "lab/report/run_filter.h"
 #include "lab/runs/run_records.h"
 #include "tests/cpu/test_util.h"
 
 using namespace mxlab;
+using mxlab::test::read_file;
 using mxlab::test::run_command;
 using mxlab::test::TempDir;
 
@@ -476,4 +478,136 @@ TEST(SummarizeBy, BinaryTablesAndColumns) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   std::tie(rc, out) = run_command(bin + " summarize --by arm --degraded-factor 0 --no-index " + d);
   EXPECT_NE(rc, 0);
+}
+
+// --where: the Python side's semantics (analysis/mxlab_analysis/sweep.py matches): numbers as
+// numbers to a relative 1e-6, booleans in any case, anything else as text.
+TEST(SummarizeWhere, ValuesMatchLikeThePythonSide) {
+  EXPECT_TRUE(config_value_matches("0.0006", "6e-4"));
+  EXPECT_TRUE(config_value_matches("0.0006", "6.0000001e-4"));
+  EXPECT_FALSE(config_value_matches("0.0006", "6.1e-4"));
+  EXPECT_TRUE(config_value_matches("10", "10.0"));
+  EXPECT_FALSE(config_value_matches("10", "1"));
+  EXPECT_TRUE(config_value_matches("true", "True"));
+  EXPECT_FALSE(config_value_matches("true", "false"));
+  EXPECT_FALSE(config_value_matches("1", "true"));
+  EXPECT_TRUE(config_value_matches("mxfp8_e4m3", "mxfp8_e4m3"));
+  EXPECT_TRUE(config_value_matches("mxfp8_e4m3", "'mxfp8_e4m3'"));
+  EXPECT_FALSE(config_value_matches("mxfp8_e4m3", "mxfp8"));
+  EXPECT_FALSE(config_value_matches("nan", "nan"));  // as math.isclose
+  const WhereClause w = parse_where(" optimizer.lr = 6e-4 ");
+  EXPECT_EQ(w.key, "optimizer.lr");
+  EXPECT_EQ(w.value, "6e-4");
+  EXPECT_THROW(parse_where("optimizer.lr"), Error);
+  EXPECT_THROW(parse_where("=1"), Error);
+}
+
+TEST(SummarizeWhere, BinaryFiltersRunsAndRefusesBadClauses) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::string bin = MXLAB_BINARY, d = dir.str();
+  // lr 5e-4 is printed 0.0005 in the files: matched as a number. Five runs, three groups of 5.
+  auto [rc, out] = run_command("(" + bin + " summarize --by arm --csv --no-index " + d +
+                               " --where optimizer.lr=5e-4 2>/dev/null)");
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<std::string> lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 4u) << out;
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(split_csv(lines[i])[1], "5") << lines[i];
+  // Repeated clauses all hold: one seed at one lr.
+  std::tie(rc, out) = run_command("(" + bin + " summarize --by arm --csv --no-index " + d +
+                                  " --where optimizer.lr=0.0005 --where seed=2 2>/dev/null)");
+  ASSERT_EQ(rc, 0) << out;
+  lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 4u) << out;
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(split_csv(lines[i])[1], "1") << lines[i];
+  // Without --by: the summary table of the matching runs only (the running one is 5e-4 too).
+  std::tie(rc, out) = run_command(bin + " summarize --csv --no-index " + d + " --where optimizer.lr=3e-4");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(lines_of(out).size(), 1 + 5 * 3u) << out;
+  EXPECT_EQ(out.find("a5"), std::string::npos) << out;
+  // Bad clauses: exit 2, one line naming the problem.
+  for (const auto& [clause, says] : std::vector<std::pair<std::string, std::string>>{
+           {"optimizer.lrr=1", "--where optimizer.lrr: no such key in the configuration of"},
+           {"optimizer.lr", "expected KEY=VALUE"},
+           {"optimizer.lr=1e-3", "no run matches every clause (optimizer.lr here: 0.0003, 0.0005)"}}) {
+    std::tie(rc, out) = run_command(bin + " summarize --no-index " + d + " --where " + clause + " 2>&1");
+    EXPECT_EQ(rc, 2) << clause << ": " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_NE(out.find(says), std::string::npos) << out;
+  }
+}
+
+// --within: only pairs of groups with the same values of those --by keys, each pair's numbers
+// those of the unrestricted table.
+TEST(SummarizeWithin, PairsOnlyWithinTheKeys) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::vector<RunRecord> runs = scan(dir.str());
+  GroupingOptions all{{"arm", "optimizer.lr"}};
+  GroupingOptions within = all;
+  within.within = {"optimizer.lr"};
+  const GroupedOutcomes ga = group_outcomes(runs, all), gw = group_outcomes(runs, within);
+  ASSERT_EQ(ga.pairs.size(), 15u);
+  ASSERT_EQ(gw.pairs.size(), 6u);  // 3 arms at each of 2 learning rates: 3 + 3 pairs
+  for (const OutcomePair& p : gw.pairs) {
+    EXPECT_EQ(gw.groups[p.a].values[1], gw.groups[p.b].values[1]);
+    const auto same = std::find_if(ga.pairs.begin(), ga.pairs.end(),
+                                   [&](const OutcomePair& q) { return q.a == p.a && q.b == p.b; });
+    ASSERT_NE(same, ga.pairs.end());
+    auto same_p = [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); };
+    EXPECT_TRUE(same_p(same->fisher_p, p.fisher_p));
+    EXPECT_TRUE(same_p(same->log_rank.p, p.log_rank.p));
+    EXPECT_TRUE(same_p(same->mcnemar_p, p.mcnemar_p));
+    EXPECT_TRUE(same_p(same->permutation.p, p.permutation.p));
+    EXPECT_EQ(same->paired_n, p.paired_n);
+  }
+  within.within = {"seed"};
+  EXPECT_THROW(group_outcomes(runs, within), Error);
+  within.within = {"arm", "optimizer.lr"};
+  EXPECT_THROW(group_outcomes(runs, within), Error);
+  within.within = {"arm", "arm"};
+  EXPECT_THROW(group_outcomes(runs, within), Error);
+}
+
+// --compare-csv FILE: the pairs table of --compare --csv, alone in a file (stdout as without it);
+// --within in the binary; the errors of both options.
+TEST(SummarizeWithin, CompareCsvFileAndErrors) {
+  TempDir dir;
+  write_study(dir.str());
+  const std::string bin = MXLAB_BINARY, d = dir.str(), file = d + "/pairs.csv";
+  const std::string rule = " --excursion-window 20 --excursion-block 10 --excursion-factor 10 2>/dev/null)";
+  auto [rc, both] = run_command("(" + bin + " summarize --by arm,optimizer.lr --compare --csv --no-index " + d + rule);
+  ASSERT_EQ(rc, 0) << both;
+  auto [rc2, groups] = run_command("(" + bin + " summarize --by arm,optimizer.lr --csv --no-index " + d +
+                                   " --compare-csv " + file + rule);
+  ASSERT_EQ(rc2, 0) << groups;
+  const size_t blank = both.find("\n\n");
+  ASSERT_NE(blank, std::string::npos) << both;
+  EXPECT_EQ(groups, both.substr(0, blank + 1));               // stdout: the groups table as before
+  EXPECT_EQ(read_file(file), both.substr(blank + 2));         // the file: the pairs table
+  EXPECT_EQ(lines_of(read_file(file)).size(), 1 + 15u);
+  // --within in the binary: 6 pairs, each at one learning rate; the text title says so.
+  std::tie(rc, groups) = run_command("(" + bin + " summarize --by arm,optimizer.lr --compare --csv --no-index " + d +
+                                     " --within optimizer.lr" + rule);
+  ASSERT_EQ(rc, 0) << groups;
+  const std::vector<std::string> lines = lines_of(groups);
+  ASSERT_EQ(lines.size(), 1 + 6 + 1 + 1 + 6u) << groups;
+  for (size_t i = 9; i < lines.size(); ++i) {
+    const std::vector<std::string> c = split_csv(lines[i]);
+    EXPECT_EQ(c[1], c[3]) << lines[i];
+  }
+  std::tie(rc, groups) = run_command("(" + bin + " summarize --by arm,optimizer.lr --compare --no-index " + d +
+                                     " --within optimizer.lr" + rule);
+  EXPECT_NE(groups.find("; only pairs of groups with the same optimizer.lr\n"), std::string::npos) << groups;
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--by arm,optimizer.lr --compare --within seed", "'seed' is not one of the --by keys"},
+           {"--by arm,optimizer.lr --compare --within arm,optimizer.lr", "--within names every --by key"},
+           {"--by arm,optimizer.lr --within optimizer.lr", "--within restricts the pairs of --compare"},
+           {"--within arm", "--within requires --by"},
+           {"--compare-csv " + file, "--compare-csv requires --by"}}) {
+    std::tie(rc, groups) = run_command(bin + " summarize --no-index " + d + " " + args + " 2>&1");
+    EXPECT_EQ(rc, 2) << args << ": " << groups;
+    EXPECT_EQ(std::count(groups.begin(), groups.end(), '\n'), 1) << groups;
+    EXPECT_NE(groups.find(says), std::string::npos) << groups;
+  }
 }
