@@ -21,8 +21,8 @@ namespace {
 
 using mxlab::test::TempDir;
 
-// One run with an arm, long enough (about half a second on one idle core, seconds under load) for several lines at
-// --progress-every 0.1 and several refreshes of the live line (every 250 ms).
+// One run with two arms, long enough (about half a second on an idle core, seconds under load)
+// for several lines at --progress-every 0.1 and refreshes of the live line (every 250 ms).
 const char* const kYaml = R"(name: progress
 steps: 800
 device: cpu
