@@ -1,6 +1,7 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
 // HDF5 (file names and number format: lab/report/csv_export.h); `--snapshot S --npy DIR`: the
-// parameter snapshots of step S as .npy files (lab/report/snapshot_export.h).
+// parameter snapshots of step S as .npy files (lab/report/snapshot_export.h); `RUN_OR_DIR
+// --tensorboard DIR`: TensorBoard event files (lab/report/tensorboard_export.h).
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include "lab/io/writable_dir.h"
 #include "lab/report/csv_export.h"
 #include "lab/report/snapshot_export.h"
+#include "lab/report/tensorboard_export.h"
 
 namespace mxlab::cli {
 namespace {
@@ -26,6 +28,7 @@ constexpr int kOrder = 45;  // after summarize in --help
 
 struct Args {
   std::string run, dir, npy;
+  std::string tensorboard;  // --tensorboard DIR
   int64_t snapshot = -1;
 };
 
@@ -61,7 +64,11 @@ void add_files(Staged& s, const std::vector<std::string>& written) {
 // replaces a link of that name instead of writing through it; a subfolder that is a link is
 // refused (lab/io/out_file.h).
 int do_export(const Args& a) {
-  if (a.dir.empty() && a.npy.empty()) throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR");
+  if (a.dir.empty() && a.npy.empty() && a.tensorboard.empty())
+    throw Error("nothing to export: give --csv DIR, --snapshot S --npy DIR and/or --tensorboard DIR");
+  if (std::filesystem::is_directory(a.run) && !(a.dir.empty() && a.npy.empty()))
+    throw Error(msg(a.run, " is a directory: --csv and --npy take one run file <run_id>.h5 (a directory of runs "
+                    "only with --tensorboard)"));
   if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
   if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
@@ -75,6 +82,10 @@ int do_export(const Args& a) {
     if (!a.npy.empty()) {
       stages.push_back(make_staging(a.npy));
       add_files(stages.back(), export_snapshot_npy(a.run, a.snapshot, stages.back().staging));
+    }
+    if (!a.tensorboard.empty()) {
+      stages.push_back(make_staging(a.tensorboard));
+      add_files(stages.back(), export_run_tensorboard(a.run, stages.back().staging));
     }
     try {
       for (const Staged& s : stages)
@@ -107,12 +118,17 @@ int do_export(const Args& a) {
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its snapshots as .npy");
-  c->add_option("run", a->run, "run file <run_id>.h5")->required()->check(CLI::ExistingFile);
+  c->add_option("run", a->run, "run file <run_id>.h5 (with --tensorboard only: or a directory of run files)")
+      ->required()
+      ->check(CLI::ExistingPath);
   c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)");
   c->add_option("--snapshot", a->snapshot, "with --npy: the step of the parameter snapshots to write")
       ->check(integer_in(0, LLONG_MAX));
   c->add_option("--npy", a->npy,
                 "directory for the snapshot's .npy files: <trajectory>/<group>.npy (m/, v/: Adam), probe_x/y.npy");
+  c->add_option("--tensorboard", a->tensorboard,
+                "directory for TensorBoard event files: <run_id>/<trajectory>/events.out.tfevents.* (scalars per "
+                "logged step, loss_all per step); view with tensorboard --logdir DIR");
   c->callback([a] { set_exit_code(do_export(*a)); });
 });
 
