@@ -247,7 +247,7 @@ bool is_precision_key(const std::string& k) { return k == "precision" || k.rfind
 
 // An arm name for the example: the value itself when it is a plain name, else `fallback`.
 std::string example_arm_name(const std::string& value, const std::string& fallback) {
-  if (value.empty() || value.size() > 64 || value[0] == '.') return fallback;
+  if (value.empty() || value.size() > 64 || value[0] == '.' || value == "fp32") return fallback;  // fp32: reserved
   for (char c : value)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return fallback;
   return value;

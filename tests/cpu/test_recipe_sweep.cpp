@@ -44,6 +44,14 @@ TEST(RecipeSweep, WarnsWhenRunsDifferOnlyInPrecisionKeys) {
       << w;
   EXPECT_EQ(w.find('\n'), std::string::npos) << w;
 
+  // `fp32` names the FP32 trajectory, never an arm: the example names that recipe otherwise.
+  std::string to_fp32 = kRecipeSweep;
+  to_fp32.replace(to_fp32.find("mxfp8_e5m2"), 10, "fp32");
+  const std::string w2 = precision_only_sweep_warning(expand_experiment_string(to_fp32, "r.yaml"));
+  EXPECT_NE(w2.find("arms: [{name: mxfp8_e4m3, set: {weight: mxfp8_e4m3}}, {name: b, set: {weight: fp32}}]"),
+            std::string::npos)
+      << w2;
+
   // Also with another grid key: the runs with the same learning rate differ only in the recipe.
   std::string with_lr = kRecipeSweep;
   with_lr.replace(with_lr.find("  seeds"), 0, "    optimizer.lr: [1.0e-3, 2.0e-3]\n");
