@@ -7,6 +7,7 @@ set -euo pipefail
 PKGS=(build-essential cmake git pkg-config
       libeigen3-dev libhdf5-dev libyaml-cpp-dev libcli11-dev libgtest-dev googletest
       python3 python3-numpy python3-h5py python3-matplotlib python3-pytest
+      python3-pip   # PyPI packages Debian does not have (tensorboard, below)
       python3-scipy python3-statsmodels   # results/paired_stats.py (Wilcoxon, stratified Cox PHReg)
       python3-pandas   # analysis/mxlab_analysis/tidy.py (the long table of a results directory)
       python3-torch   # CPU PyTorch for the FP32 cross-check (tests/torch, run by /usr/bin/python3)
@@ -33,3 +34,16 @@ if ! python3 -c "import numpy, h5py, matplotlib, pytest, scipy, statsmodels, pan
   echo "install-deps: $(command -v python3) lacks numpy/h5py/matplotlib/pytest/scipy/statsmodels/pandas - installing with pip"
   python3 -m pip install --quiet numpy h5py matplotlib pytest scipy statsmodels pandas
 fi
+
+# TensorBoard's event-file reader for the export test (analysis/tests/test_tensorboard_export.py,
+# which reads `mxlab export --tensorboard` back): not packaged by Debian, so from PyPI, pinned, for
+# the python3 on PATH (which runs pytest) and Debian's. PIP_BREAK_SYSTEM_PACKAGES lets pip install
+# beside Debian's own packages (PEP 668); pips that predate it ignore it.
+TENSORBOARD_VERSION=2.20.0
+for py in python3 /usr/bin/python3; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  if ! "$py" -c "import sys, tensorboard; sys.exit(tensorboard.__version__ != '$TENSORBOARD_VERSION')" 2>/dev/null; then
+    echo "install-deps: installing tensorboard==$TENSORBOARD_VERSION for $(command -v "$py")"
+    PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --quiet "tensorboard==$TENSORBOARD_VERSION"
+  fi
+done

@@ -1,6 +1,7 @@
 // `mxlab export RUN.h5 --csv DIR`: a run file as flat CSV tables, for people who don't use
 // HDF5 (file names and number format: lab/report/csv_export.h); `--snapshot S --npy DIR`: the
-// parameter snapshots of step S as .npy files (lab/report/snapshot_export.h).
+// parameter snapshots of step S as .npy files (lab/report/snapshot_export.h); `RUN_OR_DIR
+// --tensorboard DIR`: TensorBoard event files (lab/report/tensorboard_export.h).
 // `mxlab export DIR --long OUT.csv`: every run file of a results directory (or one run file) as
 // one long table, one row per logged value (lab/report/long_export.h).
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "lab/report/csv_export.h"
 #include "lab/report/long_export.h"
 #include "lab/report/snapshot_export.h"
+#include "lab/report/tensorboard_export.h"
 
 namespace mxlab::cli {
 namespace {
@@ -29,6 +31,7 @@ constexpr int kOrder = 45;  // after summarize in --help
 
 struct Args {
   std::string run, dir, npy, long_out;
+  std::string tensorboard;  // --tensorboard DIR
   int64_t snapshot = -1;
 };
 
@@ -66,8 +69,9 @@ void add_files(Staged& s, const std::vector<std::string>& written) {
 constexpr size_t kMaxLeftOutLines = 10;  // notes on stderr about run files left out of --long
 
 int do_long(const Args& a) {
-  if (!a.dir.empty() || !a.npy.empty() || a.snapshot >= 0)
-    throw Error("--long writes one table by itself: run --csv DIR or --snapshot S --npy DIR as a separate export");
+  if (!a.dir.empty() || !a.npy.empty() || a.snapshot >= 0 || !a.tensorboard.empty())
+    throw Error("--long writes one table by itself: run --csv DIR, --snapshot S --npy DIR or --tensorboard DIR as a "
+                "separate export");
   const std::string ext = std::filesystem::path(a.long_out).extension().string();
   if (ext == ".gz" || ext == ".parquet")
     throw Error(msg("--long ", a.long_out, ": writes plain CSV only; name it .csv (and compress it afterwards, e.g. "
@@ -84,11 +88,11 @@ int do_long(const Args& a) {
 
 int do_export(const Args& a) {
   if (!a.long_out.empty()) return do_long(a);
-  if (std::filesystem::is_directory(a.run))
-    throw Error(msg(a.run, " is a directory: --csv and --npy export one run file (give DIR/<run_id>.h5); --long OUT.csv "
-                    "exports every run file of a directory as one table"));
-  if (a.dir.empty() && a.npy.empty())
-    throw Error("nothing to export: give --csv DIR and/or --snapshot S --npy DIR (or --long OUT.csv)");
+  if (a.dir.empty() && a.npy.empty() && a.tensorboard.empty())
+    throw Error("nothing to export: give --csv DIR, --snapshot S --npy DIR and/or --tensorboard DIR (or --long OUT.csv)");
+  if (std::filesystem::is_directory(a.run) && !(a.dir.empty() && a.npy.empty()))
+    throw Error(msg(a.run, " is a directory: --csv and --npy take one run file <run_id>.h5 (give DIR/<run_id>.h5); a "
+                    "directory of runs only with --tensorboard DIR, or --long OUT.csv for one table"));
   if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
   if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");
   ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);  // as summarize: a run in progress can be exported
@@ -102,6 +106,10 @@ int do_export(const Args& a) {
     if (!a.npy.empty()) {
       stages.push_back(make_staging(a.npy));
       add_files(stages.back(), export_snapshot_npy(a.run, a.snapshot, stages.back().staging));
+    }
+    if (!a.tensorboard.empty()) {
+      stages.push_back(make_staging(a.tensorboard));
+      add_files(stages.back(), export_run_tensorboard(a.run, stages.back().staging));
     }
     try {
       for (const Staged& s : stages)
@@ -134,8 +142,9 @@ int do_export(const Args& a) {
 const Registrar kRegister(kOrder, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("export", "Write a run file as CSV tables (one per trajectory/branch, loss_all, summary), or its "
-                                   "snapshots as .npy; or every run file of a results directory as one long CSV table");
-  c->add_option("run", a->run, "run file <run_id>.h5 (with --long: also a results directory)")
+                                   "snapshots as .npy; a run file or a results directory as TensorBoard event files, "
+                                   "or every run file of a results directory as one long CSV table");
+  c->add_option("run", a->run, "run file <run_id>.h5 (with --long or --tensorboard: also a results directory)")
       ->required()
       ->check(CLI::ExistingPath);
   c->add_option("--csv", a->dir, "directory for the CSV files (created if missing)");
@@ -148,6 +157,9 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                 "directory or one run file), columns run_id, the configuration keys that differ between the runs, "
                 "seed, trajectory, kind, arm, step, metric, column, value (lab/train/README.md)")
       ->type_name("OUT.csv");
+  c->add_option("--tensorboard", a->tensorboard,
+                "directory for TensorBoard event files: <run_id>/<trajectory>/events.out.tfevents.* (scalars per "
+                "logged step, loss_all per step); view with tensorboard --logdir DIR");
   c->callback([a] { set_exit_code(do_export(*a)); });
 });
 

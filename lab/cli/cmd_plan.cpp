@@ -30,6 +30,8 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->allow_extra_args(false);
   sub->callback([args] {
     const std::vector<ExpandedRun> runs = expand_experiment(args->path, args->sets);
+    if (const std::string w = precision_only_sweep_warning(runs); !w.empty())
+      std::fprintf(stderr, "mxlab: warning: %s\n", w.c_str());
     std::vector<std::vector<std::string>> rows;
     std::vector<std::string> header = {"index", "run_id"};
     for (const auto& kv : runs.front().swept) header.push_back(kv.first);

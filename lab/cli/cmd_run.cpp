@@ -39,6 +39,7 @@ struct RunArgs {
   std::vector<std::string> sets;
   bool quiet = false;
   bool dry_run = false;
+  double progress_every = 30.0;  // seconds between plain progress lines when stderr is not a terminal
 };
 
 // What a run would do, without doing it (--dry-run).
@@ -60,6 +61,8 @@ int do_run(const RunArgs& a) {
   std::vector<std::string> overrides = a.sets;
   if (a.steps > 0) overrides.push_back("steps=" + std::to_string(a.steps));
   const std::vector<ExpandedRun> all = expand_experiment(a.exp, overrides);
+  if (const std::string w = precision_only_sweep_warning(all); !w.empty())
+    std::fprintf(stderr, "mxlab: warning: %s\n", w.c_str());
 
   std::optional<ShardSpec> shard;
   if (!a.shard.empty()) shard = parse_shard(a.shard);
@@ -118,6 +121,7 @@ int do_run(const RunArgs& a) {
   bool show_progress = true;
   for (const ExpandedRun& r : runs) show_progress = show_progress && r.cfg.log.progress;
   opt.live = !a.quiet && show_progress && ::isatty(STDERR_FILENO);
+  if (!a.quiet && show_progress && !opt.live) opt.progress_every = a.progress_every;
   opt.stop = install_stop_handlers();
   opt.make_backend = [](const std::string& dev) { return make_backend(dev); };
   const SweepResult result = run_sweep(runs, opt);
@@ -148,7 +152,12 @@ const Registrar reg(20, [](CLI::App& app) {
                                      "from SLURM_ARRAY_TASK_ID/COUNT (or MIN/MAX) when set");
   c->add_option("--steps", a->steps, "override the number of steps of every run")->check(integer_in(1));
   c->add_option("--set", a->sets, "override a config key of every run: --set optimizer.lr=3e-4 (repeatable)");
-  c->add_flag("--quiet", a->quiet, "no live progress line");
+  c->add_flag("--quiet", a->quiet, "no progress: neither the live line nor the plain lines");
+  c->add_option("--progress-every", a->progress_every,
+                "when stderr is not a terminal (nohup, Slurm, a pipe): one plain line per active run every "
+                "SECONDS (step, steps/s, ETA, latest losses); 0: none")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e9));
   c->add_flag("--dry-run", a->dry_run, "list this shard's runs and what would happen to each, run nothing");
   c->footer(exit_codes_help());
   c->callback([a] { set_exit_code(do_run(*a)); });

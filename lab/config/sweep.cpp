@@ -5,6 +5,7 @@
 #include "lab/config/sweep.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -238,6 +239,56 @@ std::vector<ExpandedRun> expand_experiment_string(const std::string& text, const
   std::vector<std::string> chain;
   const Experiment ex = load_tree(yaml_parse(text, origin), origin, fs::path(base_dir), chain);
   return expand(ex, overrides, origin);
+}
+
+namespace {
+
+bool is_precision_key(const std::string& k) { return k == "precision" || k.rfind("precision.", 0) == 0; }
+
+// An arm name for the example: the value itself when it is a plain name, else `fallback`.
+std::string example_arm_name(const std::string& value, const std::string& fallback) {
+  if (value.empty() || value.size() > 64 || value[0] == '.' || value == "fp32") return fallback;  // fp32: reserved
+  for (char c : value)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return fallback;
+  return value;
+}
+
+}  // namespace
+
+std::string precision_only_sweep_warning(const std::vector<ExpandedRun>& runs) {
+  std::map<std::vector<std::pair<std::string, std::string>>, const ExpandedRun*> first_of;
+  for (const ExpandedRun& r : runs) {
+    std::vector<std::pair<std::string, std::string>> rest;
+    bool any_precision = false;
+    for (const auto& kv : r.swept) {
+      if (is_precision_key(kv.first)) any_precision = true;
+      else rest.push_back(kv);
+    }
+    if (!any_precision) continue;
+    const auto [it, fresh] = first_of.emplace(rest, &r);
+    if (fresh) continue;
+    const ExpandedRun& a = *it->second;
+    std::string key, va, vb, keys;
+    for (size_t i = 0; i < r.swept.size() && i < a.swept.size(); ++i) {
+      if (!is_precision_key(r.swept[i].first) || a.swept[i].second == r.swept[i].second) continue;
+      keys += (keys.empty() ? "" : ", ") + r.swept[i].first;
+      if (key.empty()) {
+        key = r.swept[i].first;
+        va = a.swept[i].second;
+        vb = r.swept[i].second;
+      }
+    }
+    const std::string set_key = key == "precision" ? std::string() : key.substr(std::string("precision.").size());
+    const std::string na = example_arm_name(va, "a"), nb = example_arm_name(vb, na == "b" ? "c" : "b");
+    const std::string set_a = set_key.empty() ? "set: " + va : "set: {" + set_key + ": " + va + "}";
+    const std::string set_b = set_key.empty() ? "set: " + vb : "set: {" + set_key + ": " + vb + "}";
+    return msg("runs ", a.index, " and ", r.index, " differ only in ", keys,
+               " (same seed, every other key the same): each trains the same FP32 trajectory again, and the "
+               "recipes are not paired arms of one run; compare recipes with `arms:` instead, e.g. arms: [{name: ",
+               na, ", ", set_a, "}, {name: ", nb == na ? na + "_2" : nb, ", ", set_b, "}] (experiments/README.md, "
+               "\"Arms\")");
+  }
+  return "";
 }
 
 }  // namespace mxlab

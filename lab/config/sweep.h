@@ -41,4 +41,10 @@ std::vector<ExpandedRun> expand_experiment_string(const std::string& text, const
                                                   const std::vector<std::string>& overrides = {},
                                                   const std::string& base_dir = ".");
 
+// When two runs differ only in `precision` keys (the same seed and every other swept key), each
+// trains the same FP32 trajectory again and the recipes are not one run's paired arms: the one
+// line that says so and shows the `arms:` form of the first such pair (for `mxlab plan` and
+// `mxlab run` to print as a warning); "" when no two runs are like that.
+std::string precision_only_sweep_warning(const std::vector<ExpandedRun>& runs);
+
 }  // namespace mxlab

@@ -23,6 +23,9 @@ namespace {
 
 constexpr const char* kFp32 = "fp32";
 constexpr const char* kAbsent = "-";  // the value of a key a run's configuration does not have
+// The FP32 trajectory's value of a precision key: no MX recipe applies to it. Not a value any
+// precision key takes (`fp32` is one: precision.grad: fp32), so it never joins an MX group.
+constexpr const char* kFp32Recipe = "(fp32)";
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
 
@@ -37,6 +40,33 @@ const GroupRecord* fp32_reference(const RunRecord& r) {
     if (!g.branch && g.name == kFp32)
       return g.steps_run > 0 && std::isfinite(g.min_loss) && std::isfinite(g.final_loss) ? &g : nullptr;
   return nullptr;
+}
+
+bool is_precision_key(const std::string& k) { return k == "precision" || k.rfind("precision.", 0) == 0; }
+
+// The run's FP32 trajectory (not a branch, whatever its recipe): precision keys do not apply to it.
+bool is_fp32_trajectory(const GroupRecord& g) { return !g.branch && g.name == kFp32; }
+
+// Whether runs `a` and `b` differ, and only in precision keys (apart from the keys that change
+// nothing trained: name, device, log.*, checkpoint_every): their FP32 trajectories are then one
+// trajectory trained twice.
+bool differ_only_in_precision(const RunRecord& a, const RunRecord& b) {
+  if (a.config.empty() || b.config.empty()) return false;
+  const std::map<std::string, std::string> ma(a.config.begin(), a.config.end()), mb(b.config.begin(), b.config.end());
+  auto ignored = [](const std::string& k) {
+    return k == "name" || k == "device" || k == "checkpoint_every" || k.rfind("log.", 0) == 0;
+  };
+  bool any = false;
+  for (const auto* m : {&ma, &mb})
+    for (const auto& [k, v] : *m) {
+      if (ignored(k)) continue;
+      const auto& other = m == &ma ? mb : ma;
+      const auto it = other.find(k);
+      if (it != other.end() && it->second == v) continue;
+      if (!is_precision_key(k)) return false;
+      any = true;
+    }
+  return any;
 }
 
 bool contains(const std::vector<std::string>& v, const std::string& x) {
@@ -71,6 +101,12 @@ TrajectoryOutcome outcome(const RunRecord& r, const GroupRecord& g, const std::v
   o.branch = g.branch;
   for (const std::string& k : keys) {
     bool found = true;
+    // The FP32 trajectory has no MX recipe: under a precision key it is `(fp32)`, never the value
+    // the run's MX arms were trained with.
+    if (k != kArmKey && is_precision_key(k) && is_fp32_trajectory(g)) {
+      o.values.push_back(kFp32Recipe);
+      continue;
+    }
     const std::string v = k == kArmKey ? g.name : config_value(r, k, &found);
     o.values.push_back(found ? format_config_value(v) : kAbsent);
   }
@@ -104,12 +140,14 @@ bool is_number(const std::string& s, double* v) {
   return *end == '\0';
 }
 
-// Group order, key by key: absent values last; the arm fp32 first, then by name; numbers as
+// Group order, key by key: absent values last; the arm fp32 first, and the FP32 trajectory's
+// `(fp32)` first under a precision key, then by name; numbers as
 // numbers (1e-4 before 5e-4 before 0.001); other text by text.
 bool value_less(const std::string& key, const std::string& x, const std::string& y) {
   if (x == y) return false;
   if ((x == kAbsent) != (y == kAbsent)) return y == kAbsent;
   if (key == kArmKey && (x == kFp32 || y == kFp32)) return x == kFp32;
+  if (is_precision_key(key) && (x == kFp32Recipe || y == kFp32Recipe)) return x == kFp32Recipe;
   double a = 0, b = 0;
   if (is_number(x, &a) && is_number(y, &b) && a != b) return a < b;
   return x < y;
@@ -279,6 +317,9 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
   // trajectory's group (the FP32 trajectory's, an arm's) because it has the same name.
   const bool by_arm = std::find(opt.keys.begin(), opt.keys.end(), kArmKey) != opt.keys.end();
   std::map<std::pair<bool, std::vector<std::string>>, std::vector<TrajectoryOutcome>> by_values;
+  // FP32 trajectories by group and stratum, to count once the one FP32 trajectory that runs
+  // differing only in precision keys each trained again.
+  std::map<std::pair<std::vector<std::string>, std::string>, std::vector<const RunRecord*>> fp32_seen;
   for (const RunRecord* r : used) {
     bool any = false;
     for (const GroupRecord& g : r->groups) {
@@ -292,6 +333,18 @@ GroupedOutcomes group_outcomes(const std::vector<RunRecord>& runs, const Groupin
         continue;
       }
       TrajectoryOutcome o = outcome(*r, g, opt.keys, opt.degraded_factor);
+      if (is_fp32_trajectory(g)) {
+        std::vector<const RunRecord*>& same = fp32_seen[{o.values, o.stratum}];
+        const auto twin = std::find_if(same.begin(), same.end(),
+                                       [&](const RunRecord* x) { return differ_only_in_precision(*x, *r); });
+        if (twin != same.end()) {
+          out.left_out.push_back(msg(file_name(*r), ": ", g.h5_path, " counted once, with ", file_name(**twin),
+                                     "'s: the runs differ only in precision keys, so it is the same FP32 trajectory "
+                                     "trained again (compare recipes with arms: in one run)"));
+          continue;
+        }
+        same.push_back(r);
+      }
       by_values[{by_arm && o.branch, o.values}].push_back(std::move(o));
       any = true;
     }

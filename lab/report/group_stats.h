@@ -36,7 +36,10 @@ struct GroupingOptions {
 struct TrajectoryOutcome {
   std::string run_id, name;
   bool branch = false;
-  std::vector<std::string> values;  // of the keys, printed like summarize's swept keys; "-" absent
+  // Of the keys, printed like summarize's swept keys; "-" absent. The FP32 trajectory (not a
+  // branch) reads "(fp32)" under a precision key (`precision`, `precision.*`): the run's MX
+  // recipe is not its own.
+  std::vector<std::string> values;
   // The seed stratum: trajectories with the same one share initial weights and batches (their
   // runs' configurations agree on every key but the --by keys); see group_outcomes.
   std::string stratum;
@@ -88,6 +91,9 @@ struct GroupedOutcomes {
   std::vector<std::string> left_out;  // "<file>: <why>", one per run or trajectory left out
 };
 
+// Runs that differ only in precision keys each train the same FP32 trajectory: when those keys
+// are all --by keys (so the FP32 trajectories share their group and seed stratum), it is counted
+// once, and the others are listed in left_out.
 // Groups the trajectories of the finished runs (status complete or diverged) of `runs`, whose
 // events read_events has filled; other runs (running, interrupted, failed, unreadable) and
 // trajectories that ran no step or have no events are listed in left_out. Throws mxlab::Error for a key that no run's configuration has,

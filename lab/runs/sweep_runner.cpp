@@ -58,7 +58,35 @@ struct JobState {
   bool active = false;
   std::string run_id, losses;
   int64_t step = 0, steps = 0;
+  // The first and the latest log step this process saw of the run, and when: the run's average
+  // rate for the plain progress lines (a stable ETA, not the last interval's).
+  int64_t first_step = -1;
+  std::chrono::steady_clock::time_point first_time, last_time;
 };
+
+// One plain progress line of a job (SweepOptions::progress_every): "[done/total] run_id step
+// s/n  r steps/s  ETA t  fp32 0.0152  mx 0.0165". The rate is the average since the first log
+// step seen; the ETA counts down from the latest log step, so it does not grow between updates.
+std::string plain_progress_line(JobState& js, size_t done, size_t total, std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> g(js.m);
+  std::string line = msg("mxlab: [", done, "/", total, "] ", js.run_id);
+  if (js.first_step < 0) return line + " starting";
+  line += msg(" step ", js.step, "/", js.steps);
+  const double span = std::chrono::duration<double>(js.last_time - js.first_time).count();
+  const double rate = span > 0 ? static_cast<double>(js.step - js.first_step) / span : 0.0;
+  if (rate > 0) {
+    const double since = std::chrono::duration<double>(now - js.last_time).count();
+    const double eta = std::max(0.0, static_cast<double>(js.steps - js.step) / rate - since);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  %.3g steps/s", rate);
+    line += buf;
+    line += "  ETA " + format_duration(eta);
+  } else {
+    line += "  ? steps/s  ETA ?";
+  }
+  if (!js.losses.empty()) line += "  " + js.losses;
+  return line;
+}
 
 }  // namespace
 
@@ -237,6 +265,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
         js.step = 0;
         js.steps = run.cfg.steps;
         js.losses.clear();
+        js.first_step = -1;
       }
       RunOptions ro;
       ro.out_dir = opt.out_dir;
@@ -250,6 +279,11 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
           std::lock_guard<std::mutex> g(js.m);
           js.step = p.step;
           js.losses = p.losses;
+          js.last_time = std::chrono::steady_clock::now();
+          if (js.first_step < 0) {
+            js.first_step = p.step;
+            js.first_time = js.last_time;
+          }
         }
         if (opt.on_progress) opt.on_progress(run, p);
       };
@@ -313,11 +347,43 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     }
   };
 
+  // Without a terminal: every progress_every seconds, one plain line per active run.
+  auto plain_monitor = [&] {
+    const auto every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(opt.progress_every));
+    std::unique_lock<std::mutex> lk(live_mu);
+    while (!live_cv.wait_for(lk, every, [&] { return finished; })) {
+      const auto now = std::chrono::steady_clock::now();
+      std::string text;
+      for (auto& js : state) {
+        {
+          std::lock_guard<std::mutex> g(js.m);
+          if (!js.active) continue;
+        }
+        text += plain_progress_line(js, done.load(), total, now) + "\n";
+      }
+      if (text.empty()) continue;
+      std::lock_guard<std::mutex> g(out_mu);
+      std::fputs(text.c_str(), stderr);
+      std::fflush(stderr);
+    }
+  };
+  const bool plain = !opt.live && opt.progress_every > 0;
+
   std::thread live_thread;
   if (opt.live) live_thread = std::thread(monitor);
+  else if (plain) live_thread = std::thread(plain_monitor);
   std::vector<std::thread> threads;
   for (int j = 0; j < jobs; ++j) threads.emplace_back(worker, j);
   for (auto& t : threads) t.join();
+  if (plain) {
+    {
+      std::lock_guard<std::mutex> lk(live_mu);
+      finished = true;
+    }
+    live_cv.notify_all();
+    live_thread.join();
+  }
   if (opt.live) {
     {
       std::lock_guard<std::mutex> lk(live_mu);

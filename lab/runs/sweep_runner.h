@@ -45,6 +45,10 @@ struct SweepOptions {
   std::vector<int> gpus;  // when not empty, job j runs on cuda:gpus[j % gpus.size()]
   int jobs = 1;           // runs at once (threads, each run its own backend)
   bool live = false;      // a live progress line on stderr (a terminal)
+  // When not live and > 0: every `progress_every` seconds, one plain line per active run on
+  // stderr (a file, a pipe, a Slurm log): run id, step/steps, steps/s and ETA (the run's average
+  // rate since this process started it), and the latest logged loss of each trajectory.
+  double progress_every = 0.0;
   std::FILE* out = stdout;  // one line per finished run
   const std::atomic<bool>* stop = nullptr;  // SIGINT/SIGTERM: every job checkpoints and stops
   std::function<std::unique_ptr<Backend>(const std::string&)> make_backend;

@@ -610,4 +610,53 @@ TEST(SummarizeWithin, CompareCsvFileAndErrors) {
     EXPECT_EQ(std::count(groups.begin(), groups.end(), '\n'), 1) << groups;
     EXPECT_NE(groups.find(says), std::string::npos) << groups;
   }
+
+// A sweep of an MX recipe key (precision.weight) over three seeds: each run trains the same FP32
+// trajectory. Under the precision key the FP32 trajectory reads "(fp32)", never the run's
+// recipe; it is counted once per seed (the other runs' copies are listed as left out); and the
+// recipes and FP32 pair by seed.
+TEST(SummarizeBy, PrecisionSweepNeverLabelsTheFp32TrajectoryWithARecipe) {
+  TempDir dir;
+  for (uint64_t s = 0; s < 3; ++s) {
+    write_run(dir.str(), "e4" + std::to_string(s), s == 0 ? "diverged" : "complete", s, 5e-4f,
+              {fp32(), s == 0 ? diverged("mx", 480) : healthy("mx")},
+              [](RunConfig& c) { c.precision.weight = NumFmt::mxfp8_e4m3; });
+    write_run(dir.str(), "e5" + std::to_string(s), "complete", s, 5e-4f, {fp32(), healthy("mx")},
+              [](RunConfig& c) { c.precision.weight = NumFmt::mxfp8_e5m2; });
+  }
+  for (const std::vector<std::string>& keys :
+       {std::vector<std::string>{"precision.weight"}, std::vector<std::string>{"arm", "precision.weight"}}) {
+    SCOPED_TRACE(keys.size());
+    const GroupedOutcomes g = group_outcomes(scan(dir.str()), {keys});
+    ASSERT_EQ(g.groups.size(), 3u);
+    const size_t k = keys.size() - 1;  // the precision key's column
+    EXPECT_EQ(g.groups[0].values[k], "(fp32)");
+    EXPECT_EQ(g.groups[1].values[k], "mxfp8_e4m3");
+    EXPECT_EQ(g.groups[2].values[k], "mxfp8_e5m2");
+    for (const TrajectoryOutcome& o : g.groups[0].members) EXPECT_EQ(o.name, "fp32");
+    for (size_t i : {1, 2})
+      for (const TrajectoryOutcome& o : g.groups[i].members) EXPECT_EQ(o.name, "mx");
+    EXPECT_EQ(g.groups[0].n, 3);  // one FP32 trajectory per seed, not two
+    EXPECT_EQ(g.groups[1].excursions, 1);
+    size_t once = 0;
+    for (const std::string& l : g.left_out) once += l.find("counted once") != std::string::npos;
+    EXPECT_EQ(once, 3u);
+    const OutcomePair& e4_e5 = g.pairs[2];
+    ASSERT_EQ(e4_e5.a, 1u);
+    EXPECT_EQ(e4_e5.paired_n, 3);
+    EXPECT_EQ(e4_e5.only_a, 1);
+    if (keys.size() == 2) {  // by arm: the strata hold FP32 and both recipes of a seed
+      EXPECT_EQ(g.pairs[0].paired_n, 3);
+      EXPECT_EQ(g.pairs[1].paired_n, 3);
+    }
+  }
+  // A recipe value that is itself "fp32" stays apart from the FP32 trajectory.
+  TempDir dir2;
+  write_run(dir2.str(), "g", "complete", 0, 5e-4f, {fp32(), healthy("mx")},
+            [](RunConfig& c) { c.precision.grad = NumFmt::fp32; });
+  const GroupedOutcomes g2 = group_outcomes(scan(dir2.str()), {{"precision.grad"}});
+  ASSERT_EQ(g2.groups.size(), 2u);
+  EXPECT_EQ(g2.groups[0].values[0], "(fp32)");
+  EXPECT_EQ(g2.groups[1].values[0], "fp32");
+  EXPECT_EQ(g2.groups[1].members.at(0).name, "mx");
 }
