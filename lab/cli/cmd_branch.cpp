@@ -1,4 +1,4 @@
-// `mxlab branch RUN.h5 --at STEP (--apply PRESET | --set k=v ...) --name N [--from ARM]`: add an
+// `mxlab branch RUN.h5 --at STEP (--apply PRESET | --set k=v ...) --name N [--from ARM|fp32] [--steps N]`: add an
 // intervention branch to a finished run after the fact, from its checkpoint at (or before,
 // replaying forward) STEP. The branch is written to branches/<N> of the same file, bit-identical
 // to the same intervention run in-line (the replay recomputes exactly what the run computed).
@@ -24,6 +24,7 @@ struct BranchArgs {
   std::string file, apply, name, device, from = kDefaultArmName;
   std::vector<std::string> sets;
   int at = -1;
+  int steps = 0;  // 0: to the run's end
 };
 
 std::string dir_of(const std::string& path) {
@@ -60,7 +61,7 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
                 const std::string& run_id, const std::string& run_status);
 
 int do_branch(const BranchArgs& a) {
-  // The names first (lab/config/names.h): --name is a new branch's, --from names an arm.
+  // The names first (lab/config/names.h): --name is a new branch's, --from names an arm or fp32.
   if (const std::string p = branch_name_problem(a.name); !p.empty())
     throw Error(msg("--name ", quoted_name(a.name), " ", p));
   if (const std::string p = plain_name_problem(a.from); !p.empty())
@@ -115,7 +116,13 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
     iv.set[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   if (iv.at <= 0 || iv.at >= cfg.steps) throw Error(msg("--at must be in [1, ", cfg.steps, "), got ", iv.at));
-  if (iv.apply.empty() && iv.set.empty()) throw Error("the branch changes nothing: give --apply PRESET and/or --set k=v");
+  if (a.steps < 0 || a.steps > cfg.steps - iv.at)
+    throw Error(msg("--steps must be in [1, ", cfg.steps - iv.at, "] (steps - at), got ", a.steps,
+                    ": leave it out to train the branch to the run's end"));
+  iv.steps = a.steps;
+  const bool from_fp32 = iv.from == kFp32Name;  // precision unpatched is a change from the FP32 state
+  if (iv.apply.empty() && iv.set.empty() && !from_fp32)
+    throw Error("the branch changes nothing: give --apply PRESET and/or --set k=v");
   {  // the arm it forks from, then the preset and fields, before any work
     const std::vector<ResolvedArm> arms = resolved_arms(cfg);
     std::string names;
@@ -124,8 +131,10 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
       names += (names.empty() ? "" : ", ") + arm.name;
       if (arm.name == iv.from) from = &arm;
     }
-    if (!from) throw Error(msg(a.file, " has no arm '", iv.from, "' (arms: ", names, "): choose one with --from"));
-    apply_intervention(from->policy, iv);
+    if (!from && !from_fp32)
+      throw Error(msg(a.file, " has no arm '", iv.from, "' (arms: ", names, "): choose one with --from, or --from ",
+                      kFp32Name, " for the FP32 trajectory"));
+    branch_policy(cfg, iv);
   }
   cfg.interventions.push_back(iv);
   // Every other rule of an `interventions:` entry (name, impossible shapes): parse it as YAML.
@@ -182,7 +191,10 @@ const Registrar reg(30, [](CLI::App& app) {
   c->add_option("--set", a->sets, "policy field patch, e.g. --set activation=bf16 (repeatable)");
   c->add_option("--name", a->name, "branch name (group branches/<name>): letters, digits, '_', '-', '.', not "
                                    "starting with '.', not fp32 or mx")->required();
-  c->add_option("--from", a->from, "the arm the branch forks from (default mx; see the file's root attribute `arms`)");
+  c->add_option("--from", a->from, "the arm the branch forks from (default mx; see the file's root attribute `arms`), "
+                                   "or fp32: the FP32 trajectory's state, trained under the experiment's `precision`");
+  c->add_option("--steps", a->steps, "train the branch for this many steps from --at, then stop (default: to the "
+                                     "run's end)");
   c->add_option("--device", a->device, "cpu | auto | cuda | cuda:N");
   c->callback([a] { set_exit_code(do_branch(*a)); });
 });

@@ -620,7 +620,7 @@ std::vector<std::string> precision_keys() {
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
                                 "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator"};
-const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from"};
+const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from", "steps"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
 // Apply one precision field given as a YAML scalar (errors: at value.loc, naming `label`).
@@ -850,7 +850,9 @@ struct Parser {
         } else if (e.key == "set") {
           parse_patch_set(e.value, key, iv.set);
         } else if (e.key == "from") {
-          iv.from = need_scalar(e.value, key, "an arm name");
+          iv.from = need_scalar(e.value, key, "an arm name or fp32");
+        } else if (e.key == "steps") {
+          iv.steps = parse_int(e.value, key);
         } else {
           fail(e.key_loc, msg("unknown key ", quoted_excerpt(e.key), " in ", label, did_you_mean(e.key, keys)));
         }
@@ -1054,21 +1056,32 @@ void validate_impl(const RunConfig& cfg, const Finder& find, const std::string& 
     if (iv.at < 1 || iv.at >= cfg.steps)
       fail(at_key("at"), msg("intervention '", iv.name, "': at = ", iv.at, " is outside [1, steps) = [1, ", cfg.steps,
                              "): a branch needs at least one step before and one after it"));
-    if (iv.apply.empty() && iv.set.empty())
+    if (iv.steps < 0 || (iv.steps > 0 && iv.steps > cfg.steps - iv.at))
+      fail(at_key("steps"), msg("intervention '", iv.name, "': steps = ", iv.steps, " is outside [1, steps - at] = [1, ",
+                                cfg.steps - iv.at, "]: give the number of steps the branch trains from `at`, or ",
+                                "leave `steps` out to train it to the run's end"));
+    const bool from_fp32 = iv.from == kFp32Name;
+    // From the FP32 trajectory, `precision` unpatched is already a change (the MX recipe).
+    if (iv.apply.empty() && iv.set.empty() && !from_fp32)
       fail(locate(label), msg("intervention '", iv.name, "' changes nothing: give `apply: PRESET` and/or `set: {...}`"));
+    if (from_fp32 && snaps_gamma(iv))
+      fail(at_key("apply"), msg("intervention '", iv.name, "' forks from fp32 and applies snap_gamma, which snaps ",
+                                "gamma and beta to an arm's quantized values: the FP32 trajectory has none; drop ",
+                                "snap_gamma or fork from an arm"));
     if (auto it = taken.find(iv.name); it != taken.end())
       fail(at_key("name"), msg("intervention name '", iv.name, "' is also the name of ", it->second,
                                ": arms and branches share one namespace of trajectory names"));
     const auto from = std::find_if(arms.begin(), arms.end(), [&](const ResolvedArm& a) { return a.name == iv.from; });
-    if (from == arms.end()) {
+    if (from == arms.end() && !from_fp32) {
       std::vector<std::string> names;
       for (const ResolvedArm& a : arms) names.push_back(a.name);
       fail(at_key("from"), msg("intervention '", iv.name, "' forks from arm '", iv.from, "', which this experiment ",
-                               "does not have (arms: ", join(names), "): set `from:` to one of them"));
+                               "does not have (arms: ", join(names), "): set `from:` to one of them, or to ",
+                               kFp32Name, " (the FP32 trajectory)"));
     }
     PrecisionConfig patched;
     try {
-      patched = apply_intervention(from->policy, iv);
+      patched = branch_policy(cfg, iv);
     } catch (const Error& e) {
       fail(locate(label), e.what());
     }
@@ -1120,6 +1133,9 @@ std::string dump_impl(const RunConfig& cfg, bool canonical) {
         out += "    apply: " + (iv.apply.empty() ? std::string("none") : iv.apply) + "\n";
         out += "    set: " + set_text(iv.set) + "\n";
         if (!canonical || iv.from != kDefaultArmName) out += "    from: " + yaml_quote(iv.from) + "\n";
+        // Added later: left out at its default (the run's end), so that the text of every
+        // configuration without it (and its run id) is what it was before.
+        if (iv.steps != 0) out += "    steps: " + std::to_string(iv.steps) + "\n";
       }
       continue;
     }
@@ -1148,6 +1164,13 @@ const char* act_name(Act a) {
 }
 
 std::vector<std::string> intervention_presets() { return {std::begin(kPresets), std::end(kPresets)}; }
+
+PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv) {
+  if (iv.from == kFp32Name) return apply_intervention(cfg.precision, iv);
+  for (const ResolvedArm& a : resolved_arms(cfg))
+    if (a.name == iv.from) return apply_intervention(a.policy, iv);
+  throw Error(msg("intervention '", iv.name, "' forks from '", iv.from, "', which is neither an arm nor ", kFp32Name));
+}
 
 std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
   if (cfg.arms.empty()) return {{kDefaultArmName, cfg.precision}};
@@ -1426,7 +1449,8 @@ bool operator==(const LogConfig& a, const LogConfig& b) {
          a.snapshot_every == b.snapshot_every && a.snapshot_optimizer == b.snapshot_optimizer;
 }
 bool operator==(const InterventionConfig& a, const InterventionConfig& b) {
-  return a.name == b.name && a.at == b.at && a.apply == b.apply && a.set == b.set && a.from == b.from;
+  return a.name == b.name && a.at == b.at && a.apply == b.apply && a.set == b.set && a.from == b.from &&
+         a.steps == b.steps;
 }
 bool operator==(const ArmConfig& a, const ArmConfig& b) {
   return a.name == b.name && a.apply == b.apply && a.set == b.set;

@@ -67,7 +67,10 @@ struct InterventionConfig {
   int at = 0;
   std::string apply;                         // preset name or empty
   std::map<std::string, std::string> set;    // policy field -> value (YAML scalars as text)
-  std::string from = "mx";                   // the arm it forks from
+  // What it forks from: an arm's name, or kFp32Name ("fp32": the FP32 trajectory's state at
+  // `at`, trained under `precision` patched by apply/set; lab/train/README.md "Interventions").
+  std::string from = "mx";
+  int steps = 0;                             // steps it trains (at .. at+steps-1); 0 = to the run's end
 };
 
 // One arm: a named MX recipe, a patch of `precision` with an intervention's syntax.
@@ -110,5 +113,10 @@ struct ResolvedArm {
 };
 // The arms a run trains, in order: `arms:` resolved, or the single arm `mx` = `precision`.
 std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg);
+// The policy an intervention's branch trains under: its patch (apply, set) applied to the policy
+// of the arm named by `from`, or to `precision` when `from` is kFp32Name (the branch forks from
+// the FP32 trajectory's state; `precision` is the MX recipe, whatever the arms patch). Throws
+// mxlab::Error when `from` names neither.
+PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv);
 
 }  // namespace mxlab

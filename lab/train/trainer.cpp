@@ -32,7 +32,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 double safe_ratio(double num, double den) { return den > 0.0 ? num / den : kNaN; }
 
 // Does this trajectory train at the current step?
-bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant; }
+bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant && !t.finished; }
 
 }  // namespace
 
@@ -66,6 +66,7 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
     t->policy = pol;
     t->is_mx = mx;
     t->start_step = start;
+    t->end_step = cfg_.steps;
     t->params = be_.alloc(np);
     t->grads = be_.alloc(np);
     t->m = be_.alloc(np);
@@ -91,14 +92,17 @@ Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg
   n_arms_ = arms.size();
   for (const ResolvedArm& a : arms) make(TrajectoryKind::arm, a.name, "trajectories/" + a.name, a.policy, 0);
   for (const auto& iv : cfg_.interventions) {
-    // The source is an arm, found among the arms only: never the FP32 trajectory or another
-    // branch, whatever the names.
+    // The source is an arm, found among the arms only, or the FP32 trajectory (`from: fp32`,
+    // the reserved name, which no arm has); never another branch, whatever the names.
+    const bool from_fp32 = iv.from == kFp32Name;
     const auto from = std::find_if(arms.begin(), arms.end(), [&](const ResolvedArm& a) { return a.name == iv.from; });
-    MXLAB_ASSERT(from != arms.end(), "intervention '", iv.name, "' forks from unknown arm '", iv.from, "'");
-    make(TrajectoryKind::branch, iv.name, "branches/" + iv.name, apply_intervention(from->policy, iv), iv.at);
-    traj_.back()->source = 1 + static_cast<int>(from - arms.begin());
-    MXLAB_ASSERT(traj_[static_cast<size_t>(traj_.back()->source)]->kind == TrajectoryKind::arm, "branch '", iv.name,
-                 "' forks from a trajectory that is not an arm");
+    MXLAB_ASSERT(from_fp32 || from != arms.end(), "intervention '", iv.name, "' forks from unknown arm '", iv.from, "'");
+    make(TrajectoryKind::branch, iv.name, "branches/" + iv.name, branch_policy(cfg_, iv), iv.at);
+    traj_.back()->source = from_fp32 ? 0 : 1 + static_cast<int>(from - arms.begin());
+    if (iv.steps > 0) traj_.back()->end_step = iv.at + iv.steps;
+    MXLAB_ASSERT(traj_[static_cast<size_t>(traj_.back()->source)]->kind ==
+                     (from_fp32 ? TrajectoryKind::fp32 : TrajectoryKind::arm),
+                 "branch '", iv.name, "' forks from a trajectory that is neither an arm nor the FP32 trajectory");
     traj_.back()->snap_gamma = snaps_gamma(iv);
     if (traj_.back()->snap_gamma && cfg_.model.block != BlockKind::mlp)
       throw Error(msg("intervention '", iv.name, "': snap_gamma covers the norms of MLP blocks only (model.block: mlp)"));
@@ -169,6 +173,9 @@ void Trainer::start_branches() {
   const size_t np = static_cast<size_t>(shape_.num_params);
   for (size_t i = 1 + n_arms_; i < traj_.size(); ++i) {
     Trajectory& br = *traj_[i];
+    // A branch with `steps` ends here: it has trained at .. end_step - 1 (after a resume, the
+    // flag is set again at the first step, from the step counter).
+    if (br.started && step_ >= br.end_step) br.finished = true;
     if (br.started || br.start_step != step_) continue;
     const Trajectory& base = *traj_[static_cast<size_t>(br.source)];
     flush_shadow();  // the branch starts from the arm's running averages, complete to this step
@@ -244,7 +251,7 @@ void Trainer::write_snapshots() {
                    std::find(lg.snapshot_steps.begin(), lg.snapshot_steps.end(), step_) != lg.snapshot_steps.end();
   for (size_t i = 0; i < traj_.size(); ++i) {
     const Trajectory& tr = *traj_[i];
-    if (!tr.started || (tr.stopped && !due)) continue;
+    if (!tr.started || (tr.stopped && !due) || step_ > tr.end_step) continue;
     bool source_now = false;
     for (size_t b = 1 + n_arms_; b < traj_.size(); ++b)
       if (traj_[b]->source == static_cast<int>(i) && traj_[b]->start_step == step_ && !traj_[b]->muted)
@@ -831,7 +838,7 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
     if (log && ctl.progress) {
       std::string line;
       for (auto& t : traj_) {
-        if (!t->started) continue;
+        if (!t->started || t->finished) continue;  // a branch that has trained its `steps` has no new loss
         char buf[96];
         std::snprintf(buf, sizeof buf, "%s%s %.4g", line.empty() ? "" : "  ", t->name.c_str(), t->last_loss);
         line += buf;
@@ -842,7 +849,7 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
     ++step_;
     bool any_alive = false;
     for (auto& t : traj_)
-      if (!t->stopped && !t->dormant && (t->started || t->start_step >= step_)) any_alive = true;
+      if (!t->stopped && !t->dormant && step_ < t->end_step && (t->started || t->start_step >= step_)) any_alive = true;
     if (!any_alive) break;
   }
   flush_shadow();
@@ -860,7 +867,7 @@ std::string Trainer::run(const RunControl& ctl, int64_t to_step) {
 std::vector<float> Trainer::history(size_t i) {
   Trajectory& tr = *traj_[i];
   const int64_t first = tr.start_step;
-  const int64_t n = std::max<int64_t>(0, step_ - first);
+  const int64_t n = std::max<int64_t>(0, std::min<int64_t>(step_, tr.end_step) - first);
   std::vector<float> hist = download(tr.loss_hist + first, static_cast<size_t>(n));
   // A stopped trajectory ran up to its first non-finite step: what was computed after it, on
   // non-finite weights, until the stop was noticed on a log step, and the untouched tail are
@@ -902,6 +909,7 @@ Attrs Trainer::group_attrs(const Trajectory& tr) const {
   if (tr.kind == TrajectoryKind::branch) {
     a.ints["at"] = tr.start_step;
     a.str["from"] = traj_[static_cast<size_t>(tr.source)]->name;
+    if (tr.end_step < cfg_.steps) a.ints["end_step"] = tr.end_step;  // `steps`: trains at .. end_step - 1
     for (const auto& iv : cfg_.interventions)
       if (iv.name == tr.name) a.str["patch"] = describe_patch(iv);
   }

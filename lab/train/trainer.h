@@ -1,7 +1,8 @@
 // The paired run (README, "What a run records"): the `fp32` trajectory and one or more MX arms of the
 // student (`arms:`; without it the one arm `mx`), trained from identical initial
 // weights on identical batches in lock-step, the shadow FP32 gradient at each MX trajectory's
-// weights, intervention branches (forking from an arm), metrics, snapshots and summaries.
+// weights, intervention branches (forking from an arm or from the FP32 trajectory, training to
+// the end or for their `steps`), metrics, snapshots and summaries.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -20,7 +20,7 @@ namespace mxlab {
 enum class TrajectoryKind {
   fp32,    // the FP32 reference, trajectories/fp32
   arm,     // an MX arm: trains from step 0 under its recipe, trajectories/<name>
-  branch,  // an intervention branch: starts at `at` from the state of its source arm, branches/<name>
+  branch,  // an intervention branch: starts at `at` from the state of its source (an arm or fp32), branches/<name>
 };
 
 struct Trajectory {
@@ -29,13 +29,16 @@ struct Trajectory {
   TrajectoryKind kind = TrajectoryKind::fp32;
   PrecisionConfig policy;  // current policy (a branch's is patched at `at`)
   bool is_mx = false;      // logs the shadow-gradient metrics (arms and branches)
-  // A branch: the index (in the trainer's list) of the arm it forks from, set from the
-  // intervention's `from` when the trainer is built; -1 for the FP32 trajectory and the arms.
+  // A branch: the index (in the trainer's list) of the arm it forks from (0: the FP32 trajectory,
+  // `from: fp32`), set from the intervention's `from` when the trainer is built; -1 for the FP32
+  // trajectory and the arms.
   int source = -1;
   bool snap_gamma = false; // a branch: stored gamma/beta := their quantized values when it starts
   bool reset_v = false;    // a branch: Adam's v := bc2 * g^2 of its first gradient when it starts
   int start_step = 0;      // first step this trajectory trains (branches: `at`)
+  int end_step = 0;        // one past the last step it trains: the run's `steps`, or a branch's at + `steps`
   bool started = false;
+  bool finished = false;   // a branch that has trained its `steps` (step >= end_step): no longer trains
   bool stopped = false;    // stopped on a non-finite loss (on_nonfinite: stop)
   bool muted = false;      // computes but writes nothing (branches added after the fact)
   bool dormant = false;    // neither computes nor writes (no longer needed)

@@ -21,8 +21,10 @@ using namespace mxlab::testutil;
 namespace {
 
 // Small enough for CI (about a second per run on one core), long enough for ten checkpoints,
-// forty logged rows and two branches, one starting off the log grid (117). flush_every: 2
-// flushes the file every other row, so kills often land inside an HDF5 flush.
+// forty logged rows and four branches, one starting off the log grid (117), one forking from
+// the FP32 trajectory and two that stop after their `steps` (one ends between checkpoints, one
+// before a later checkpoint that a resume starts from). flush_every: 2 flushes the file every
+// other row, so kills often land inside an HDF5 flush.
 constexpr const char* kExperiment = R"(name: resume_test
 seed: 3
 steps: 200
@@ -35,6 +37,8 @@ checkpoint_every: 20
 interventions:
   - {name: fp32_early, at: 50, apply: to_fp32}
   - {name: no_ln_q, at: 117, apply: skip_ln_quant}
+  - {name: mx_from_fp32, at: 70, steps: 37, from: fp32}
+  - {name: short_fp32, at: 30, steps: 45, apply: to_fp32}
 )";
 constexpr int kSteps = 200;
 constexpr int kCheckpointEvery = 20;
