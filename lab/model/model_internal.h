@@ -178,8 +178,9 @@ const float* backward_gain(const NetShape& s, int layer, const NormSite& site, c
 // The norm of `site` on x [rows x d] into y (the next GEMM's activation operand), xhat, rstd.
 // Returns the weight the next GEMM uses: W itself, or for MXNorm with gains ws.w_fused =
 // R(W o Q(gamma)) (W is [w_rows x d]; the gain moves onto the weight, papers/mxnorm.md 3.7).
-// y_op (optional, with the pass's plan): the GEMM operand that reads y next. Layernorm hands it
-// to layernorm_fwd as its q_out (FusedPlan::produced_by_writer); the other norms do not.
+// y_op (optional, with the pass's plan): the GEMM operand that reads y next. The layernorm
+// hands it to layernorm_fwd as its q_out (FusedPlan::produced_by_writer); the emulator's vector
+// layernorm, RMSNorm and MXNorm do not.
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
                           const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
                           Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R,
