@@ -687,9 +687,9 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
     // dA = dA + LN'(dy). This add writes block k - 1's dA, which that block's da GEMM reads next
     // (not after an attention sub-block, which adds into dA after it; block 0's dA no GEMM reads).
     const bool add_writes_next_da = k > 0 && s.residual && !s.attention();
+    const GemmOperand* dA_q = add_writes_next_da ? plan.produced_by_writer(da_dy(k - 1)) : nullptr;
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
-                                dy_round.by_reader, add_writes_next_da ? plan.produced_by_writer(da_dy(k - 1)) : nullptr,
-                                po);
+                                dy_round.by_reader, dA_q, po);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }

@@ -66,8 +66,8 @@ class LoggingBackend final : public Backend {
   }
   static std::string q(const QuantSpec& s) {
     std::ostringstream o;
-    o << "{" << mxlab::name(s.fmt) << " blk" << s.block << " " << mxlab::name(s.rule) << " " << mxlab::name(s.rounding) << " "
-      << mxlab::name(s.bump) << " seed" << s.seed << " salt" << s.salt << "}";
+    o << "{" << mxlab::name(s.fmt) << " blk" << s.block << " " << mxlab::name(s.rule) << " "
+      << mxlab::name(s.rounding) << " " << mxlab::name(s.bump) << " seed" << s.seed << " salt" << s.salt << "}";
     return o.str();
   }
   std::string op(const GemmOperand& g) const {
@@ -135,7 +135,8 @@ class LoggingBackend final : public Backend {
   }
   void prequantize(const AheadOperand* ops, size_t n) override {
     log << "prequantize " << n << "\n";
-    for (size_t i = 0; i < n; ++i) log << "  ahead " << ops[i].rows << "x" << ops[i].cols << " " << op(ops[i].op) << "\n";
+    for (size_t i = 0; i < n; ++i)
+      log << "  ahead " << ops[i].rows << "x" << ops[i].cols << " " << op(ops[i].op) << "\n";
     in->prequantize(ops, n);
   }
   void layernorm_fwd(const float* x, const float* g, const float* b, float* y, float* xh, float* rs, int64_t rows,
