@@ -36,7 +36,7 @@ void attention_forward(Backend& be, const NetShape& s, const float* params, int 
                        const PassPolicy& pol) {
   const PrecisionConfig& p = pol.p;
   const ElementwiseRound R = policy_round(p);
-  const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
+  const OperandRules ops = OperandRules::forward(pol);
   const AttnDims a = dims(s, ws);
   const NumFmt f_logits = p.attn_logits_fmt(), f_probs = p.attn_probs_fmt();
   const float* Wqkv = params + group(s, k, ParamGroup::wqkv).offset;
@@ -49,32 +49,39 @@ void attention_forward(Backend& be, const NetShape& s, const float* params, int 
 
   // qkv [T x 3d] = y1 [T x d] . Wqkv [3d x d]^T, then Q, K, V to the heads layout [nb*h x S x dh].
   be.gemm(a.T, 3 * a.d, a.d,
-          ops.make(y1, true, p.activation, Role::activation, k, AttnOp::qkv_x, stats_slot(k, StatTensor::attn_ln_out)),
-          ops.make(Wqkv, true, p.weight, Role::weight, k, AttnOp::qkv_w), ws.qkv[k], 0.0f, R);
+          ops.make(y1, Layout::k_contiguous, p.activation, Role::activation, k, AttnOp::qkv_x,
+                   stats_slot(k, StatTensor::attn_ln_out)),
+          ops.make(Wqkv, Layout::k_contiguous, p.weight, Role::weight, k, AttnOp::qkv_w), ws.qkv[k], 0.0f, R);
   be.heads_split(ws.qkv[k], ws.qh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, 0);
   be.heads_split(ws.qkv[k], ws.kh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, a.d);
   be.heads_split(ws.qkv[k], ws.vh[k], a.nb, a.S, a.h, a.dh, 3 * a.d, 2 * a.d);
   // Logits [S x S] = Q [S x dh] . K [S x dh]^T per (sequence, head); P = softmax(scale * logits).
   be.gemm_batched(a.bh, a.S, a.S, a.dh,
-                  ops.make(ws.qh[k], true, f_logits, Role::activation, k, AttnOp::s_q, stats_slot(k, StatTensor::attn_q)),
-                  ops.make(ws.kh[k], true, f_logits, Role::activation, k, AttnOp::s_k, stats_slot(k, StatTensor::attn_k)),
+                  ops.make(ws.qh[k], Layout::k_contiguous, f_logits, Role::activation, k, AttnOp::s_q,
+                           stats_slot(k, StatTensor::attn_q)),
+                  ops.make(ws.kh[k], Layout::k_contiguous, f_logits, Role::activation, k, AttnOp::s_k,
+                           stats_slot(k, StatTensor::attn_k)),
                   ws.probs[k], 0.0f, R);
   be.softmax_fwd(ws.probs[k], ws.probs[k], ws.rowmax[k], a.bh * a.S, a.S, a.scale, R);
   // O [S x dh] = P [S x S] . V: V is stored [S x dh] = [K x N], so its blocks run along the sequence.
   be.gemm_batched(a.bh, a.S, a.dh, a.S,
-                  ops.make(ws.probs[k], true, f_probs, Role::activation, k, AttnOp::o_p, stats_slot(k, StatTensor::attn_p)),
-                  ops.make(ws.vh[k], false, f_probs, Role::activation, k, AttnOp::o_v, stats_slot(k, StatTensor::attn_v)), ws.ctx_h,
-                  0.0f, R);
+                  ops.make(ws.probs[k], Layout::k_contiguous, f_probs, Role::activation, k, AttnOp::o_p,
+                           stats_slot(k, StatTensor::attn_p)),
+                  ops.make(ws.vh[k], Layout::k_strided, f_probs, Role::activation, k, AttnOp::o_v,
+                           stats_slot(k, StatTensor::attn_v)),
+                  ws.ctx_h, 0.0f, R);
   be.heads_merge(ws.ctx_h, ws.ctx[k], a.nb, a.S, a.h, a.dh, a.d, 0);
   // o [T x d] = ctx . Wo^T; z = A + R(o + bo) (the plain teacher: z = o).
   const ParamGroup* bo = s.find(k, ParamGroup::bo);
-  // With the residual, o stays unrounded in ws.y and residual_add rounds it as it reads it.
+  // With the residual, o stays unrounded in ws.y and residual_add (its one reader) rounds it as it reads it.
+  const OutputRounding o_round = output_rounding(R, s.residual ? OutputReader::one_op : OutputReader::several);
   float* o = s.residual ? ws.y : ws.z[k];
   be.gemm(a.T, a.d, a.d,
-          ops.make(ws.ctx[k], true, p.activation, Role::activation, k, AttnOp::out_x, stats_slot(k, StatTensor::attn_ctx)),
-          ops.make(Wo, true, p.weight, Role::weight, k, AttnOp::out_w), o, 0.0f, s.residual ? ElementwiseRound{} : R);
+          ops.make(ws.ctx[k], Layout::k_contiguous, p.activation, Role::activation, k, AttnOp::out_x,
+                   stats_slot(k, StatTensor::attn_ctx)),
+          ops.make(Wo, Layout::k_contiguous, p.weight, Role::weight, k, AttnOp::out_w), o, 0.0f, o_round.by_gemm);
   MXLAB_ASSERT(s.residual || bo == nullptr, "a plain (non-residual) block has no output bias");
-  if (s.residual) be.residual_add(ws.z[k], A, ws.y, bo ? params + bo->offset : nullptr, a.T, a.d, R, R);
+  if (s.residual) be.residual_add(ws.z[k], A, ws.y, bo ? params + bo->offset : nullptr, a.T, a.d, R, o_round.by_reader);
 }
 
 void attention_backward(Backend& be, const NetShape& s, const float* params, int k, float* dZ, Workspace& ws,
@@ -82,7 +89,7 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
   const PrecisionConfig& p = pol.p;
   // As in backward(): `backward: false` runs this in FP32 (statistics still counted).
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
-  const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
+  const OperandRules ops = OperandRules::backward(pol);
   // The projections' wgrad GEMMs read dY under grad_wgrad; the attention-internal GEMMs' gradient
   // operands (dO, dS) stay under grad.
   const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt(), g_wgrad = p.grad_wgrad_fmt();
@@ -95,39 +102,49 @@ void attention_backward(Backend& be, const NetShape& s, const float* params, int
 
   if (const ParamGroup* bo = s.find(k, ParamGroup::bo)) be.col_sum(dZ, grads + bo->offset, a.T, a.d);
   // dWo [d x d] = dZ^T ctx (reduction over tokens); dctx [T x d] = dZ Wo (over d).
-  be.gemm(a.d, a.d, a.T, ops.make(dZ, false, g_wgrad, Role::grad_wgrad, k, AttnOp::dwo_dz),
-          ops.make(ws.ctx[k], false, x_bwd, Role::activation, k, AttnOp::dwo_x), grads + go.offset, 0.0f, R);
-  be.gemm(a.T, a.d, a.d, ops.make(dZ, true, p.grad, Role::grad, k, AttnOp::dctx_dz, stats_slot(k, StatTensor::grad_attn_out)),
-          ops.make(Wo, false, w_bwd, Role::weight, k, AttnOp::dctx_w), ws.d_ln, 0.0f, R);
+  be.gemm(a.d, a.d, a.T, ops.make(dZ, Layout::k_strided, g_wgrad, Role::grad_wgrad, k, AttnOp::dwo_dz),
+          ops.make(ws.ctx[k], Layout::k_strided, x_bwd, Role::activation, k, AttnOp::dwo_x), grads + go.offset, 0.0f,
+          R);
+  be.gemm(a.T, a.d, a.d,
+          ops.make(dZ, Layout::k_contiguous, p.grad, Role::grad, k, AttnOp::dctx_dz,
+                   stats_slot(k, StatTensor::grad_attn_out)),
+          ops.make(Wo, Layout::k_strided, w_bwd, Role::weight, k, AttnOp::dctx_w), ws.d_ln, 0.0f, R);
   be.heads_split(ws.d_ln, ws.ctx_h, a.nb, a.S, a.h, a.dh, a.d, 0);  // dO in the heads layout
   // dP [S x S] = dO [S x dh] . V [S x dh]^T (over dh); dV [S x dh] = P^T dO (over the queries).
   be.gemm_batched(a.bh, a.S, a.S, a.dh,
-                  ops.make(ws.ctx_h, true, p.grad, Role::grad, k, AttnOp::dp_do, stats_slot(k, StatTensor::grad_ctx)),
-                  ops.make(ws.vh[k], true, f_probs, Role::activation, k, AttnOp::dp_v), ws.d_probs, 0.0f, R);
-  be.gemm_batched(a.bh, a.S, a.dh, a.S, ops.make(ws.probs[k], false, f_probs, Role::activation, k, AttnOp::dv_p),
-                  ops.make(ws.ctx_h, false, p.grad, Role::grad, k, AttnOp::dv_do), ws.d_vh, 0.0f, R);
+                  ops.make(ws.ctx_h, Layout::k_contiguous, p.grad, Role::grad, k, AttnOp::dp_do,
+                           stats_slot(k, StatTensor::grad_ctx)),
+                  ops.make(ws.vh[k], Layout::k_contiguous, f_probs, Role::activation, k, AttnOp::dp_v), ws.d_probs,
+                  0.0f, R);
+  be.gemm_batched(a.bh, a.S, a.dh, a.S,
+                  ops.make(ws.probs[k], Layout::k_strided, f_probs, Role::activation, k, AttnOp::dv_p),
+                  ops.make(ws.ctx_h, Layout::k_strided, p.grad, Role::grad, k, AttnOp::dv_do), ws.d_vh, 0.0f, R);
   // dS = scale * softmax' (the logits' gradient), in place over dP.
   be.softmax_bwd(ws.probs[k], ws.d_probs, ws.d_probs, a.bh * a.S, a.S, a.scale, R);
   // dQ [S x dh] = dS K (over the keys); dK [S x dh] = dS^T Q (over the queries).
   be.gemm_batched(a.bh, a.S, a.dh, a.S,
-                  ops.make(ws.d_probs, true, p.grad, Role::grad, k, AttnOp::dq_ds, stats_slot(k, StatTensor::grad_logits)),
-                  ops.make(ws.kh[k], false, f_logits, Role::activation, k, AttnOp::dq_k), ws.d_qh, 0.0f, R);
-  be.gemm_batched(a.bh, a.S, a.dh, a.S, ops.make(ws.d_probs, false, p.grad, Role::grad, k, AttnOp::dk_ds),
-                  ops.make(ws.qh[k], false, f_logits, Role::activation, k, AttnOp::dk_q), ws.d_kh, 0.0f, R);
+                  ops.make(ws.d_probs, Layout::k_contiguous, p.grad, Role::grad, k, AttnOp::dq_ds,
+                           stats_slot(k, StatTensor::grad_logits)),
+                  ops.make(ws.kh[k], Layout::k_strided, f_logits, Role::activation, k, AttnOp::dq_k), ws.d_qh, 0.0f, R);
+  be.gemm_batched(a.bh, a.S, a.dh, a.S, ops.make(ws.d_probs, Layout::k_strided, p.grad, Role::grad, k, AttnOp::dk_ds),
+                  ops.make(ws.qh[k], Layout::k_strided, f_logits, Role::activation, k, AttnOp::dk_q), ws.d_kh, 0.0f, R);
   be.heads_merge(ws.d_qh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, 0);
   be.heads_merge(ws.d_kh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, a.d);
   be.heads_merge(ws.d_vh, ws.d_qkv, a.nb, a.S, a.h, a.dh, 3 * a.d, 2 * a.d);
   // dWqkv [3d x d] = dQKV^T y1 (over tokens); dy1 [T x d] = dQKV Wqkv (over 3d).
-  be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, false, g_wgrad, Role::grad_wgrad, k, AttnOp::dwqkv_dq),
-          ops.make(ws.attn_y[k], false, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset, 0.0f, R);
+  be.gemm(3 * a.d, a.d, a.T, ops.make(ws.d_qkv, Layout::k_strided, g_wgrad, Role::grad_wgrad, k, AttnOp::dwqkv_dq),
+          ops.make(ws.attn_y[k], Layout::k_strided, x_bwd, Role::activation, k, AttnOp::dwqkv_x), grads + gqkv.offset,
+          0.0f, R);
   const float* gq = backward_gain(s, k, attn_norm_site(k), ws);
   if (s.layernorm) norm_scale_wgrad(be, s, gq, grads + gqkv.offset, 3 * a.d, R);
-  const bool defer_dy = norm_rounds_dy_as_read(s);  // as in the MLP sub-block's backward
+  const OutputRounding dy_round =  // as in the MLP sub-block's backward
+      output_rounding(R, norm_rounds_dy_as_read(s) ? OutputReader::one_op : OutputReader::several);
   be.gemm(a.T, a.d, 3 * a.d,
-          ops.make(ws.d_qkv, true, p.grad, Role::grad, k, AttnOp::dy1_dq, stats_slot(k, StatTensor::grad_qkv)),
-          ops.make(Wqkv, false, w_bwd, Role::weight, k, AttnOp::dy1_w), ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
-  norm_backward_into_residual(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], dZ, grads,
-                              ws, R, defer_dy ? R : ElementwiseRound{});
+          ops.make(ws.d_qkv, Layout::k_contiguous, p.grad, Role::grad, k, AttnOp::dy1_dq,
+                   stats_slot(k, StatTensor::grad_qkv)),
+          ops.make(Wqkv, Layout::k_strided, w_bwd, Role::weight, k, AttnOp::dy1_w), ws.d_ln, 0.0f, dy_round.by_gemm);
+  norm_backward_into_residual(be, s, k, attn_norm_site(k), gq, ws.d_ln, ws.attn_xhat[k], ws.attn_rstd[k], dZ, grads, ws,
+                              R, dy_round.by_reader);
 }
 
 }  // namespace mxlab::model_detail

@@ -31,10 +31,10 @@ float* gain_slot(const NetShape& s, const Workspace& ws, int k, const NormSite& 
 }
 
 // Q(gamma), Q(beta) of `site` into its gain slot / ws.gq_beta (DESIGN.md section 3). The
-// statistics are collected even when ln_affine does not quantize (under the diagnostic spec).
-// RMSNorm and MXNorm have no beta.
+// statistics (pol.collect_stats) are collected even when ln_affine does not quantize (under the
+// diagnostic spec). RMSNorm and MXNorm have no beta.
 void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
-                        Workspace& ws, const PassPolicy& pol, bool collect) {
+                        Workspace& ws, const PassPolicy& pol) {
   const PrecisionConfig& p = pol.p;
   struct Item {
     ParamGroup::Kind kind;
@@ -48,7 +48,7 @@ void ln_affine_operands(Backend& be, const NetShape& s, const float* params, int
     if (it.kind == site.beta && s.norm != NormKind::layernorm) continue;
     const float* src = params + group(s, k, it.kind).offset;
     const uint64_t seed = sr_seed(pol.seed, it.op);
-    int slot = collect ? pol.stats_base + stats_slot(k, it.tensor) : -1;
+    int slot = pol.collect_stats ? pol.stats_base + stats_slot(k, it.tensor) : -1;
     if (slot >= 0 && !is_mx(p.ln_affine)) {
       // Diagnostic only: `dst` serves as scratch and is overwritten just below.
       be.quantize(src, it.dst, 1, s.d, Axis::contiguous, stats_spec(p, p.ln_affine, Role::ln_affine, seed), slot);
@@ -140,9 +140,9 @@ NormSite attn_norm_site(int k) {
 }
 
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
-                        Workspace& ws, const PassPolicy& pol, bool collect) {
+                        Workspace& ws, const PassPolicy& pol) {
   if (!s.ln_affine) return nullptr;
-  ln_affine_operands(be, s, params, k, site, ws, pol, collect);
+  ln_affine_operands(be, s, params, k, site, ws, pol);
   return gain_slot(s, ws, k, site);
 }
 
@@ -153,18 +153,19 @@ const float* backward_gain(const NetShape& s, int k, const NormSite& site, const
 
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int k, const NormSite& site,
                           const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
-                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R, GemmOperand* y_op) {
+                          Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R, FusedPlan* plan,
+                          const GemmOperand* y_op) {
   const int64_t B = ws.batch, d = s.d;
-  const float* gq = norm_gains(be, s, params, k, site, ws, pol, pol.collect_stats);
+  const float* gq = norm_gains(be, s, params, k, site, ws, pol);
   switch (s.norm) {
     case NormKind::layernorm:
       if (pol.p.layernorm == LnOps::vector) {  // the emulator's layernorm: no producer-side quantization
         be.layernorm_vec_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R);
         return W;
       }
-      MXLAB_ASSERT(!y_op || y_op->p == y, "the operand quantized by the norm must be its output");
-      be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R, y_op);
-      if (y_op) y_op->prequantized = true;
+      MXLAB_ASSERT(!y_op || (plan && y_op->p == y), "the operand quantized by the norm must be its output");
+      be.layernorm_fwd(x, gq, gq ? ws.gq_beta : nullptr, y, xhat, rstd, B, d, s.ln_eps, R,
+                       y_op ? plan->produced_by_writer(*y_op) : nullptr);
       return W;
     case NormKind::rmsnorm:
       be.rmsnorm_fwd(x, gq, y, xhat, rstd, B, d, s.ln_eps, Backend::RmsEstimate{}, R);
@@ -485,6 +486,10 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   return ws;
 }
 
+// The forward pass, block by block as Eq. 1 writes it (Eq. 11 with attention):
+//   y = LN(A);  h = y W1^T;  a = act(h);  o = a W2^T;  A' = A + o (+ b2).
+// How each GEMM's operands arrive and who rounds its output is the pass's fused plan
+// (lab/model/fused_plan.h); the exact op sequence is lab/model/README.md's.
 void forward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
              const PassPolicy& pol) {
   check_pass(s, params, ws, pol);
@@ -494,30 +499,41 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   const PassOps po = pass_ops(p);
   const ElementwiseRound Rres = residual_round(po, R);  // the residual stream's rounding
   const Act act = pass_act(s, p);
-  const OperandRules ops{&p, true, pol.seed, pol.collect_stats, pol.stats_base};
+  const OperandRules ops = OperandRules::forward(pol);
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
+  auto weight = [&](int k, ParamGroup::Kind kind) { return params + group(s, k, kind).offset; };
 
-  ws.h_round = R;
-  // The weights' operands, built the same way for prequantize and for their gemm() calls: the
-  // pass hands them all over first, so that a backend may quantize them in one go
-  // (bit-identical either way). Not fc1's under MXNorm: it reads a fused copy of W1 that
-  // the pass itself writes.
-  auto w1_op = [&](int k) {
-    return ops.make(params + group(s, k, ParamGroup::w1).offset, true, p.weight, Role::weight, k, OpId::fc1_w);
+  // The block's GEMM operands: fc1 reads y and W1 (or the norm's fused copy of W1), fc2 a and W2.
+  auto fc1_x = [&](int k) {
+    return ops.make(ws.ln_y[k], Layout::k_contiguous, p.activation, Role::activation, k, OpId::fc1_x,
+                    stats_slot(k, StatTensor::ln_out));
   };
-  auto w2_op = [&](int k) {
-    return ops.make(params + group(s, k, ParamGroup::w2).offset, true, p.weight, Role::weight, k, OpId::fc2_w);
+  auto fc1_w = [&](int k, const float* W1) {
+    return ops.make(W1, Layout::k_contiguous, p.weight, Role::weight, k, OpId::fc1_w);
   };
-  const bool w1_ahead = s.norm != NormKind::mxnorm;
+  auto fc2_x = [&](int k) {
+    return ops.make(ws.a[k], Layout::k_contiguous, p.activation, Role::activation, k, OpId::fc2_x,
+                    stats_slot(k, StatTensor::act_out));
+  };
+  auto fc2_w = [&](int k) {
+    return ops.make(weight(k, ParamGroup::w2), Layout::k_contiguous, p.weight, Role::weight, k, OpId::fc2_w);
+  };
+
+  FusedPlan plan(be);
+  // The weights, quantized ahead; not fc1's under MXNorm, which reads a copy of W1 the pass writes.
   {
     std::vector<AheadOperand> ahead;
     for (int k = 0; k < s.depth; ++k) {
-      if (w1_ahead) ahead.push_back({w1_op(k), H1, d});
-      ahead.push_back({w2_op(k), d, H});
+      if (s.norm != NormKind::mxnorm) ahead.push_back({fc1_w(k, weight(k, ParamGroup::w1)), H1, d});
+      ahead.push_back({fc2_w(k), d, H});
     }
-    be.prequantize(ahead.data(), ahead.size());
+    plan.quantize_ahead(ahead);
   }
-  // A0 = R(x) (x itself under residual: fp32)
+  // h is read by act_fwd here and act_bwd in the backward only: they round it as they read it.
+  const OutputRounding h_round = output_rounding(R, OutputReader::one_op);
+  ws.h_round = h_round.by_reader;
+
+  // A_0 = R(x) (x itself under residual: fp32)
   be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
   if (Rres.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), Rres.mode);
   for (int k = 0; k < s.depth; ++k) {
@@ -527,42 +543,30 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
       attention_forward(be, s, params, k, A, ws, pol);
       A = ws.z[k];
     }
-    const float* W1 = params + group(s, k, ParamGroup::w1).offset;
-    // The GEMM operands written by the op just before their GEMM (y by the norm, a by act_fwd)
-    // are handed to that op as q_out: a backend may quantize them as it writes them
-    // (producer-side quantization, lab/model/backend.h; bit-identical either way).
-    GemmOperand y_op =
-        ops.make(ws.ln_y[k], true, p.activation, Role::activation, k, OpId::fc1_x, stats_slot(k, StatTensor::ln_out));
-    if (s.layernorm)
+    // y = LN(A) (without a norm y is A itself); under MXNorm the gain moves onto W1
+    const float* W1 = weight(k, ParamGroup::w1);
+    if (s.layernorm) {
+      const GemmOperand y_next = fc1_x(k);
       W1 = norm_forward(be, s, params, k, mlp_norm_site(k), A, ws.ln_y[k], ws.xhat[k], ws.rstd[k], W1, H1, ws, pol,
-                        R, &y_op);
-    // h [B x H1] = y [B x d] . W1 [H1 x d]^T, stored unrounded: its readers, act_fwd here and
-    // act_bwd in the backward pass, round it per R as they read it (bit-identical to rounding it
-    // here, one pass over h fewer; kernels/PERF.md).
-    GemmOperand w1 = ops.make(W1, true, p.weight, Role::weight, k, OpId::fc1_w);
-    w1.prequantized = w1_ahead;
-    MXLAB_ASSERT(!w1_ahead || W1 == params + group(s, k, ParamGroup::w1).offset,
-                 "fc1 reads the weight handed to prequantize");
-    be.gemm(B, H1, d, y_op, w1, ws.h[k], 0.0f, ElementwiseRound{});
-    GemmOperand a_op =
-        ops.make(ws.a[k], true, p.activation, Role::activation, k, OpId::fc2_x, stats_slot(k, StatTensor::act_out));
-    be.act_fwd(act, ws.h[k], ws.a[k], B, H, R, ws.h_round, &a_op);
-    a_op.prequantized = true;
-    // o [B x d] = a [B x H] . W2 [d x H]^T. With the residual, o is left unrounded in ws.y and
-    // residual_add (its only reader) rounds it per R as it reads it, writing A_{k+1} from A_k
-    // and o in one pass (bit-identical to rounding o here and adding into a copy of A_k).
+                        R, &plan, &y_next);
+    }
+    // h [B x H1] = y [B x d] . W1 [H1 x d]^T
+    plan.gemm(B, H1, d, fc1_x(k), fc1_w(k, W1), ws.h[k], h_round.by_gemm);
+    // a [B x H] = act(h)
+    be.act_fwd(act, ws.h[k], ws.a[k], B, H, R, ws.h_round, plan.produced_by_writer(fc2_x(k)));
+    // o [B x d] = a [B x H] . W2 [d x H]^T; with the residual, o's one reader is the add below
+    const OutputRounding o_round = output_rounding(R, s.residual ? OutputReader::one_op : OutputReader::several);
     float* o = s.residual ? ws.y : next;
-    GemmOperand w2 = w2_op(k);
-    w2.prequantized = true;
-    be.gemm(B, d, H, a_op, w2, o, 0.0f, s.residual ? ElementwiseRound{} : R);
+    plan.gemm(B, d, H, fc2_x(k), fc2_w(k), o, o_round.by_gemm);
+    // A_{k+1} = A_k + o (+ b2), written from A_k and o in one pass (the plain teacher: A_{k+1} = o)
     if (s.residual) {
       const ParamGroup* b2 = s.find(k, ParamGroup::b2);
       const float* bias = b2 ? params + b2->offset : nullptr;
       if (po.residual_fp32 || po.bias_rounded)  // the emulator's Linear bias and residual add
         be.residual_add_r(next, A, ws.y, bias, B, d,
-                          Backend::ResidualRound{R, po.bias_rounded ? R : ElementwiseRound{}, R, Rres});
+                          Backend::ResidualRound{o_round.by_reader, po.bias_rounded ? R : ElementwiseRound{}, R, Rres});
       else
-        be.residual_add(next, A, ws.y, bias, B, d, R, R);
+        be.residual_add(next, A, ws.y, bias, B, d, R, o_round.by_reader);
     }
   }
 }
@@ -587,9 +591,12 @@ void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Works
   }
 }
 
-void backward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws, float* grads,
-              const PassPolicy& pol) {
-  (void)x;  // the forward pass saved R(x) as ws.a_in[0]
+// The backward pass, block by block from the last (Eq. 1's gradients):
+//   db2 = sum dA;  dW2 = dA^T a;  da = dA W2;  dh = da * act'(h);  dW1 = dh^T y;  dy = dh W1;
+//   dA = dA + LN'(dy)
+// then the attention sub-block's backward under Eq. 11. The fused plan as in forward().
+void backward(Backend& be, const NetShape& s, const float* params, const float* /*x: the forward saved R(x)*/,
+              Workspace& ws, float* grads, const PassPolicy& pol) {
   check_pass(s, params, ws, pol);
   MXLAB_ASSERT(grads != nullptr, "backward without a gradient buffer");
   const PrecisionConfig& p = pol.p;
@@ -598,45 +605,56 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   const ElementwiseRound R = p.backward ? policy_round(p) : ElementwiseRound{};
   const PassOps po = pass_ops(p);
   const Act act = pass_act(s, p);
-  const OperandRules ops{&p, p.backward, pol.seed, pol.collect_stats, pol.stats_base};
+  const OperandRules ops = OperandRules::backward(pol);
   // The wgrad GEMMs' gradient operand has a role of its own (grad_wgrad): each GEMM quantizes its
   // dY along its own reduction axis anyway, so the dgrad and wgrad operands of one tensor are two
   // quantizations already, whatever the formats.
   const NumFmt w_bwd = p.weight_bwd_fmt(), x_bwd = p.activation_bwd_fmt(), g_wgrad = p.grad_wgrad_fmt();
   const int64_t B = ws.batch, d = s.d, H = s.hidden, H1 = s.hidden_in;
+  auto weight = [&](int k, ParamGroup::Kind kind) { return params + group(s, k, kind).offset; };
 
   float* dA = ws.dout;  // gradient of the residual stream leaving block k (consumed in place)
-  // dA's operand of the da GEMM (k-contiguous), the one GEMM operand a producer can write from
-  // here: block k's add writes block k - 1's dA (not after an attention sub-block, which adds
-  // into dA after it; nor the loss's dout, block L - 1's).
-  auto da_dy_op = [&](int k) {
-    return ops.make(dA, true, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out));
+  // The block's GEMM operands, named by their GEMM (wgrad GEMMs reduce over the batch, dgrad GEMMs
+  // over the output axis of the forward GEMM).
+  auto dw2_dy = [&](int k) { return ops.make(dA, Layout::k_strided, g_wgrad, Role::grad_wgrad, k, OpId::dw2_dy); };
+  auto dw2_x = [&](int k) { return ops.make(ws.a[k], Layout::k_strided, x_bwd, Role::activation, k, OpId::dw2_x); };
+  auto da_dy = [&](int k) {
+    return ops.make(dA, Layout::k_contiguous, p.grad, Role::grad, k, OpId::da_dy, stats_slot(k, StatTensor::grad_out));
   };
-  bool dA_handed = false;  // the add before handed over da_dy_op(k) as its q_out
-  // Operands that nothing writes during the backward, handed over first (as in forward()): the
-  // dgrad GEMMs' weights, and the forward's saved y as the dW1 GEMM reads it (strided: blocks
-  // down the batch; 1 M elements each, like the weights). Not a (4 M elements): one launch over
-  // tensors of two sizes was slower than their own launches (kernels/PERF.md, "the weight-gradient
-  // GEMMs' saved activations quantized ahead too").
-  auto w2_op = [&](int k) {
-    return ops.make(params + group(s, k, ParamGroup::w2).offset, false, w_bwd, Role::weight, k, OpId::da_w);
+  auto da_w = [&](int k) {
+    return ops.make(weight(k, ParamGroup::w2), Layout::k_strided, w_bwd, Role::weight, k, OpId::da_w);
   };
-  auto w1_op = [&](int k) {
-    return ops.make(params + group(s, k, ParamGroup::w1).offset, false, w_bwd, Role::weight, k, OpId::dy_w);
+  auto dw1_dy = [&](int k) {
+    return ops.make(ws.d_h, Layout::k_strided, g_wgrad, Role::grad_wgrad, k, OpId::dw1_dy);
   };
-  auto y_op = [&](int k) { return ops.make(ws.ln_y[k], false, x_bwd, Role::activation, k, OpId::dw1_x); };
+  auto dw1_x = [&](int k) { return ops.make(ws.ln_y[k], Layout::k_strided, x_bwd, Role::activation, k, OpId::dw1_x); };
+  auto dy_dy = [&](int k) {
+    return ops.make(ws.d_h, Layout::k_contiguous, p.grad, Role::grad, k, OpId::dy_dy,
+                    stats_slot(k, StatTensor::grad_hidden));
+  };
+  auto dy_w = [&](int k) {
+    return ops.make(weight(k, ParamGroup::w1), Layout::k_strided, w_bwd, Role::weight, k, OpId::dy_w);
+  };
+
+  FusedPlan plan(be);
+  // Quantized ahead: what nothing writes during the backward, the dgrad GEMMs' weights and the
+  // forward's saved y as the dW1 GEMM reads it (strided: blocks down the batch; 1 M elements each,
+  // like the weights). Not a (4 M elements): one launch over tensors of two sizes was slower than
+  // their own launches (kernels/PERF.md, "the weight-gradient GEMMs' saved activations quantized
+  // ahead too").
   {
     std::vector<AheadOperand> ahead;
     for (int k = s.depth - 1; k >= 0; --k) {
-      ahead.push_back({w2_op(k), d, H});
-      ahead.push_back({w1_op(k), H1, d});
+      ahead.push_back({da_w(k), d, H});
+      ahead.push_back({dy_w(k), H1, d});
     }
-    for (int k = s.depth - 1; k >= 0; --k) ahead.push_back({y_op(k), B, d});
-    be.prequantize(ahead.data(), ahead.size());
+    for (int k = s.depth - 1; k >= 0; --k) ahead.push_back({dw1_x(k), B, d});
+    plan.quantize_ahead(ahead);
   }
   for (int k = s.depth - 1; k >= 0; --k) {
     const ParamGroup& g1 = group(s, k, ParamGroup::w1);
     const ParamGroup& g2 = group(s, k, ParamGroup::w2);
+    // db2 [d] = sum over the batch of dA
     if (const ParamGroup* b2 = s.find(k, ParamGroup::b2)) {
       float* db2 = grads + b2->offset;
       if (po.bias_rounded && R.bf16) {
@@ -649,40 +667,29 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
         be.col_sum(dA, db2, B, d);
       }
     }
-    // dW2 [d x H] = dA^T a: reduction over the batch (both operands stored [B x .]).
-    be.gemm(d, H, B, ops.make(dA, false, g_wgrad, Role::grad_wgrad, k, OpId::dw2_dy),
-            ops.make(ws.a[k], false, x_bwd, Role::activation, k, OpId::dw2_x), grads + g2.offset, 0.0f, R);
-    // da [B x H] = dA W2: reduction over d (W2 stored [d x H]); unrounded like h, act_bwd (its only
-    // reader) rounds both as it reads them.
-    GemmOperand dA_op = da_dy_op(k);
-    dA_op.prequantized = dA_handed;
-    GemmOperand w2 = w2_op(k);
-    w2.prequantized = true;
-    be.gemm(B, H, d, dA_op, w2, ws.d_a, 0.0f, ElementwiseRound{});
-    // dh's operand of the dy GEMM below (k-contiguous), handed to act_bwd as its q_out.
-    GemmOperand dh_op =
-        ops.make(ws.d_h, true, p.grad, Role::grad, k, OpId::dy_dy, stats_slot(k, StatTensor::grad_hidden));
-    be.act_bwd(act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, R, &dh_op);
-    dh_op.prequantized = true;
-    // dW1 [H1 x d] = dh^T y: reduction over the batch.
-    GemmOperand y_t = y_op(k);
-    y_t.prequantized = true;
-    be.gemm(H1, d, B, ops.make(ws.d_h, false, g_wgrad, Role::grad_wgrad, k, OpId::dw1_dy), y_t, grads + g1.offset, 0.0f,
-            R);
-    // The forward's Q(gamma), kept per layer; gradients w.r.t. the quantized values go straight
-    // through to the FP32 masters.
+    // dW2 [d x H] = dA^T a
+    plan.gemm(d, H, B, dw2_dy(k), dw2_x(k), grads + g2.offset, R);
+    // da [B x H] = dA W2; its one reader is act_bwd
+    const OutputRounding da_round = output_rounding(R, OutputReader::one_op);
+    plan.gemm(B, H, d, da_dy(k), da_w(k), ws.d_a, da_round.by_gemm);
+    // dh [B x H1] = da * act'(h)
+    be.act_bwd(act, ws.h[k], ws.d_a, ws.d_h, B, H, R, ws.h_round, da_round.by_reader,
+               plan.produced_by_writer(dy_dy(k)));
+    // dW1 [H1 x d] = dh^T y; MXNorm: times the forward's Q(gamma), kept per layer (gradients
+    // w.r.t. the quantized values go straight through to the FP32 masters)
+    plan.gemm(H1, d, B, dw1_dy(k), dw1_x(k), grads + g1.offset, R);
     const float* gq = backward_gain(s, k, mlp_norm_site(k), ws);
     norm_scale_wgrad(be, s, gq, grads + g1.offset, H1, R);
-    // dy [B x d] = dh W1: reduction over H1 (W1 stored [H1 x d]). Under layernorm its backward is
-    // dy's only reader and rounds it as it reads it, so the GEMM leaves it unrounded.
-    const bool defer_dy = norm_rounds_dy_as_read(s);
-    GemmOperand w1 = w1_op(k);
-    w1.prequantized = true;
-    be.gemm(B, d, H1, dh_op, w1, ws.d_ln, 0.0f, defer_dy ? ElementwiseRound{} : R);
-    const GemmOperand next_op = k > 0 ? da_dy_op(k - 1) : GemmOperand{};
-    dA_handed = k > 0 && s.residual && !s.attention();
+    // dy [B x d] = dh W1; under layernorm its one reader is the norm's backward
+    const OutputRounding dy_round =
+        output_rounding(R, norm_rounds_dy_as_read(s) ? OutputReader::one_op : OutputReader::several);
+    plan.gemm(B, d, H1, dy_dy(k), dy_w(k), ws.d_ln, dy_round.by_gemm);
+    // dA = dA + LN'(dy). This add writes block k - 1's dA, which that block's da GEMM reads next
+    // (not after an attention sub-block, which adds into dA after it; block 0's dA no GEMM reads).
+    const bool add_writes_next_da = k > 0 && s.residual && !s.attention();
+    const GemmOperand* dA_q = add_writes_next_da ? plan.produced_by_writer(da_dy(k - 1)) : nullptr;
     norm_backward_into_residual(be, s, k, mlp_norm_site(k), gq, ws.d_ln, ws.xhat[k], ws.rstd[k], dA, grads, ws, R,
-                                defer_dy ? R : ElementwiseRound{}, dA_handed ? &next_op : nullptr, po);
+                                dy_round.by_reader, dA_q, po);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
 }

@@ -7,6 +7,7 @@
 
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
+#include "lab/model/fused_plan.h"
 #include "lab/model/mlp.h"
 
 namespace mxlab::model_detail {
@@ -76,6 +77,10 @@ inline QuantSpec stats_spec(const PrecisionConfig& p, NumFmt f, Role role, uint6
   return s;
 }
 
+// How a GEMM operand is stored against its reduction axis K (GemmOperand::k_contiguous): rows
+// along K (A stored [M x K], B [N x K]), or K down the rows (A stored [K x M], B [K x N]).
+enum class Layout : uint8_t { k_contiguous, k_strided };
+
 // How the GEMM operands of one pass direction are built from the policy. The rounding role of
 // an operand: weight (W of every GEMM), activation (X of forward and wgrad GEMMs, and the
 // attention GEMMs' Q, K, P, V), grad (dY of the dgrad and attention-internal GEMMs), grad_wgrad
@@ -87,12 +92,20 @@ struct OperandRules {
   bool collect;              // fill statistics slots
   int stats_base;            // slot offset of this pass (PassPolicy::stats_base)
 
+  // The forward pass's operands: quantized per their formats.
+  static OperandRules forward(const PassPolicy& pol) {
+    return {&pol.p, true, pol.seed, pol.collect_stats, pol.stats_base};
+  }
+  // The backward pass's: FP32 under `backward: false` (statistics still counted under the formats).
+  static OperandRules backward(const PassPolicy& pol) {
+    return {&pol.p, pol.p.backward, pol.seed, pol.collect_stats, pol.stats_base};
+  }
+
   template <class Op>
-  GemmOperand make(const float* data, bool k_contiguous, NumFmt fmt, Role role, int layer, Op op,
-                   int slot = -1) const {
+  GemmOperand make(const float* data, Layout layout, NumFmt fmt, Role role, int layer, Op op, int slot = -1) const {
     GemmOperand o;
     o.p = data;
-    o.k_contiguous = k_contiguous;
+    o.k_contiguous = layout == Layout::k_contiguous;
     o.q = role_spec(*p, quantize ? fmt : NumFmt::fp32, role, seed);
     o.round_bf16_first = quantize && p->elementwise_bf16;
     o.bf16_mode = p->elementwise_rounding;
@@ -154,10 +167,10 @@ NormSite mlp_norm_site(int layer);
 NormSite attn_norm_site(int layer);
 
 // Q(gamma) (and Q(beta) for layernorm) of `site` into layer `layer`'s slot of ws.gq_gamma /
-// ws.gq_beta, counting their statistics when `collect`; returns the Q(gamma) slot, or null
-// without affine gains.
+// ws.gq_beta, counting their statistics when pol.collect_stats; returns the Q(gamma) slot, or
+// null without affine gains.
 const float* norm_gains(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
-                        Workspace& ws, const PassPolicy& pol, bool collect);
+                        Workspace& ws, const PassPolicy& pol);
 // The backward's Q(gamma): the one the forward of this workspace wrote for `layer` and `site`
 // (kept per layer; the trainer runs forward and backward on one workspace, the same params and
 // policy). Null without affine gains.
@@ -165,12 +178,13 @@ const float* backward_gain(const NetShape& s, int layer, const NormSite& site, c
 // The norm of `site` on x [rows x d] into y (the next GEMM's activation operand), xhat, rstd.
 // Returns the weight the next GEMM uses: W itself, or for MXNorm with gains ws.w_fused =
 // R(W o Q(gamma)) (W is [w_rows x d]; the gain moves onto the weight, papers/mxnorm.md 3.7).
-// y_op (optional): the GEMM operand that reads y next. Layernorm passes it to layernorm_fwd as
-// its q_out (producer-side quantization, lab/model/backend.h) and sets y_op->prequantized.
+// y_op (optional, with the pass's plan): the GEMM operand that reads y next. The layernorm
+// hands it to layernorm_fwd as its q_out (FusedPlan::produced_by_writer); the emulator's vector
+// layernorm, RMSNorm and MXNorm do not.
 const float* norm_forward(Backend& be, const NetShape& s, const float* params, int layer, const NormSite& site,
                           const float* x, float* y, float* xhat, float* rstd, const float* W, int64_t w_rows,
                           Workspace& ws, const PassPolicy& pol, const ElementwiseRound& R,
-                          GemmOperand* y_op = nullptr);
+                          FusedPlan* plan = nullptr, const GemmOperand* y_op = nullptr);
 // After the wgrad of the GEMM that follows the norm: MXNorm with gains scales that weight's
 // gradient [w_rows x d] by Q(gamma) (gq, from norm_gains), since the GEMM saw W o Q(gamma).
 void norm_scale_wgrad(Backend& be, const NetShape& s, const float* gq, float* dW, int64_t w_rows,
