@@ -45,6 +45,7 @@ struct SweepOptions {
   std::vector<int> gpus;  // when not empty, job j runs on cuda:gpus[j % gpus.size()]
   int jobs = 1;           // runs at once (threads, each run its own backend)
   bool live = false;      // a live progress line on stderr (a terminal)
+  int keep_checkpoints = kDefaultKeepCheckpoints;  // RunOptions::keep_checkpoints
   std::FILE* out = stdout;  // one line per finished run
   const std::atomic<bool>* stop = nullptr;  // SIGINT/SIGTERM: every job checkpoints and stops
   std::function<std::unique_ptr<Backend>(const std::string&)> make_backend;
