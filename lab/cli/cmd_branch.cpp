@@ -2,6 +2,8 @@
 // intervention branch to a finished run after the fact, from its checkpoint at (or before,
 // replaying forward) STEP. The branch is written to branches/<N> of the same file, bit-identical
 // to the same intervention run in-line (the replay recomputes exactly what the run computed).
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "lab/config/names.h"
 #include "lab/runs/run_driver.h"
 #include "lab/runs/run_file.h"
+#include "lab/runs/run_records.h"
 #include "lab/train/trainer.h"
 
 namespace mxlab::cli {
@@ -35,6 +38,8 @@ std::string dir_of(const std::string& path) {
 // The checkpoint a branch at `at` starts from: the latest valid one at or before `at`. Invalid
 // ones (corrupted, truncated, another configuration's, another format version) are never used:
 // each gets a one-line warning and an earlier one is tried, as `mxlab run` does when resuming.
+// -1 when there is none at or before `at` (none was written, or `mxlab run` removed the older
+// ones: lab/runs/disk_use.h): the branch then replays from step 0.
 int64_t pick_checkpoint(const std::string& dir, const std::string& run_id, int at) {
   std::vector<int64_t> steps;
   for (int64_t s : list_checkpoints(dir, run_id))
@@ -53,8 +58,7 @@ int64_t pick_checkpoint(const std::string& dir, const std::string& run_id, int a
     throw Error(msg("no valid checkpoint of run ", run_id, " at or before step ", at, " in ", dir, " (", refused,
                     " refused, see the warnings above): run the experiment again with checkpoint_every set, "
                     "or choose a later --at"));
-  throw Error(msg("no checkpoint of run ", run_id, " at or before step ", at, " in ", dir,
-                  " (set checkpoint_every in the experiment, or interventions at this step, and run it again)"));
+  return -1;
 }
 
 int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunConfig& run_cfg,
@@ -84,7 +88,14 @@ int do_branch(const BranchArgs& a) {
   // its snapshot (run_file.h).
   std::unique_ptr<RunFile> file = RunFile::open(a.file);
   try {
-    return branch_into(a, file, cfg, run_id, run_status);
+    const int code = branch_into(a, file, cfg, run_id, run_status);
+    if (code == 0) {
+      // The run is finished again: its snapshot goes once the closed file reads back whole, as
+      // at the end of `mxlab run` (lab/runs/disk_use.h).
+      file.reset();
+      if (read_run_record(a.file).readable) ::unlink(RunFile::snapshot_path(a.file).c_str());
+    }
+    return code;
   } catch (const IoError& e) {
     // A write into the file failed (disk full, ...): put its last good state back (the branch
     // then looks interrupted, and the same command computes it again once there is room).
@@ -158,10 +169,14 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
   }
   Trainer tr(cfg, *be, *file);
   tr.restrict_output({iv.name});
-  load_checkpoint(tr, run_id, checkpoint_path(dir, run_id, best));
+  if (best >= 0) load_checkpoint(tr, run_id, checkpoint_path(dir, run_id, best));
   tr.open_output();
-  if (best < iv.at) std::fprintf(stderr, "replaying steps %lld..%d from the checkpoint at %lld\n",
-                                 static_cast<long long>(best), iv.at - 1, static_cast<long long>(best));
+  if (best < 0)
+    std::fprintf(stderr, "no checkpoint of run %s at or before step %d in %s: replaying steps 0..%d from the start\n",
+                 run_id.c_str(), iv.at, dir.c_str(), iv.at - 1);
+  else if (best < iv.at)
+    std::fprintf(stderr, "replaying steps %lld..%d from the checkpoint at %lld\n", static_cast<long long>(best),
+                 iv.at - 1, static_cast<long long>(best));
   RunControl ctl;
   const std::atomic<bool>* stop = install_stop_handlers();
   ctl.stop_requested = [stop] { return stop->load(); };
@@ -174,8 +189,9 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
   tr.finish(run_status);  // the run's own status is unchanged by a branch
   file->flush();
   const LossSummary s = tr.summary(tr.num_trajectories() - 1);
-  std::printf("branch %s (at %d, from checkpoint %lld) -> %s: divergence step %lld, final loss %.6g\n",
-              iv.name.c_str(), iv.at, static_cast<long long>(best), a.file.c_str(),
+  std::printf("branch %s (at %d, from %s) -> %s: divergence step %lld, final loss %.6g\n",
+              iv.name.c_str(), iv.at, best >= 0 ? msg("checkpoint ", best).c_str() : "step 0, no checkpoint",
+              a.file.c_str(),
               static_cast<long long>(s.divergence_step), s.final_loss);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "lab/core/exit_codes.h"
 #include "lab/io/writable_dir.h"
 #include "lab/runs/checkpoint.h"
+#include "lab/runs/disk_use.h"
 #include "lab/runs/index.h"
 #include "lab/runs/memory_estimate.h"
 #include "lab/runs/run_driver.h"
@@ -36,6 +37,7 @@ struct RunArgs {
   std::string shard;
   int jobs = 0;  // 0: 1, or one per GPU with --gpus
   int steps = 0;
+  std::string keep_checkpoints = "2";
   std::vector<std::string> sets;
   bool quiet = false;
   bool dry_run = false;
@@ -75,6 +77,7 @@ int do_run(const RunArgs& a) {
   SweepOptions opt;
   opt.out_dir = a.out;
   opt.device = a.device;
+  opt.keep_checkpoints = parse_keep_checkpoints(a.keep_checkpoints, 1);
   if (!a.gpus.empty()) {
     opt.gpus = parse_gpu_list(a.gpus);
     if (!a.device.empty()) throw Error("--gpus and --device exclude each other (--gpus 0,1 runs on cuda:0 and cuda:1)");
@@ -152,6 +155,10 @@ const Registrar reg(20, [](CLI::App& app) {
                                      "from SLURM_ARRAY_TASK_ID/COUNT (or MIN/MAX) when set");
   c->add_option("--steps", a->steps, "override the number of steps of every run")->check(integer_in(1));
   c->add_option("--set", a->sets, "override a config key of every run: --set optimizer.lr=3e-4 (repeatable)");
+  c->add_option("--keep-checkpoints", a->keep_checkpoints,
+                "checkpoints each run keeps besides those at intervention steps: the latest N (>= 1), or all; "
+                "older ones are removed as newer ones are written")
+      ->capture_default_str();
   c->add_flag("--quiet", a->quiet, "no progress: neither the live line nor the plain lines");
   c->add_option("--progress-every", a->progress_every,
                 "when stderr is not a terminal (nohup, Slurm, a pipe): one plain line per active run every "

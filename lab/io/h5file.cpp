@@ -709,6 +709,19 @@ std::vector<int64_t> H5File::read_int64s(const std::string& dataset) const {
 
 // ---------------------------------------------------------------- H5Series
 
+namespace {
+constexpr unsigned kDeflateLevel = 4;
+// Without the zlib filter (an HDF5 built without it) datasets are written uncompressed.
+bool deflate_available() {
+  static const bool avail = [] {
+    unsigned config = 0;
+    return H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0 && H5Zget_filter_info(H5Z_FILTER_DEFLATE, &config) >= 0 &&
+           (config & H5Z_FILTER_CONFIG_ENCODE_ENABLED) != 0;
+  }();
+  return avail;
+}
+}  // namespace
+
 H5Series H5Series::create(H5File& file, const std::string& path, DType dtype, size_t width, size_t chunk_rows) {
   if (chunk_rows == 0) throw Error(msg("HDF5: dataset '", path, "' in ", file.path(), ": chunk_rows must be > 0"));
   if (file.exists(path)) throw Error(msg("HDF5: ", file.path(), ": '", path, "' already exists (open it to append)"));
@@ -720,6 +733,11 @@ H5Series H5Series::create(H5File& file, const std::string& path, DType dtype, si
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), rank, chunk) < 0)
     fail("cannot set up dataset", file.path(), path);
+  // Byte shuffle + deflate: a chunk holds kDefaultChunkRows rows whether or not they are
+  // written, so a short series is mostly zeros on disk without it. Values are unchanged.
+  if (deflate_available() &&
+      (H5Pset_shuffle(dcpl.get()) < 0 || H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0))
+    fail("cannot set up compression of dataset", file.path(), path);
   Handle lcpl = intermediate_groups_lcpl(file.path());
   const hid_t d = H5Dcreate2(file.id(), path.c_str(), file_type_of(dtype), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT);
   if (d < 0) fail("cannot create dataset", file.path(), path);

@@ -20,6 +20,7 @@
 #include "lab/io/table_text.h"
 #include "lab/io/h5file.h"
 #include "lab/runs/checkpoint.h"
+#include "lab/runs/disk_use.h"
 #include "lab/config/config_io.h"
 #include "lab/runs/run_records.h"
 #include "lab/runs/run_file.h"
@@ -311,6 +312,8 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     }
     file->flush();
 
+    std::vector<int64_t> branch_points;  // checkpoints never pruned: the interventions' steps
+    for (const auto& iv : cfg.interventions) branch_points.push_back(iv.at);
     RunControl ctl;
     ctl.stop_requested = [&] {
       lock.heartbeat();
@@ -319,6 +322,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     ctl.checkpoint = [&](int64_t step) {
       file->flush();  // every row before the checkpoint is on disk before the checkpoint is
       save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, step));
+      prune_checkpoints(opt.out_dir, out.run_id, branch_points, opt.keep_checkpoints);  // disk_use.h
     };
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first = trainer.step();
@@ -345,6 +349,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
     if (status == RunStatus::interrupted) {
       file->flush();
       save_checkpoint(trainer, out.run_id, checkpoint_path(opt.out_dir, out.run_id, trainer.step()));
+      prune_checkpoints(opt.out_dir, out.run_id, branch_points, opt.keep_checkpoints);
     }
     trainer.finish(to_string(status));
     Attrs end;
@@ -365,6 +370,12 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
         out.excursion_step = s.excursion.step;
         out.excursion_arm = trainer.trajectory(a).name;
       }
+    }
+    if (is_finished(status)) {
+      // Nothing resumes a finished run, so its snapshot goes, once the closed file reads back
+      // whole (a kill before that leaves it for `mxlab gc`; disk_use.h).
+      file.reset();
+      if (record_damage(out.path).empty()) ::unlink(RunFile::snapshot_path(out.path).c_str());
     }
   } catch (const std::exception& e) {
     if (opt.progress) std::fprintf(stderr, "\n");

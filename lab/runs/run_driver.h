@@ -12,6 +12,7 @@
 #include "lab/model/backend.h"
 #include "lab/config/config.h"
 #include "lab/io/locks.h"
+#include "lab/runs/disk_use.h"
 #include "lab/runs/run_status.h"
 
 namespace mxlab {
@@ -39,6 +40,8 @@ struct RunOptions {
   std::function<void(const RunProgress&)> on_progress;
   // Take the per-run lock <out>/<run_id>.lock so that no two processes run the same run at once.
   bool lock = true;
+  // Checkpoints kept besides those at intervention steps: the latest N (-1: all; disk_use.h).
+  int keep_checkpoints = kDefaultKeepCheckpoints;
 };
 
 struct RunOutcome {

@@ -271,6 +271,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
       ro.out_dir = opt.out_dir;
       ro.device = device;
       ro.stop = opt.stop;
+      ro.keep_checkpoints = opt.keep_checkpoints;
       ro.make_backend = opt.make_backend;
       ro.on_progress = [&](const RunProgress& p) {
         if (last_step >= 0) steps_done.fetch_add(p.step - last_step);

@@ -49,6 +49,7 @@ struct SweepOptions {
   // stderr (a file, a pipe, a Slurm log): run id, step/steps, steps/s and ETA (the run's average
   // rate since this process started it), and the latest logged loss of each trajectory.
   double progress_every = 0.0;
+  int keep_checkpoints = kDefaultKeepCheckpoints;  // RunOptions::keep_checkpoints
   std::FILE* out = stdout;  // one line per finished run
   const std::atomic<bool>* stop = nullptr;  // SIGINT/SIGTERM: every job checkpoints and stops
   std::function<std::unique_ptr<Backend>(const std::string&)> make_backend;

@@ -48,7 +48,8 @@ class InterventionRuns : public ::testing::Test {
 
   // Runs an experiment to completion; returns its file.
   static std::string run(const std::string& yaml, const std::string& out) {
-    const Proc p = run_mxlab({"run", yaml, "--out", out});
+    // Every checkpoint is kept: the tests copy them (and branch from 20 and 40).
+    const Proc p = run_mxlab({"run", yaml, "--out", out, "--keep-checkpoints", "all"});
     EXPECT_EQ(p.exit_code, 0) << p.output;
     const std::string file = run_file_in(out);
     EXPECT_FALSE(file.empty()) << p.output;

@@ -53,7 +53,8 @@ class Resume : public ::testing::Test {
     yaml_ = dir_ + "/exp.yaml";
     write_bytes(yaml_, kExperiment);
     const std::string ref = dir_ + "/A";
-    const Proc p = run_mxlab({"run", yaml_, "--out", ref});
+    // Every checkpoint kept: the tests copy them all (copy_as_unfinished).
+    const Proc p = run_mxlab({"run", yaml_, "--out", ref, "--keep-checkpoints", "all"});
     ASSERT_EQ(p.exit_code, 0) << p.output;
     ref_file_ = run_file_in(ref);
     ASSERT_FALSE(ref_file_.empty()) << p.output;

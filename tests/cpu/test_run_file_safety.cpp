@@ -150,12 +150,15 @@ TEST_F(RunFileSafety, LinksAtTheNamesOfFilesBesideTheRunAreNotFollowed) {
     write_bytes(elsewhere + "/t" + std::to_string(i), "untouched");
     make_link(elsewhere + "/t" + std::to_string(i), out + "/" + names[i]);
   }
-  const Proc p = run_mxlab({"run", yaml_, "--out", out, "--quiet"});
+  // Every checkpoint kept, so that the one at step 40 is still there to look at.
+  const Proc p = run_mxlab({"run", yaml_, "--out", out, "--quiet", "--keep-checkpoints", "all"});
   ASSERT_EQ(p.exit_code, 0) << p.output;
   for (size_t i = 0; i < names.size(); ++i)
     EXPECT_EQ(slurp(elsewhere + "/t" + std::to_string(i)), "untouched") << names[i] << " was written through";
-  for (const std::string& n : {name_, name_ + ".snapshot", run_id_ + ".step40.ckpt", std::string("index.csv")})
+  for (const std::string& n : {name_, run_id_ + ".step40.ckpt", std::string("index.csv")})
     EXPECT_TRUE(is_regular(out + "/" + n)) << n;
+  // The snapshot (a file that replaced the link) was removed when the run finished.
+  EXPECT_FALSE(file_exists(out + "/" + name_ + ".snapshot"));
   expect_same_run_files(ref_file_, out + "/" + name_);
 }
 

@@ -610,6 +610,7 @@ TEST(SummarizeWithin, CompareCsvFileAndErrors) {
     EXPECT_EQ(std::count(groups.begin(), groups.end(), '\n'), 1) << groups;
     EXPECT_NE(groups.find(says), std::string::npos) << groups;
   }
+}
 
 // A sweep of an MX recipe key (precision.weight) over three seeds: each run trains the same FP32
 // trajectory. Under the precision key the FP32 trajectory reads "(fp32)", never the run's
