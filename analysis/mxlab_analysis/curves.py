@@ -12,6 +12,7 @@ as one line, their median loss at each logged step, with the band between the 25
 percentiles of those seeds (seed_band).
 """
 
+import textwrap
 import warnings
 
 import numpy as np
@@ -25,6 +26,7 @@ from . import yamlcfg
 
 DIVERGENCE_MARKER = "x"
 COLOR_CMAP = "plasma"
+TITLE_CHARS = 44  # a column title wraps at this width (3.6 in of 9 pt text)
 
 
 def _label(run, keys):
@@ -168,7 +170,7 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
             ax.grid(True, alpha=0.25)
             if i == 0:
                 title = "FP32" if j == 0 else "MX" + (f": {titles[j - 1]}" if titles[j - 1] else "")
-                ax.set_title(title, fontsize=9)
+                ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=9)  # no overlap
             if i == len(rows) - 1:
                 ax.set_xlabel("step")
         ylabel = "loss" if value is None else f"{row} = {yamlcfg.format_value(value)}\nloss"
