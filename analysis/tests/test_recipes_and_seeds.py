@@ -160,6 +160,6 @@ def test_a_real_run_with_a_set_only_arm(mxlab_run):
     assert BASE_TEXT in C.precision_text(run, run.arm("fp8"))
     assert C.precision_text(run, run.branches["act_bf16"]).startswith("W mxfp6_e3m2 / A bf16 / G mxfp6_e3m2")
     fig = curves.build([mxlab_run])
-    titles = [ax.get_title() for ax in fig.axes[1:3]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[1:3]]
     assert any(FP6_TEXT in t and "arm fp6 (W/A/G=mxfp6_e3m2)" in t for t in titles), titles
     assert BASE_TEXT not in fig._suptitle.get_text()
