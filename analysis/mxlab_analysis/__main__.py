@@ -97,9 +97,16 @@ def make_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    def style_opt(sp):
+        sp.add_argument("--style", default="default", choices=C.STYLES,
+                        help="default: large figures titled with the runs; paper: at most "
+                        f"{C.PAPER_WIDTH:g} in wide, text <= {C.PAPER_FONT:g} pt, no figure "
+                        "title, a vector PDF beside the PNG")
+
     def figure_opts(sp, what):
         sp.add_argument("-o", "--out", help=f"output PNG (default: ./<name>-{what}.png)")
         sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
+        style_opt(sp)
 
     sp = sub.add_parser("panel", help="loss, bias ratio, cosine, last-bin fractions of one run "
                         "(paper figures 3 and 5)")
@@ -154,6 +161,7 @@ def make_parser():
     sp.add_argument("dir", nargs="+", metavar="DIR", help="directory of run files (or files)")
     sp.add_argument("-o", "--out", help="write the figure (PNG): ROC per signal and lead times")
     sp.add_argument("--pdf", action="store_true", help="also write a PDF next to the PNG")
+    style_opt(sp)
     sp.add_argument("--csv", metavar="OUT.csv", help="one row per signal x direction x threshold")
     sp.add_argument("--signals", metavar="A,B", help="only these signals (default: all; names "
                     "in analysis/README.md)")
@@ -204,7 +212,8 @@ def main(argv=None):
     args = make_parser().parse_args(argv)
     args.unreadable, args.files = [], 0
     try:
-        written = args.func(args)
+        with C.using_style(getattr(args, "style", "default")):
+            written = args.func(args)
     except AnalysisError as e:
         more = f" [{_unreadable_text(args)}]" if args.unreadable else ""
         print(f"{PROG} {args.command}: error: {e}{more}", file=sys.stderr)

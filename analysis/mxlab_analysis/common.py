@@ -1,7 +1,10 @@
-"""Shared pieces of the figures: colours, the run description in titles, saving."""
+"""Shared pieces of the figures: colours, the run description in titles, legends outside the
+data, the figure style (`default` for looking at runs, `paper` for a paper), saving."""
 
+import contextlib
 import os
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -208,18 +211,87 @@ def mark_nonfinite(ax, traj, color):
     return None
 
 
+# Figure styles. `default`: large diagnostic figures whose titles name the runs. `paper`: at
+# most a two-column paper's text width, every text at most PAPER_FONT points, no figure title
+# (a paper's caption says what the figure is), a vector PDF beside the PNG (which is drawn at
+# PAPER_DPI).
+STYLES = ("default", "paper")
+PAPER_WIDTH = 7.0   # inches
+PAPER_FONT = 8.0    # points, the largest text of a paper figure
+PAPER_DPI = 300
+PAPER_RC = {"font.size": PAPER_FONT, "axes.titlesize": PAPER_FONT, "axes.labelsize": PAPER_FONT,
+            "xtick.labelsize": PAPER_FONT - 1, "ytick.labelsize": PAPER_FONT - 1,
+            "legend.fontsize": PAPER_FONT - 1, "lines.linewidth": 1.0, "axes.linewidth": 0.6,
+            "pdf.fonttype": 42, "svg.fonttype": "none"}  # text stays text in the vector files
+_style = ["default"]
+
+
+def style():
+    """The style figures are drawn in now: "default" or "paper"."""
+    return _style[0]
+
+
+@contextlib.contextmanager
+def using_style(name):
+    """Draw and save figures in style `name` (STYLES) inside the block."""
+    if name not in STYLES:
+        raise AnalysisError(f"--style {name}: unknown; use one of {', '.join(STYLES)}")
+    before = _style[0]
+    _style[0] = name
+    try:
+        with matplotlib.rc_context(PAPER_RC if name == "paper" else {}):
+            yield
+    finally:
+        _style[0] = before
+
+
+def legend_outside(ax, handles=None, below=False, **kwargs):
+    """The axes' legend beside its axes (right; `below`: under the x-axis label), never over the
+    data: constrained layout makes room for it."""
+    kwargs.setdefault("fontsize", 8)
+    if style() == "paper":  # narrow panels: one column of entries
+        kwargs.update(fontsize=PAPER_FONT - 1, ncol=1 if below else kwargs.get("ncol", 1))
+    if handles is not None:
+        kwargs["handles"] = handles
+    if below:
+        return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), borderaxespad=0.0,
+                         frameon=False, **kwargs)
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                     frameon=False, **kwargs)
+
+
 def new_figure(width, height):
+    """A figure of `width` x `height` inches; in the paper style at most PAPER_WIDTH wide, its
+    height scaled by the square root of the width's factor (the text shrinks less than the
+    figure: it keeps the room it needs)."""
+    if style() == "paper" and width > PAPER_WIDTH:
+        width, height = PAPER_WIDTH, height * (PAPER_WIDTH / width) ** 0.5
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
+def _paper_finish(fig):
+    """Paper style: no figure title, no text above PAPER_FONT points."""
+    if getattr(fig, "_suptitle", None) is not None:
+        fig._suptitle.set_visible(False)
+    from matplotlib.text import Text
+    for text in fig.findobj(Text):
+        if text.get_fontsize() > PAPER_FONT:
+            text.set_fontsize(PAPER_FONT)
+
+
 def save(fig, out, pdf=False):
-    """Write `out` (PNG) and, with pdf, the same figure as a PDF beside it."""
+    """Write `out` (PNG) and, with pdf (always in the paper style), the same figure as a PDF
+    beside it."""
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise AnalysisError(f"{out}: directory {directory} does not exist")
-    fig.savefig(out, dpi=DPI)
+    paper = style() == "paper"
+    if paper:
+        _paper_finish(fig)
+        pdf = True
+    fig.savefig(out, dpi=PAPER_DPI if paper else DPI)
     written = [out]
-    if pdf:
+    if pdf and os.path.splitext(out)[1].lower() != ".pdf":
         pdf_path = os.path.splitext(out)[0] + ".pdf"
         fig.savefig(pdf_path)
         written.append(pdf_path)

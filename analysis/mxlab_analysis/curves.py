@@ -6,9 +6,14 @@ keys (e.g. model size: model.depth and model.width).
 
 Runs whose configurations differ only in their MX recipe (`precision`, `arms`,
 `interventions`, `name`) train the same FP32 trajectory (same seed, same batches), so the FP32
-column draws that trajectory once; runs that differ in anything else - the seed above all -
-each get their own FP32 line.
+column draws that trajectory once; runs that differ in anything else each get their own FP32
+line, except the seed: runs of one panel and colour that differ only in their seed are drawn
+as one line, their median loss at each logged step, with the band between the 25th and 75th
+percentiles of those seeds (seed_band).
 """
+
+import textwrap
+import warnings
 
 import numpy as np
 
@@ -21,6 +26,7 @@ from . import yamlcfg
 
 DIVERGENCE_MARKER = "x"
 COLOR_CMAP = "plasma"
+TITLE_CHARS = 44  # a column title wraps at this width (3.6 in of 9 pt text)
 
 
 def _label(run, keys):
@@ -42,6 +48,41 @@ def fp32_identity(run):
     with the same identity (same seed, model, data, optimizer, steps, ...) share it."""
     return tuple(sorted((k, repr(v)) for k, v in run.config.items()
                         if k not in NOT_FP32_KEYS and not k.startswith(NOT_FP32_PREFIXES)))
+
+
+def seed_identity(run):
+    """fp32_identity without the seed: runs that share it differ only in their seed (and MX
+    recipe), so their curves are seeds of one configuration."""
+    return tuple(item for item in fp32_identity(run) if item[0] != "seed")
+
+
+# log(loss) of a non-finite loss in seed_band: above any real one, so that a seed that has
+# diverged pulls the quantiles up (exp of a quantile this large is +inf, drawn as off the axes).
+_LOG_INF = 1e6
+
+
+def seed_band(traces):
+    """The median and interquartile band of several seeds' loss curves: `traces` is a list of
+    (steps, loss) (the logged rows of each seed). Returns (steps, median, q25, q75) at every
+    step some seed logged; at each step the quantiles are over the seeds that logged it, a
+    non-finite loss counting as +inf, as does every step after a seed's last row when that row
+    is non-finite (a trajectory stops at its first NaN/Inf). Quantiles are taken of log(loss)
+    (linear interpolation), so an odd number of seeds gives the middle seed's loss exactly."""
+    steps = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in traces]))
+    table = np.full((len(traces), steps.size), np.nan)
+    for k, (s, loss) in enumerate(traces):
+        s, loss = np.asarray(s, dtype=np.int64), np.asarray(loss, dtype=np.float64)
+        logs = np.full(loss.shape, _LOG_INF)  # NaN and +inf: diverged
+        positive = np.isfinite(loss) & (loss > 0)
+        logs[positive] = np.log(loss[positive])
+        logs[np.isfinite(loss) & (loss <= 0)] = -_LOG_INF
+        table[k, np.searchsorted(steps, s)] = logs
+        if s.size and not np.isfinite(loss[-1]):
+            table[k, steps > s[-1]] = _LOG_INF
+    with warnings.catch_warnings(), np.errstate(over="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step no seed logged cannot occur
+        q25, med, q75 = np.exp(np.nanquantile(table, [0.25, 0.5, 0.75], axis=0))
+    return steps, med, q25, q75
 
 
 def build(files, row=None, color=("model.depth", "model.width"), where=()):
@@ -93,6 +134,7 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     fig = C.new_figure(3.6 * ncols + 1.0, 2.6 * len(rows) + 1.2)
     axes = fig.subplots(len(rows), ncols, sharex=True, sharey=True, squeeze=False)
     seen_fp32 = set()  # (row, FP32 identity): each FP32 trajectory drawn once
+    lines = {}  # (row, column, colour, configuration but the seed) -> [(traj, run)], in order
     for run in runs:
         i = rows.index(run.config[row]) if row else 0
         shade = _label(run, color)
@@ -102,17 +144,25 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
         for traj in _arms(run):
             targets.append((1 if one_mx_column else 1 + recipes.index(recipe(run, traj)), traj))
         for j, traj in targets:
-            if traj is None:
-                continue
-            ax = axes[i, j]
-            x, y = C.finite(traj.step, traj.loss)  # logged rows: readable when overlaid
+            if traj is not None:
+                lines.setdefault((i, j, shade, seed_identity(run)), []).append((traj, run))
+    banded = False
+    for (i, j, shade, _), members in lines.items():
+        ax = axes[i, j]
+        if len(members) == 1:
+            x, y = C.finite(members[0][0].step, members[0][0].loss)  # logged rows
             ax.plot(x, y, color=colour_of[shade], linewidth=0.7, alpha=0.9)
+        else:  # seeds of one configuration: their median, and the interquartile band
+            x, y, lo, hi = seed_band([(t.step, t.loss) for t, _ in members])
+            ax.fill_between(x, lo, hi, color=colour_of[shade], alpha=0.25, linewidth=0)
+            ax.plot(x, y, color=colour_of[shade], linewidth=1.0)
+            banded = True
+        for traj, run in members:
             div = int(metrics.summarize(traj, run.config)[S.SUM_DIVERGENCE])
-            if div != S.NO_STEP:
-                near = np.searchsorted(x, div)
-                if near < len(x):
-                    ax.plot([x[near]], [y[near]], marker=DIVERGENCE_MARKER, color=colour_of[shade],
-                            markersize=7, mew=1.8)
+            near = np.searchsorted(x, div) if div != S.NO_STEP else len(x)
+            if near < len(x):
+                ax.plot([x[near]], [y[near]], marker=DIVERGENCE_MARKER, color=colour_of[shade],
+                        markersize=7, mew=1.8)
     for i, value in enumerate(rows):
         for j in range(ncols):
             ax = axes[i, j]
@@ -120,7 +170,7 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
             ax.grid(True, alpha=0.25)
             if i == 0:
                 title = "FP32" if j == 0 else "MX" + (f": {titles[j - 1]}" if titles[j - 1] else "")
-                ax.set_title(title, fontsize=9)
+                ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=9)  # no overlap
             if i == len(rows) - 1:
                 ax.set_xlabel("step")
         ylabel = "loss" if value is None else f"{row} = {yamlcfg.format_value(value)}\nloss"
@@ -128,8 +178,12 @@ def build(files, row=None, color=("model.depth", "model.width"), where=()):
     handles = [axes[0, 0].plot([], [], color=colour_of[s], label=s)[0] for s in shades]
     handles.append(axes[0, 0].plot([], [], color="0.3", marker=DIVERGENCE_MARKER,
                                    linestyle="none", label="divergence step")[0])
-    # On the first panel: figure-level legends are outside constrained layout on matplotlib 3.6.
-    axes[0, 0].legend(handles=handles, loc="lower left", fontsize=7)
+    if banded:
+        from matplotlib.patches import Patch
+        handles.append(Patch(color="0.3", alpha=0.25, label="seeds: median,\n25-75 % band"))
+    # Beside the first row's last panel, off the data (a figure-level legend is outside
+    # constrained layout on matplotlib 3.6).
+    C.legend_outside(axes[0, -1], handles=handles, fontsize=7)
     fig.suptitle(f"training loss, {len(runs)} runs" + (f", rows: {row}" if row else "") +
                  f", colour: {', '.join(color)}" +
                  (f"\nall MX runs: {', '.join(common)}" if common else "") +

@@ -86,7 +86,7 @@ def build(run, arm=None):
     ax_loss.set_ylabel("training loss (MSE, every step)")
     ax_loss.set_title("(a) loss, FP32 vs MX", loc="left")
     _divergence_lines([ax_loss], summaries)
-    ax_loss.legend(loc="best", fontsize=8)
+    C.legend_outside(ax_loss, below=True, ncol=2)
 
     # (b) bias ratio and (c) cosine: MX only (shadow pass at the MX weights)
     if mx.get(S.DS_BIAS_RATIO) is not None:
@@ -105,10 +105,11 @@ def build(run, arm=None):
         positive = y[y > 0]
         if positive.size and positive.max() / positive.min() > LOG_Y_RANGE:
             ax_bias.set_yscale("log")
-        else:  # room above the alarm line for the legend
-            top = max(float(positive.max()) if positive.size else 0.0, C.BIAS_RATIO_ALARM)
-            ax_bias.set_ylim(0, 1.45 * top)
-        ax_bias.legend(loc="upper left", fontsize=8, ncol=2)
+        else:  # the alarm line in view
+            drawn = [positive] + ([yc[yc > 0]] if mx.get("cross_ratio") is not None else [])
+            top = max([float(d.max()) for d in drawn if d.size] + [C.BIAS_RATIO_ALARM])
+            ax_bias.set_ylim(0, 1.1 * top)
+        C.legend_outside(ax_bias, below=True, ncol=2)
 
         xs, ys = C.finite(mx.step, mx.get(S.DS_COSINE))
         ax_cos.plot(xs, ys, color=C.COLOR_MX, linewidth=0.9, label="shadow")
@@ -117,7 +118,7 @@ def build(run, arm=None):
             ax_cos.plot(xc, yc, color="0.55", linewidth=0.6, alpha=0.6, label="cross")
         ax_cos.axhline(0.0, color="0.3", linewidth=0.6)
         ax_cos.set_ylim(min(-0.05, float(np.min(ys, initial=0.0)) - 0.05), 1.05)
-        ax_cos.legend(loc="best", fontsize=8)
+        C.legend_outside(ax_cos, below=True, ncol=2)
     else:
         _no_data(ax_bias, "no bias_ratio in this file")
         _no_data(ax_cos, "no cosine in this file")
@@ -139,9 +140,9 @@ def build(run, arm=None):
                               linestyle="--")
         ax_gamma.plot([], [], color="0.3", linestyle="-", label="in last bin")
         ax_gamma.plot([], [], color="0.3", linestyle="--", label="clamped (overflowed)")
-        ax_gamma.legend(loc="upper left", fontsize=7, ncol=3)
-        ax_gamma.set_ylim(0, 1.25)  # headroom for the legend above 100 % ...
-        ax_gamma.set_yticks(np.linspace(0, 1, 6))  # ... without ticks past 100 %
+        C.legend_outside(ax_gamma, below=True, fontsize=7, ncol=3)
+        ax_gamma.set_ylim(0, 1.05)
+        ax_gamma.set_yticks(np.linspace(0, 1, 6))
         ax_gamma.set_title("(d) LN \u03b3 in the last quantization bin" +
                            _quant_note(mx, lb, run, "ln_affine"),
                            loc="left", fontsize=10)
@@ -165,7 +166,7 @@ def build(run, arm=None):
     if drew:
         ax_act.plot([], [], color="0.4", linewidth=0.5, label="thin: each layer; thick: mean")
         ax_act.set_ylim(bottom=0)
-        ax_act.legend(loc="best", fontsize=8)
+        C.legend_outside(ax_act, below=True, fontsize=7, ncol=2)
     else:
         _no_data(ax_act, "no activation last-bin data")
     ax_act.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=1))

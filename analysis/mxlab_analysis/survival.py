@@ -279,7 +279,7 @@ def build(keys, curves, tests, notes=(), band="loglog", where=()):
     ax.set_xlabel("step")
     ax.set_ylabel("fraction not yet diverged  S(step)")
     ax.grid(True, alpha=0.25)
-    ax.legend(loc="lower left", fontsize=8)
+    C.legend_outside(ax, below=True, ncol=2)
     ax.set_title(f"Kaplan\u2013Meier, 95 % band ({'log-log' if band == 'loglog' else 'plain'} "
                  "Greenwood)", loc="left")
     if ax_table is not None:

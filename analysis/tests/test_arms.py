@@ -125,7 +125,7 @@ def test_grid_one_heatmap_per_arm(arms_sweep):
     files = S.find_runs([arms_sweep])
     fig = grid.build(files, "model.width", "model.depth", "divergence_step")
     assert len(fig.axes) == 1 + 3 + 1  # FP32, three arms, colourbar
-    titles = [ax.get_title() for ax in fig.axes[:4]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[:4]]
     assert titles == ["FP32", "arm floor", "arm rne (rounding=nearest_even)",
                       "arm rceil (scale_rule=rceil)"]
     data = grid.collect(files, "model.width", "model.depth", "diverged")
@@ -133,7 +133,7 @@ def test_grid_one_heatmap_per_arm(arms_sweep):
     for arm, expected in (("fp32", 0.0), ("floor", 0.5), ("rne", 0.0), ("rceil", 0.5)):
         assert all(np.mean(v) == expected for v in data.cells[arm].values()), arm
     fig = grid.build(files, "model.width", "model.depth", "final_loss", arms=["rne"])
-    assert [ax.get_title() for ax in fig.axes[:2]] == ["FP32", "arm rne (rounding=nearest_even)"]
+    assert [ax.get_title().replace("\n", " ") for ax in fig.axes[:2]] == ["FP32", "arm rne (rounding=nearest_even)"]
     assert len(fig.axes) == 3
     with pytest.raises(AnalysisError, match="--arm mx: no such arm"):
         grid.build(files, "model.width", "model.depth", "final_loss", arms=["mx"])
@@ -142,7 +142,7 @@ def test_grid_one_heatmap_per_arm(arms_sweep):
 def test_curves_a_column_per_arm(arms_sweep):
     fig = curves.build(S.find_runs([arms_sweep]), row="optimizer.lr")
     assert len(fig.axes) == 2 * 4
-    titles = [ax.get_title() for ax in fig.axes[:4]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[:4]]
     assert titles[0] == "FP32"
     # each column: what differs between the recipes, the arm's own scale rule included
     assert sorted(titles[1:]) == ["MX: scale rule floor, arm floor",

@@ -169,7 +169,7 @@ def test_curves_fp32_plus_one_column_per_recipe(lr_format_sweep, tmp_path):
     from mxlab_analysis import curves
     fig = curves.build(S.find_runs([lr_format_sweep]), row="optimizer.lr")
     assert len(fig.axes) == 2 * 3  # rows: 2 learning rates; columns: FP32, mxfp6, mxfp8
-    titles = [ax.get_title() for ax in fig.axes[:3]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[:3]]
     assert titles == ["FP32", "MX: W mxfp6_e3m2 / A mxfp8_e4m3 / G mxfp8_e4m3",
                       "MX: mxfp8_e4m3 (W/A/G)"]
     assert "optimizer.lr = 0.0002" in fig.axes[0].get_ylabel()
@@ -190,14 +190,14 @@ def test_curves_row_key_inside_the_recipe_gives_one_mx_column(lr_format_sweep):
     from mxlab_analysis import curves
     fig = curves.build(S.find_runs([lr_format_sweep]), row="precision.weight")
     assert len(fig.axes) == 2 * 2
-    assert [ax.get_title() for ax in fig.axes[:2]] == ["FP32", "MX"]
+    assert [ax.get_title().replace("\n", " ") for ax in fig.axes[:2]] == ["FP32", "MX"]
     assert "precision.weight = mxfp6_e3m2" in fig.axes[0].get_ylabel()
     for ax in (fig.axes[1], fig.axes[3]):  # every MX panel holds its row's 4 runs
         assert len([ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]) == 4
     # one recipe in all runs: the column is just "MX", the recipe goes in the title
     fig = curves.build(S.find_runs([lr_format_sweep]), row="optimizer.lr",
                        where=["precision.weight=mxfp8_e4m3"])
-    assert [ax.get_title() for ax in fig.axes[:2]] == ["FP32", "MX"]
+    assert [ax.get_title().replace("\n", " ") for ax in fig.axes[:2]] == ["FP32", "MX"]
     assert "mxfp8_e4m3 (W/A/G)" in fig._suptitle.get_text()
 
 

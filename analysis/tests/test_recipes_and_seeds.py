@@ -28,8 +28,9 @@ def _markers(ax):
 
 
 def test_curves_one_fp32_line_per_seed(tmp_path):
-    """2 learning rates x 2 seeds x 2 MX formats, one model size: each row has the two seeds'
-    FP32 trajectories (the two formats of a seed share one), and the diverging one shows."""
+    """2 learning rates x 2 seeds x 2 MX formats, one model size: each row draws the two seeds'
+    FP32 trajectories (the two formats of a seed share one) as their median and band, made of
+    those two trajectories, and the diverging one shows."""
     for lr in LRS:
         for seed in SEEDS:
             for weight in ("mxfp8_e4m3", "mxfp6_e3m2"):
@@ -39,13 +40,21 @@ def test_curves_one_fp32_line_per_seed(tmp_path):
     fig = curves.build(S.find_runs([str(tmp_path)]), row="optimizer.lr")
     axes = np.array(fig.axes[:2 * 3]).reshape(2, 3)  # rows: lr; columns: FP32, two formats
     assert axes[0, 0].get_title() == "FP32"
+    runs = [S.load_run(p) for p in S.find_runs([str(tmp_path)])]
     for i, lr in enumerate(LRS):
         fp32 = _curves_in(axes[i, 0])
-        assert len(fp32) == len(SEEDS), (lr, len(fp32))
-        assert not np.array_equal(fp32[0].get_ydata(), fp32[1].get_ydata())  # two seeds, not one twice
+        assert len(fp32) == 1 and len(axes[i, 0].collections) == 1, (lr, len(fp32))  # median, band
+        # the median of the two seeds' FP32 trajectories (one run of each seed: the other
+        # format's run has the same FP32 trajectory), not of one seed twice
+        one_per_seed = {r.config["seed"]: r for r in runs if r.config["optimizer.lr"] == lr}
+        assert len(one_per_seed) == len(SEEDS)
+        _, median, _, _ = curves.seed_band([(r.fp32.step, r.fp32.loss) for r in one_per_seed.values()])
+        np.testing.assert_allclose(fp32[0].get_ydata(), median)
+        a, b = (r.fp32.loss for r in one_per_seed.values())
+        assert not np.allclose(a, b)  # two seeds
         assert len(_markers(axes[i, 0])) == (1 if lr == FP32_DIVERGES[0] else 0), lr
-        for j in (1, 2):  # an MX column: one run per seed
-            assert len(_curves_in(axes[i, j])) == len(SEEDS)
+        for j in (1, 2):  # an MX column: the seeds of its format, as their median and band
+            assert len(_curves_in(axes[i, j])) == 1 and len(axes[i, j].collections) == 1
 
 
 def test_curves_fp32_identity_ignores_only_the_mx_recipe(lr_format_sweep, tmp_path):
@@ -108,14 +117,15 @@ def test_curves_columns_and_header_of_set_only_arms(tmp_path):
     for seed in (4, 5):
         _set_only_run(tmp_path / f"r{seed}.h5", seed=seed)
     fig = curves.build(S.find_runs([str(tmp_path)]), row="optimizer.lr")
-    titles = [ax.get_title() for ax in fig.axes[1:4]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[1:4]]
     header = fig._suptitle.get_text()
     assert BASE_TEXT not in header.split("all MX runs:")[1]  # fp6 did not run in mxfp8
     fp6 = next(t for t in titles if "arm fp6" in t)
     assert FP6_TEXT in fp6 and "(none)" not in fp6, titles
     assert BASE_TEXT in next(t for t in titles if "arm fp8" in t)
     assert "scale rule rceil" in next(t for t in titles if "arm bf16a" in t)
-    assert len(_curves_in(fig.axes[0])) == 2  # two seeds: two FP32 lines
+    # two seeds of one configuration: one FP32 line, their median, and their band
+    assert len(_curves_in(fig.axes[0])) == 1 and len(fig.axes[0].collections) == 1
 
 
 def test_grid_titles_and_pooled_patches(tmp_path):
@@ -150,6 +160,6 @@ def test_a_real_run_with_a_set_only_arm(mxlab_run):
     assert BASE_TEXT in C.precision_text(run, run.arm("fp8"))
     assert C.precision_text(run, run.branches["act_bf16"]).startswith("W mxfp6_e3m2 / A bf16 / G mxfp6_e3m2")
     fig = curves.build([mxlab_run])
-    titles = [ax.get_title() for ax in fig.axes[1:3]]
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[1:3]]
     assert any(FP6_TEXT in t and "arm fp6 (W/A/G=mxfp6_e3m2)" in t for t in titles), titles
     assert BASE_TEXT not in fig._suptitle.get_text()
