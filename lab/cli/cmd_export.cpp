@@ -91,7 +91,7 @@ int do_export(const Args& a) {
   if (a.dir.empty() && a.npy.empty() && a.tensorboard.empty())
     throw Error("nothing to export: give --csv DIR, --snapshot S --npy DIR and/or --tensorboard DIR (or --long OUT.csv)");
   if (std::filesystem::is_directory(a.run) && !(a.dir.empty() && a.npy.empty()))
-    throw Error(msg(a.run, " is a directory: --csv and --npy take one run file <run_id>.h5 (give DIR/<run_id>.h5); a "
+    throw Error(msg(a.run, " is a directory: --csv and --npy export one run file (give DIR/<run_id>.h5); a "
                     "directory of runs only with --tensorboard DIR, or --long OUT.csv for one table"));
   if (!a.npy.empty() && a.snapshot < 0) throw Error("--npy DIR needs --snapshot S (the step of the snapshot to write)");
   if (a.npy.empty() && a.snapshot >= 0) throw Error("--snapshot S needs --npy DIR (where to write the .npy files)");

@@ -233,9 +233,12 @@ inline std::string run_file_in(const std::string& dir) {
 
 // `mxlab run EXP --out OUT_DIR --device cpu --quiet`, and in *file the one run file it wrote;
 // a fatal test failure when the run fails or leaves no single run file (call it under
-// ASSERT_NO_FATAL_FAILURE).
-inline void train_cpu(const std::string& exp, const std::string& out_dir, std::string* file) {
-  const Proc p = run_mxlab({"run", exp, "--out", out_dir, "--device", "cpu", "--quiet"});
+// ASSERT_NO_FATAL_FAILURE). `extra`: more options of `mxlab run` (e.g. --keep-checkpoints all).
+inline void train_cpu(const std::string& exp, const std::string& out_dir, std::string* file,
+                      const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {"run", exp, "--out", out_dir, "--device", "cpu", "--quiet"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const Proc p = run_mxlab(args);
   ASSERT_EQ(p.exit_code, 0) << p.output;
   *file = run_file_in(out_dir);
   ASSERT_FALSE(file->empty()) << "no single run file in " << out_dir;

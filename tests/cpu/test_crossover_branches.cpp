@@ -56,7 +56,8 @@ class CrossoverRuns : public ::testing::Test {
     dir_ = make_temp_dir("crossover");
     write_bytes(dir_ + "/base.yaml", kBase);
     write_bytes(dir_ + "/branches.yaml", std::string(kBase) + kBranches);
-    ASSERT_NO_FATAL_FAILURE(train_cpu(dir_ + "/base.yaml", dir_ + "/base", &base_));
+    // Every checkpoint kept: the after-the-fact branches below copy them all.
+    ASSERT_NO_FATAL_FAILURE(train_cpu(dir_ + "/base.yaml", dir_ + "/base", &base_, {"--keep-checkpoints", "all"}));
     ASSERT_NO_FATAL_FAILURE(train_cpu(dir_ + "/branches.yaml", dir_ + "/branches", &branches_));
   }
   static std::string dir_, base_, branches_;
