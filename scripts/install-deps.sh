@@ -7,6 +7,7 @@ set -euo pipefail
 PKGS=(build-essential cmake git pkg-config
       libeigen3-dev libhdf5-dev libyaml-cpp-dev libcli11-dev libgtest-dev googletest
       python3 python3-numpy python3-h5py python3-matplotlib python3-pytest
+      python3-dev python3-pip   # the Python package (pip install .: pyproject.toml, lab/python)
       python3-scipy python3-statsmodels   # results/paired_stats.py (Wilcoxon, stratified Cox PHReg)
       python3-torch   # CPU PyTorch for the FP32 cross-check (tests/torch, run by /usr/bin/python3)
       slurm-wlm munge)  # a single-node Slurm for tests/slurm/test_sweep.sh (scripts/slurm-local.sh)
@@ -32,3 +33,16 @@ if ! python3 -c "import numpy, h5py, matplotlib, pytest, scipy, statsmodels" 2>/
   echo "install-deps: $(command -v python3) lacks numpy/h5py/matplotlib/pytest/scipy/statsmodels - installing with pip"
   python3 -m pip install --quiet numpy h5py matplotlib pytest scipy statsmodels
 fi
+
+# The Python package (pyproject.toml) builds with scikit-build-core over nanobind, without build
+# isolation in tests/python (no download at test time): pinned, for Debian's /usr/bin/python3 (it
+# has python3-torch and runs the ctest python_package) and for the python3 on PATH.
+PY_BUILD_PKGS=(scikit-build-core==0.10.7 nanobind==2.4.0)
+for py in /usr/bin/python3 "$(command -v python3)"; do
+  if ! "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('scikit-build-core') != '0.10.7' or m.version('nanobind') != '2.4.0')" 2>/dev/null; then
+    echo "install-deps: $py lacks ${PY_BUILD_PKGS[*]} - installing with pip"
+    extra=()
+    if "$py" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then extra=(--break-system-packages); fi
+    "$py" -m pip install --quiet --disable-pip-version-check "${extra[@]}" "${PY_BUILD_PKGS[@]}"
+  fi
+done
