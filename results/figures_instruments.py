@@ -13,7 +13,7 @@ Usage (repository root):
 
 Figures: fig12a_switch_seed0.png, fig12b_sharpness_lr5e-4.png, fig14_survival_lr5e-4.png.
 Statistics: Wilson 95 % intervals for k/n, two-sided Fisher exact tests, Kaplan-Meier and
-log-rank (mxlab_analysis.survival) with steps to divergence, censored at the last step run.
+log-rank (mxlab.survival) with steps to divergence, censored at the last step run.
 """
 import csv
 import glob
@@ -71,7 +71,7 @@ SURVIVAL_GROUPS = [
 
 
 def survival_table():
-    from mxlab_analysis.survival import kaplan_meier, logrank
+    from mxlab.survival import kaplan_meier, logrank
     import numpy as np
 
     groups = {}
@@ -269,7 +269,7 @@ def fig_survival(path, groups):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mxlab_analysis.survival import kaplan_meier
+    from mxlab.survival import kaplan_meier
 
     fig, ax = plt.subplots(1, len(SURVIVAL_GROUPS), figsize=(4 * len(SURVIVAL_GROUPS), 3.6), sharey=True)
     for a, (label, _, _) in zip(ax, SURVIVAL_GROUPS):

@@ -24,7 +24,7 @@ every trajectory finished count there (an interrupted run is listed and left out
 
 Censored statistics: "steps to divergence" per arm as Kaplan-Meier estimates with 95 %
 log-log bands, and log-rank tests of every arm against FP32 and against the reference (Holm within
-each family), from analysis/mxlab_analysis/survival.py. Here every trajectory counts, an
+each family), from analysis/mxlab/survival.py. Here every trajectory counts, an
 interrupted run's too: an event at its divergence step, else censored where it stopped.
 
 A sustained divergence (--sustained W): the divergence step of `mxlab summarize` is the first step
@@ -248,7 +248,7 @@ def logrank_tests(subj, reference=REFERENCE):
     """{ref: [(arm, chi2, p, Holm p)]} for ref in (fp32, reference): every other arm (not FP32
     against the reference) by log-rank; chi2 = p = Holm p = nan when no event happened while both
     were at risk (Holm over the tests that exist)."""
-    from mxlab_analysis.survival import logrank
+    from mxlab.survival import logrank
 
     arms = arm_order(subj, reference)
     out = {}
@@ -265,7 +265,7 @@ def logrank_tests(subj, reference=REFERENCE):
 
 def survival(runs, reference=REFERENCE, sustained=0):
     """(Kaplan-Meier table, log-rank table) of steps to divergence per arm (module docstring)."""
-    from mxlab_analysis.survival import kaplan_meier
+    from mxlab.survival import kaplan_meier
 
     subj = subjects(runs, sustained)
     arms = arm_order(subj, reference)
@@ -382,7 +382,7 @@ def figure(stats, path, runs_all, title=DEFAULT_TITLE, reference=REFERENCE, sust
     bx.set_ylim(len(arms) - 0.5, -0.5)
     bx.set_xlabel("seed (filled: diverged; open: degraded only)")
     bx.grid(True, lw=0.3)
-    from mxlab_analysis.survival import kaplan_meier
+    from mxlab.survival import kaplan_meier
 
     subj = subjects(runs_all, sustained)
     horizon = max(max(t) for t, _ in subj.values())

@@ -26,6 +26,6 @@ python3 -c "import numpy as np; print('quantized values:', np.unique(np.load('$O
 echo; echo "== mxlab run experiments/quickstart.yaml (FP32 vs MXFP4, CPU)"
 "$BUILD/mxlab" run experiments/quickstart.yaml --out "$OUT" --device cpu
 RUN=$(ls -t "$OUT"/*.h5 | head -n 1)
-PYTHONPATH=analysis python3 -m mxlab_analysis summary "$OUT"
-PYTHONPATH=analysis python3 -m mxlab_analysis panel "$RUN" -o "$OUT/panel.png"
+PYTHONPATH=analysis python3 -m mxlab summary "$OUT"
+PYTHONPATH=analysis python3 -m mxlab panel "$RUN" -o "$OUT/panel.png"
 echo "figure: $OUT/panel.png"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install dependencies, build, run the CPU tests,
-# the GPU tests (they skip visibly without a GPU) and the analysis tests.
+# The test command (README, .ci/run): install dependencies, build, run the CPU tests (among them
+# python_package: pip install . and the Python package's tests), the GPU tests (they skip visibly
+# without a GPU) and the analysis tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

@@ -1,4 +1,4 @@
-"""pytest setup: make `mxlab_analysis` and the fixture writer importable from the repo root
+"""pytest setup: make `mxlab` and the fixture writer importable from the repo root
 (`python3 -m pytest -q analysis/tests`), and build the synthetic run files once per session."""
 
 import glob
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # analysis/ -> import mxlab_analysis
+sys.path.insert(0, os.path.dirname(HERE))  # analysis/ -> import mxlab
 sys.path.insert(0, HERE)                   # make_fixtures
 
 import matplotlib  # noqa: E402

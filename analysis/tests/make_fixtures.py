@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mxlab_analysis import metrics  # noqa: E402
-from mxlab_analysis import schema as S  # noqa: E402
+from mxlab import metrics  # noqa: E402
+from mxlab import schema as S  # noqa: E402
 
 # The defaults of lab/config/config.h, in the nesting `mxlab dump-config` prints.
 DEFAULT_CONFIG = {
@@ -116,7 +116,7 @@ POLICY_FIELDS = ("weight", "activation", "grad", "weight_bwd", "activation_bwd",
 def policy_text(config_text, sets=None):
     """The group attribute `policy`: every precision field of the config's `precision`, the
     `set:` items applied, `same` backward formats resolved (the trainer's describe_policy)."""
-    from mxlab_analysis import yamlcfg
+    from mxlab import yamlcfg
     prec = {k[len("precision."):]: v for k, v in yamlcfg.parse_flat(config_text).items()
             if k.startswith("precision.")}
     prec.update(sets or {})

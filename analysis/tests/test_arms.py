@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import ARM_BRANCHES, ARMS, CURVATURE_EVERY, STEPS
-from mxlab_analysis import AnalysisError, common, curves, grid, interventions, metrics, panel
-from mxlab_analysis import schema as S
-from mxlab_analysis import summary
-from mxlab_analysis.__main__ import main
+from mxlab import AnalysisError, common, curves, grid, interventions, metrics, panel
+from mxlab import schema as S
+from mxlab import summary
+from mxlab.__main__ import main
 from test_figures import _is_png
 
 ARM_NAMES = [a["name"] for a in ARMS]

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import make_fixtures as F
-from mxlab_analysis import AnalysisError
-from mxlab_analysis import schema as S
-from mxlab_analysis import summary
-from mxlab_analysis.__main__ import main
+from mxlab import AnalysisError
+from mxlab import schema as S
+from mxlab import summary
+from mxlab.__main__ import main
 
 HEAD = 8192           # bytes that can be hit: HDF5's metadata sits at the start of the file
 SEEDS = range(48)     # tried in order, for each number of flipped bytes
@@ -202,12 +202,12 @@ def test_every_file_unreadable_is_one_line_too(synthetic, tmp_path, capsys):
 
 
 def test_the_command_line_itself(synthetic, tmp_path):
-    """`python3 -m mxlab_analysis summary DIR` as a user runs it: the good rows on stdout,
+    """`python3 -m mxlab summary DIR` as a user runs it: the good rows on stdout,
     exit 2, one line on stderr, no traceback."""
     good, kinds = synthetic
     d = _folder(tmp_path, good, sorted(kinds.values())[0])
     env = dict(os.environ, PYTHONPATH=ANALYSIS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "mxlab_analysis", "summary", d], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "mxlab", "summary", d], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr

@@ -9,10 +9,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import make_fixtures as F
 from conftest import STEPS, DIVERGE_AT
-from mxlab_analysis import common, curves, panel
-from mxlab_analysis import schema as S
-from mxlab_analysis import survival as V
-from mxlab_analysis.__main__ import main
+from mxlab import common, curves, panel
+from mxlab import schema as S
+from mxlab import survival as V
+from mxlab.__main__ import main
 
 
 def _png_size(path):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import BRANCHES, EARLY, LATE
-from mxlab_analysis import AnalysisError, common, grid, interventions, panel
-from mxlab_analysis import schema as S
-from mxlab_analysis.__main__ import main
+from mxlab import AnalysisError, common, grid, interventions, panel
+from mxlab import schema as S
+from mxlab.__main__ import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_PNG_BYTES = 10_000  # a blank figure of these sizes is far smaller than one with curves
@@ -166,7 +166,7 @@ def test_cli_writes_png_and_pdf_and_reports_errors(branches_run, sweep_dir, tmp_
 
 
 def test_curves_fp32_plus_one_column_per_recipe(lr_format_sweep, tmp_path):
-    from mxlab_analysis import curves
+    from mxlab import curves
     fig = curves.build(S.find_runs([lr_format_sweep]), row="optimizer.lr")
     assert len(fig.axes) == 2 * 3  # rows: 2 learning rates; columns: FP32, mxfp6, mxfp8
     titles = [ax.get_title().replace("\n", " ") for ax in fig.axes[:3]]
@@ -187,7 +187,7 @@ def test_curves_fp32_plus_one_column_per_recipe(lr_format_sweep, tmp_path):
 
 def test_curves_row_key_inside_the_recipe_gives_one_mx_column(lr_format_sweep):
     """--row on a precision key: each row holds one recipe, so one MX column, not a diagonal."""
-    from mxlab_analysis import curves
+    from mxlab import curves
     fig = curves.build(S.find_runs([lr_format_sweep]), row="precision.weight")
     assert len(fig.axes) == 2 * 2
     assert [ax.get_title().replace("\n", " ") for ax in fig.axes[:2]] == ["FP32", "MX"]

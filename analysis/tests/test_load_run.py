@@ -6,8 +6,8 @@ import pytest
 
 import make_fixtures as F
 from conftest import BRANCHES, STEPS
-from mxlab_analysis import AnalysisError, metrics
-from mxlab_analysis import schema as S
+from mxlab import AnalysisError, metrics
+from mxlab import schema as S
 
 
 def test_round_trip_root_config_and_groups(branches_run):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mxlab_analysis import metrics
-from mxlab_analysis import schema as S
+from mxlab import metrics
+from mxlab import schema as S
 
 
 def test_first_nonfinite():

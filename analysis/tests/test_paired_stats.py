@@ -2,7 +2,7 @@
 Cox model, the paired Wilcoxon test with its Hodges-Lehmann interval, the cluster bootstrap over
 seeds, Holm over a question's tests, the power simulation and the CLI; by hand-worked cases,
 against independent implementations (brute-force label swaps, a Newton-Raphson partial
-likelihood, scipy, mxlab_analysis.survival) and by properties."""
+likelihood, scipy, mxlab.survival) and by properties."""
 
 import csv
 import itertools
@@ -74,7 +74,7 @@ def test_stratified_logrank_by_hand(ps):
 
 
 def test_stratified_logrank_one_stratum_is_the_lab_logrank(ps):
-    from mxlab_analysis.survival import logrank
+    from mxlab.survival import logrank
 
     rng = np.random.default_rng(3)
     for _ in range(20):
@@ -292,7 +292,7 @@ def test_hodges_lehmann_interval_inverts_the_exact_wilcoxon_test(ps):
 # ------------------------------------------------------------------ cluster bootstrap
 
 def test_km_weighted_matches_the_lab_kaplan_meier(ps):
-    from mxlab_analysis.survival import kaplan_meier
+    from mxlab.survival import kaplan_meier
 
     rng = np.random.default_rng(2)
     t = rng.integers(1, 40, size=15).astype(float)

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from mxlab_analysis import common, yamlcfg
+from mxlab import common, yamlcfg
 
 
 def run_of(flat):

@@ -6,9 +6,9 @@ headers, not those of the base `precision`."""
 import numpy as np
 
 import make_fixtures as F
-from mxlab_analysis import common as C
-from mxlab_analysis import curves, grid, interventions, panel
-from mxlab_analysis import schema as S
+from mxlab import common as C
+from mxlab import curves, grid, interventions, panel
+from mxlab import schema as S
 
 FP6 = {"weight": "mxfp6_e3m2", "activation": "mxfp6_e3m2", "grad": "mxfp6_e3m2"}
 FP6_TEXT = "mxfp6_e3m2 (W/A/G)"

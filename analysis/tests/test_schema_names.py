@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mxlab_analysis import schema as S
+from mxlab import schema as S
 
 SCHEMA_MD = os.path.join(os.path.dirname(__file__), "..", "..", "lab", "train", "SCHEMA.md")
 
@@ -94,7 +94,7 @@ def test_row_datasets(tables):
     assert set(S.MX_DATASETS) <= _names(mx_only)
     unknown = _dataset_names(tables) - set(S.ALL_DATASETS)
     assert not unknown, f"SCHEMA.md documents datasets analysis/ does not know: {sorted(unknown)} " \
-        "(add them to mxlab_analysis/schema.py)"
+        "(add them to mxlab/schema.py)"
 
 
 # Names this package reads that came after schema 1 (arms, clamp debt, curvature, the squared

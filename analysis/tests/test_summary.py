@@ -6,9 +6,9 @@ import io
 import h5py
 
 from conftest import BRANCHES
-from mxlab_analysis import schema as S
-from mxlab_analysis import summary
-from mxlab_analysis.__main__ import main
+from mxlab import schema as S
+from mxlab import summary
+from mxlab.__main__ import main
 
 
 def test_rows_and_swept_columns(sweep_dir):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import make_fixtures as F
-from mxlab_analysis import AnalysisError
-from mxlab_analysis import schema as S
-from mxlab_analysis import survival as V
-from mxlab_analysis.__main__ import main
+from mxlab import AnalysisError
+from mxlab import schema as S
+from mxlab import survival as V
+from mxlab.__main__ import main
 from test_figures import _is_png
 
 # Freireich et al. (1963) leukaemia remission data, the textbook example (Klein & Moeschberger

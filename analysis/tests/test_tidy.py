@@ -1,4 +1,4 @@
-"""mxlab_analysis.tidy: the long table of a results directory. On the synthetic sweep: columns,
+"""mxlab.tidy: the long table of a results directory. On the synthetic sweep: columns,
 swept keys, values against h5py. With the binary (MXLAB_BINARY): `mxlab export DIR --long` and
 tidy.load agree row for row on a small real sweep, and pandas reads `summarize --compare-csv`."""
 
@@ -11,7 +11,7 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from mxlab_analysis import AnalysisError, tidy  # noqa: E402
+from mxlab import AnalysisError, tidy  # noqa: E402
 
 FIXED = ["seed", "trajectory", "kind", "arm", "step", "metric", "column", "value"]
 

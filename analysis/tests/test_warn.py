@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import make_fixtures as F
-from mxlab_analysis import AnalysisError
-from mxlab_analysis import warn as W
-from mxlab_analysis.__main__ import main
+from mxlab import AnalysisError
+from mxlab import warn as W
+from mxlab.__main__ import main
 from test_figures import _is_png
 
 STEPS = 1000

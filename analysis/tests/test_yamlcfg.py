@@ -5,7 +5,7 @@ import math
 import pytest
 
 import make_fixtures as F
-from mxlab_analysis import AnalysisError, yamlcfg
+from mxlab import AnalysisError, yamlcfg
 
 
 def test_dump_config_text_parses_with_types():

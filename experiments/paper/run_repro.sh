@@ -59,8 +59,8 @@ summaries() {
 intervention_figures() {
   local f
   f=$(ls "$RUNS/$1"/*.h5 | head -n 1)
-  python3 -m mxlab_analysis panel "$f" -o "$OUT/fig3_fig5_panel_$2.png"
-  python3 -m mxlab_analysis interventions "$f" -o "$OUT/fig4_interventions_$2.png"
+  python3 -m mxlab panel "$f" -o "$OUT/fig3_fig5_panel_$2.png"
+  python3 -m mxlab interventions "$f" -o "$OUT/fig4_interventions_$2.png"
 }
 export PYTHONPATH=analysis
 mkdir -p "$OUT" "$RUNS"
@@ -71,7 +71,7 @@ case "$PART" in
     train experiments/paper/repro_fig2b_no_ln.yaml --device cuda --out "$RUNS/noln" --quiet --jobs 2
     intervention_figures seed0 seed0
     summaries seed0 seeds noln
-    python3 -m mxlab_analysis curves "$RUNS/noln" -o "$OUT/fig2b_no_ln.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/noln" -o "$OUT/fig2b_no_ln.png" 2>&1 | tail -1
     ;;
   B)
     train experiments/paper/repro_scale_rules.yaml --device cuda --out "$RUNS/scale" --quiet --jobs 2
@@ -80,17 +80,17 @@ case "$PART" in
   C)
     train experiments/paper/repro_lr3e-4.yaml --device cuda --out "$RUNS/lr3e-4" --quiet --jobs 2
     summaries lr3e-4
-    python3 -m mxlab_analysis curves "$RUNS/lr3e-4" --row precision.scale_rule -o "$OUT/lr3e-4_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/lr3e-4" --row precision.scale_rule -o "$OUT/lr3e-4_curves.png" 2>&1 | tail -1
     ;;
   D)
     train experiments/paper/repro_lr_search.yaml --device cuda --out "$RUNS/lr_search" --quiet --jobs 2
     summaries lr_search
-    python3 -m mxlab_analysis curves "$RUNS/lr_search" --row optimizer.lr --color seed -o "$OUT/lr_search_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/lr_search" --row optimizer.lr --color seed -o "$OUT/lr_search_curves.png" 2>&1 | tail -1
     ;;
   E)
     train experiments/paper/repro_scale_rules_lr5e-4.yaml --device cuda --out "$RUNS/scale_lr5e-4" --quiet --jobs 2
     summaries scale_lr5e-4
-    python3 -m mxlab_analysis curves "$RUNS/scale_lr5e-4" --row precision.scale_rule --color seed -o "$OUT/scale_lr5e-4_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/scale_lr5e-4" --row precision.scale_rule --color seed -o "$OUT/scale_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   F)
     train experiments/paper/repro_lr5e-4_interventions.yaml --device cuda --out "$RUNS/lr5e-4_interventions" --quiet
@@ -101,17 +101,17 @@ case "$PART" in
     train experiments/paper/repro_rounding_lr5e-4.yaml --device cuda --out "$RUNS/rounding_lr5e-4" --quiet --jobs 2
     train experiments/paper/repro_depth6_lr5e-4.yaml --device cuda --out "$RUNS/depth6_lr5e-4" --quiet --jobs 2
     summaries rounding_lr5e-4 depth6_lr5e-4
-    python3 -m mxlab_analysis curves "$RUNS/rounding_lr5e-4" "$RUNS/depth6_lr5e-4" --row model.depth --color seed -o "$OUT/knobs_lr5e-4_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/rounding_lr5e-4" "$RUNS/depth6_lr5e-4" --row model.depth --color seed -o "$OUT/knobs_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   H)
     train experiments/paper/attn_vs_mlp_lr5e-4.yaml --device cuda --out "$RUNS/attn_vs_mlp_lr5e-4" --quiet --jobs 2
     summaries attn_vs_mlp_lr5e-4
-    python3 -m mxlab_analysis curves "$RUNS/attn_vs_mlp_lr5e-4" --row model.block --color seed -o "$OUT/attn_vs_mlp_lr5e-4_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/attn_vs_mlp_lr5e-4" --row model.block --color seed -o "$OUT/attn_vs_mlp_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   I)
     train experiments/paper/norms_lr5e-4.yaml --device cuda --out "$RUNS/norms_lr5e-4" --quiet --jobs 2
     summaries norms_lr5e-4
-    python3 -m mxlab_analysis curves "$RUNS/norms_lr5e-4" --row model.norm --color seed -o "$OUT/norms_lr5e-4_curves.png" 2>&1 | tail -1
+    python3 -m mxlab curves "$RUNS/norms_lr5e-4" --row model.norm --color seed -o "$OUT/norms_lr5e-4_curves.png" 2>&1 | tail -1
     ;;
   J)
     # Seed 0 (curvature every 50, snapshots, interventions at 4200) and seeds 1-4 (curvature
@@ -128,7 +128,7 @@ case "$PART" in
     summaries instruments
     $MX summarize "$RUNS/instruments" --by arm --compare --csv > "$OUT/summary_by_arm_instruments.csv"
     python3 results/extract_series.py "$OUT/series_instruments" "$RUNS"/instruments/*.h5
-    python3 -m mxlab_analysis warn "$RUNS/instruments" -o "$OUT/warn_lr5e-4.png" --csv "$OUT/warn_lr5e-4.csv" > "$OUT/warn_lr5e-4.txt" 2>&1
+    python3 -m mxlab warn "$RUNS/instruments" -o "$OUT/warn_lr5e-4.png" --csv "$OUT/warn_lr5e-4.csv" > "$OUT/warn_lr5e-4.txt" 2>&1
     intervention_figures instruments instruments_seed0
     ;;
   K)

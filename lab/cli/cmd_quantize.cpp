@@ -76,18 +76,7 @@ void run_quantize(const QuantizeOpts& o) {
 
   // Relative error over the elements both sides hold as finite numbers (NaN blocks are
   // reported separately; bf16/fp16 overflow to Inf is counted as non-finite).
-  double err2 = 0.0, ref2 = 0.0;
-  uint64_t nonfinite = 0;
-  for (size_t i = 0; i < q.size(); ++i) {
-    const double x = a.data[i], y = q[i];
-    if (!std::isfinite(x) || !std::isfinite(y)) {
-      ++nonfinite;
-      continue;
-    }
-    err2 += (y - x) * (y - x);
-    ref2 += x * x;
-  }
-  const double rel = ref2 > 0.0 ? std::sqrt(err2 / ref2) : 0.0;
+  const QuantError qe = quant_error(a.data.data(), q.data(), static_cast<int64_t>(q.size()));
   std::printf("format         %s\n", name(spec.fmt));
   if (is_mx(spec.fmt)) {
     std::printf("scale_rule     %s%s%s\n", name(spec.rule), spec.rule == ScaleRule::floor_bump ? " bump=" : "",
@@ -104,8 +93,8 @@ void run_quantize(const QuantizeOpts& o) {
     std::printf("clamped_frac   %.9g  (%llu elements above max_normal*X before saturation)\n", st.clamped_frac(),
                 static_cast<unsigned long long>(st.clamped));
   }
-  std::printf("nonfinite      %llu  (elements left out of rel_error)\n", static_cast<unsigned long long>(nonfinite));
-  std::printf("rel_error      %.9g  (||Q(x)-x|| / ||x||)\n", rel);
+  std::printf("nonfinite      %llu  (elements left out of rel_error)\n", static_cast<unsigned long long>(qe.nonfinite));
+  std::printf("rel_error      %.9g  (||Q(x)-x|| / ||x||)\n", qe.rel);
 }
 
 const Registrar reg(kOrder, [](CLI::App& app) {

@@ -1,6 +1,6 @@
 // `mxlab summarize DIR [--csv]`: one row per run and branch of a results directory (status,
 // events, divergence to the end, spikes, losses, bias, last-bin; the keys that differ between
-// runs as columns), the C++ twin of `python -m mxlab_analysis summary`. Also rebuilds
+// runs as columns), the C++ twin of `python -m mxlab summary`. Also rebuilds
 // DIR/index.csv.
 // `mxlab summarize DIR --by KEY[,KEY...] [--compare]`: the trajectories grouped by those keys,
 // with excursion and survival statistics per group and tests per pair (group_stats.h).

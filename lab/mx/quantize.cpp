@@ -99,4 +99,20 @@ QuantStats mx_stats(const float* in, int64_t rows, int64_t cols, Axis axis, cons
   return st;
 }
 
+QuantError quant_error(const float* x, const float* q, int64_t n) {
+  double err2 = 0.0, ref2 = 0.0;
+  QuantError e;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = x[i], b = q[i];
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      ++e.nonfinite;
+      continue;
+    }
+    err2 += (b - a) * (b - a);
+    ref2 += a * a;
+  }
+  e.rel = ref2 > 0.0 ? std::sqrt(err2 / ref2) : 0.0;
+  return e;
+}
+
 }  // namespace mxlab

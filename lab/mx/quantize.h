@@ -51,4 +51,13 @@ void quantize_dequantize(const float* in, float* out, int64_t rows, int64_t cols
 // Statistics of a tensor under an MX format without writing anything.
 QuantStats mx_stats(const float* in, int64_t rows, int64_t cols, Axis axis, const QuantSpec& spec);
 
+// How far Q(x) is from x, as `mxlab quantize --stats` and the Python binding report it:
+// ||Q(x) - x|| / ||x|| in double over the elements both sides hold as finite numbers
+// (`nonfinite` counts the others: NaN blocks, NaN/Inf input, bf16/fp16 overflow to Inf).
+struct QuantError {
+  uint64_t nonfinite = 0;
+  double rel = 0.0;
+};
+QuantError quant_error(const float* x, const float* q, int64_t n);
+
 }  // namespace mxlab

@@ -1,6 +1,6 @@
 // `mxlab summarize DIR --where KEY=VALUE`: keeping the runs of a results directory whose
 // configuration has given values, with the semantics of the Python side's `--where`
-// (analysis/mxlab_analysis/sweep.py): numbers compared as numbers (6e-4 matches 0.0006, to a
+// (analysis/mxlab/sweep.py): numbers compared as numbers (6e-4 matches 0.0006, to a
 // relative 1e-6), true/false in any case, anything else as text (quotes around VALUE dropped).
 #pragma once
 #include <string>

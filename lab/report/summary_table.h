@@ -1,5 +1,5 @@
 // The table of `mxlab summarize DIR` (without --by): one row per trajectory and branch of every
-// run, the C++ twin of `python -m mxlab_analysis summary` (plus the events).
+// run, the C++ twin of `python -m mxlab summary` (plus the events).
 #pragma once
 #include <string>
 #include <vector>

@@ -72,14 +72,14 @@ RunRecord read_run_record(const std::string& path);
 std::vector<RunRecord> scan_run_dir(const std::string& dir);
 
 // Configuration keys whose values are not the same in every readable record, in configuration
-// order, leaving out `name` and `interventions` (as analysis/mxlab_analysis/sweep.py does).
+// order, leaving out `name` and `interventions` (as analysis/mxlab/sweep.py does).
 std::vector<std::string> swept_keys(const std::vector<RunRecord>& runs);
 
 // The value of dotted configuration key `key` in `r` (as printed in the canonical config);
 // *found says whether the run's configuration has the key at all.
 std::string config_value(const RunRecord& r, const std::string& key, bool* found);
 
-// A config value as a short label, like analysis/mxlab_analysis/yamlcfg.format_value
+// A config value as a short label, like analysis/mxlab/yamlcfg.format_value
 // (6e-4 -> "0.0006", 1.0e-05 -> "1e-05", true -> "True").
 std::string format_config_value(const std::string& text);
 

@@ -3,7 +3,7 @@
 // it and what it means. The trainer (lab/train/trainer.cpp) writes rows through these
 // declarations, RunFile (lab/runs/run_file.cpp) shapes its datasets by them, lab/train/SCHEMA.md
 // documents the same list (tests/cpu/test_metrics_schema.cpp fails when the two differ) and
-// analysis/mxlab_analysis/schema.py reads through the same names.
+// analysis/mxlab/schema.py reads through the same names.
 //
 // A declaration whose name holds "{tensor}" is a family: one dataset per tensor, for the
 // tensors `family` names (member_names).

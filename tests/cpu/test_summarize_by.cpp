@@ -480,7 +480,7 @@ TEST(SummarizeBy, BinaryTablesAndColumns) {
   EXPECT_NE(rc, 0);
 }
 
-// --where: the Python side's semantics (analysis/mxlab_analysis/sweep.py matches): numbers as
+// --where: the Python side's semantics (analysis/mxlab/sweep.py matches): numbers as
 // numbers to a relative 1e-6, booleans in any case, anything else as text.
 TEST(SummarizeWhere, ValuesMatchLikeThePythonSide) {
   EXPECT_TRUE(config_value_matches("0.0006", "6e-4"));

@@ -42,7 +42,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "analysis"))
-from mxlab_analysis import yamlcfg  # noqa: E402  (the project's YAML-subset reader, no PyYAML)
+from mxlab import yamlcfg  # noqa: E402  (the project's YAML-subset reader, no PyYAML)
 
 try:
     import torch

@@ -69,7 +69,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
-from mxlab_analysis import yamlcfg  # noqa: E402
+from mxlab import yamlcfg  # noqa: E402
 
 # microxcaling lives outside the repository, in shared/peers beside (or above) the checkout;
 # MXLAB_MICROXCALING names another copy.

@@ -2,7 +2,7 @@
 run file, the same table as `mxlab export DIR --long OUT.csv` writes (lab/report/long_export.h
 documents the columns and the row order; this module follows it row for row).
 
-    from mxlab_analysis import tidy
+    from mxlab import tidy
     df = tidy.load("runs/")                       # read the run files with h5py
     df = tidy.read_long_csv("long.csv")           # or the CSV the binary wrote
     df[(df.metric == "loss") & (df.kind == "arm")].groupby(["optimizer.lr", "step"]).value.median()

@@ -1,4 +1,4 @@
-"""Command line: `python3 -m mxlab_analysis <panel|interventions|grid|curves|summary|warn|survival> ...`
+"""Command line: `python3 -m mxlab <panel|interventions|grid|curves|summary|warn|survival> ...`
 (or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2. A command over
 a directory keeps going past a file it cannot read (summary gives it an `unreadable` row, the
 figures and reports leave it out with a note), writes its output and then exits 2 with one
