@@ -22,6 +22,15 @@ import make_fixtures as F  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+@pytest.fixture(scope="module")
+def binary():
+    """The built mxlab binary (MXLAB_BINARY; scripts/test.sh sets it), or the test is skipped."""
+    b = os.environ.get("MXLAB_BINARY")
+    if not b or not os.path.exists(b):
+        pytest.skip("MXLAB_BINARY (built mxlab) not set: scripts/test.sh sets it")
+    return b
+
+
 def load_results_script(name):
     """results/<name>.py as a module: the results scripts are scripts, not a package (results/ goes
     on sys.path too, for their shared stats_util)."""

@@ -45,14 +45,6 @@ TAIL = 50
 
 
 @pytest.fixture(scope="module")
-def binary():
-    b = os.environ.get("MXLAB_BINARY")
-    if not b or not os.path.exists(b):
-        pytest.skip("MXLAB_BINARY (built mxlab) not set: scripts/test.sh sets it")
-    return b
-
-
-@pytest.fixture(scope="module")
 def runs(binary, tmp_path_factory):
     d = tmp_path_factory.mktemp("event_runs")
     (d / "e.yaml").write_text(YAML)

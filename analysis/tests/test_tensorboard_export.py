@@ -28,14 +28,6 @@ interventions:
 
 
 @pytest.fixture(scope="module")
-def binary():
-    b = os.environ.get("MXLAB_BINARY")
-    if not b or not os.path.exists(b):
-        pytest.skip("MXLAB_BINARY (built mxlab) not set: scripts/test.sh sets it")
-    return b
-
-
-@pytest.fixture(scope="module")
 def exported(binary, tmp_path_factory):
     d = tmp_path_factory.mktemp("tb")
     (d / "tb.yaml").write_text(YAML)

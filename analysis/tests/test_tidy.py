@@ -108,14 +108,6 @@ sweep:
 
 
 @pytest.fixture(scope="module")
-def binary():
-    b = os.environ.get("MXLAB_BINARY")
-    if not b or not os.path.exists(b):
-        pytest.skip("MXLAB_BINARY (built mxlab) not set: scripts/test.sh sets it")
-    return b
-
-
-@pytest.fixture(scope="module")
 def real_sweep(binary, tmp_path_factory):
     d = tmp_path_factory.mktemp("tidy_sweep")
     (d / "s.yaml").write_text(YAML)
