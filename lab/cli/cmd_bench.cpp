@@ -61,6 +61,7 @@
 #include "lab/config/config_io.h"
 #include "lab/runs/memory_estimate.h"
 #include "lab/runs/run_file.h"
+#include "lab/stats/stats.h"
 #include "lab/config/sweep.h"
 #include "lab/train/trainer.h"
 #ifdef MXLAB_HAVE_CUDA
@@ -204,13 +205,6 @@ void print_setup(const Setup& s) {
                                            "operand; each pass's weights are quantized together, ahead)");
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", s.warmup, s.steps,
               s.graphs ? "CUDA graphs on, CUDA events" : (s.is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 // Median ms of one step of a figure: warmup + steps steps i = 0, 1, ..., each `prepare(i)`
