@@ -215,17 +215,20 @@ void run_layernorm_fwd(RUN) {
   UNUSED_HOST;
   be.layernorm_fwd(P(0), P(1), P(2), P(3), P(4), P(5), B0, B1, 1e-5f, kFp32);
 }
-OpCase make_layernorm_bwd(SZ) {
+// The inputs of a norm's backward: dy, the normalised input, the per-row scale (rstd, or
+// var + eps for the emulator's layernorm) uniform in [lo, hi], gamma; outputs dx and `param_grads`
+// vectors of d (dgamma, and dbeta for layernorms).
+OpCase norm_bwd_case(const OpSize& s, uint64_t seed, float lo, float hi, int param_grads) {
   Builder k(s);
-  k.in(gauss(V0 * V1, seed, 1, 0.01f));          // dy
-  k.in(gauss(V0 * V1, seed, 2));                 // xhat
-  k.in(uniform(V0, seed, 3, 0.5f, 2.0f));        // rstd
-  k.in(gauss(V1, seed, 4, 0.2f, 1.0f));          // gamma
+  k.in(gauss(V0 * V1, seed, 1, 0.01f));  // dy
+  k.in(gauss(V0 * V1, seed, 2));         // xhat / xn
+  k.in(uniform(V0, seed, 3, lo, hi));    // rstd / vare
+  k.in(gauss(V1, seed, 4, 0.2f, 1.0f));  // gamma
   k.out(V0 * V1);
-  k.out(V1);
-  k.out(V1);
+  for (int i = 0; i < param_grads; ++i) k.out(V1);
   return k.c;
 }
+OpCase make_layernorm_bwd(SZ) { return norm_bwd_case(s, seed, 0.5f, 2.0f, 2); }
 void run_layernorm_bwd(RUN) {
   UNUSED_HOST;
   be.layernorm_bwd(P(0), P(1), P(2), P(3), P(4), P(5), P(6), B0, B1, kFp32, kFp32);
@@ -243,33 +246,14 @@ void run_rmsnorm_fwd(RUN) {
   UNUSED_HOST;
   be.rmsnorm_fwd(P(0), P(1), P(2), P(3), P(4), B0, B1, 1e-5f, Backend::RmsEstimate{}, kFp32);
 }
-OpCase make_rmsnorm_bwd(SZ) {
-  Builder k(s);
-  k.in(gauss(V0 * V1, seed, 1, 0.01f));    // dy
-  k.in(gauss(V0 * V1, seed, 2));           // xhat
-  k.in(uniform(V0, seed, 3, 0.5f, 2.0f));  // rstd
-  k.in(gauss(V1, seed, 4, 0.2f, 1.0f));    // gamma
-  k.out(V0 * V1);
-  k.out(V1);
-  return k.c;
-}
+OpCase make_rmsnorm_bwd(SZ) { return norm_bwd_case(s, seed, 0.5f, 2.0f, 1); }
 void run_rmsnorm_bwd(RUN) { UNUSED_HOST; be.rmsnorm_bwd(P(0), P(1), P(2), P(3), P(4), P(5), B0, B1, kFp32); }
 OpCase make_layernorm_vec_fwd(SZ) { return make_layernorm_fwd(s, seed); }
 void run_layernorm_vec_fwd(RUN) {
   UNUSED_HOST;
   be.layernorm_vec_fwd(P(0), P(1), P(2), P(3), P(4), P(5), B0, B1, 1e-5f, kBf16Away);
 }
-OpCase make_layernorm_vec_bwd(SZ) {
-  Builder k(s);
-  k.in(gauss(V0 * V1, seed, 1, 0.01f));    // dy
-  k.in(gauss(V0 * V1, seed, 2));           // xn
-  k.in(uniform(V0, seed, 3, 0.25f, 4.0f)); // vare
-  k.in(gauss(V1, seed, 4, 0.2f, 1.0f));    // gamma
-  k.out(V0 * V1);
-  k.out(V1);
-  k.out(V1);
-  return k.c;
-}
+OpCase make_layernorm_vec_bwd(SZ) { return norm_bwd_case(s, seed, 0.25f, 4.0f, 2); }
 void run_layernorm_vec_bwd(RUN) {
   UNUSED_HOST;
   be.layernorm_vec_bwd(P(0), P(1), P(2), P(3), P(4), P(5), P(6), B0, B1, kBf16Away, kBf16Away);
