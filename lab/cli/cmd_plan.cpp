@@ -118,6 +118,11 @@ std::string constants_text(const CostModel& m) {
            ") + (curvature measurements) C (1 + K) iters/", std::max(m.curvature.arms, 1), "\n",
            "    u = t1 + S (1/b - 1/", std::max(m.t1.shadow_every, 1), ") + (K - 1) a,  a = A + S (1/b - 1/",
            std::max(m.extra.shadow_every, 1), ")  (K arms, the shadow pass every b steps)\n");
+  double lo = 1.0;
+  for (const CostTerm* t : {&m.t1, &m.extra, &m.shadow, &m.logged, &m.curvature}) lo = std::min(lo, t->scale);
+  if (lo < 0.5)
+    s += msg("  scaled down from a larger model by GEMM FLOPs (x", num(lo), "): a small model's step is bound by "
+             "latency, not FLOPs, so this is a lower bound; bench this configuration on the device\n");
   return s;
 }
 
@@ -177,8 +182,9 @@ std::string prediction_text(const Args& a, const std::vector<ExpandedRun>& runs)
   if (one_model) out += groups.front().constants;
   for (const Group& g : groups) {
     if (!one_model) out += g.constants;
-    out += msg("  runs ", index_ranges(g.runs), " (", g.runs.size(), "): ", g.line, "; ", num(g.ms / 3.6e6),
-               " h in all\n");
+    out += g.runs.size() == 1 ? msg("  run ", g.runs.front(), ": ", g.line, "\n")
+                              : msg("  runs ", index_ranges(g.runs), " (", g.runs.size(), "): ", g.line, "; ",
+                                    num(g.ms / 3.6e6), " h in all\n");
   }
   return out;
 }
