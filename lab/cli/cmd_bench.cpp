@@ -66,6 +66,7 @@
 #include "lab/train/batch.h"
 #include "lab/config/config_io.h"
 #include "lab/io/table_text.h"
+#include "lab/io/writable_dir.h"
 #include "lab/runs/bench_records.h"
 #include "lab/runs/cost_estimate.h"
 #include "lab/runs/memory_estimate.h"
@@ -862,6 +863,12 @@ void save_records(const Setup& s, const std::vector<BenchRecord>& records) {
 }
 
 void run_bench(const Args& a) {
+  // A file named on the command line that cannot be written fails now, not after the timings.
+  for (const std::string& f : {a.csv, a.bench_file})
+    if (!f.empty()) {
+      const std::string dir = std::filesystem::path(f).parent_path().string();
+      ensure_writable_dir(dir.empty() ? "." : dir);
+    }
   Setup s = make_setup(a);
   print_setup(s);
   StepFigures st = time_step_figures(s);

@@ -145,7 +145,10 @@ void write_bench_cache(const std::string& path, const std::string& device, const
   if (!dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    if (ec) throw IoError(msg("cannot create the bench cache folder ", dir.string(), ": ", ec.message()), dir.string(), ec.value());
+    if (ec)
+      throw IoError(msg("cannot create the bench cache folder ", dir.string(), ": ", ec.message(),
+                        " (name a writable file with --bench-file, or set XDG_CACHE_HOME)"),
+                    dir.string(), ec.value());
   }
   write_text_atomically(path, bench_cache_json(device, merge_bench_records(old, fresh)));
 }

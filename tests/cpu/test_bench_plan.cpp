@@ -118,6 +118,18 @@ TEST(BenchArms, PerExtraArmIsTheArithmeticOfTheMeasuredStepsInEveryOutput) {
   EXPECT_EQ(rows.at("trainer_1arm_ms").at("arms"), "1");
 }
 
+// --csv or --bench-file where nothing can be written: exit 74 before any timing, nothing on stdout.
+TEST(BenchArms, AnUnwritableRecordFileFailsBeforeTheTimings) {
+  TempDir dir;
+  const std::string exp = dir.write("t.yaml", kTiny), file = dir.write("file.txt", "x");
+  for (const std::string opt : {"--csv", "--bench-file"}) {
+    const auto [rc, out] = run_command("(" + kBin + " bench " + exp + " --device cpu --steps 1 --warmup 0 " + opt + " " +
+                                       file + "/sub/r.json 2>/dev/null)");
+    EXPECT_EQ(rc, 74) << opt << "\n" << out;
+    EXPECT_EQ(out, "") << opt;
+  }
+}
+
 // One arm has no extra arm; without the MX figure (--only fp32) there is no ratio to it.
 TEST(BenchArms, PerExtraArmNeedsTwoArmsAndItsRatioTheMxStep) {
   TempDir dir;
