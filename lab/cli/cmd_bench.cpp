@@ -20,8 +20,8 @@
 // (K copies of the policy, or the experiment's `arms:`), per step, against the serial sum of its
 // parts: FP32 step + K x (MX step + shadow / bias_every) + data, the cost per recipe-step
 // against K separate runs, and what each arm beyond the first adds, (t_K - t_1) / (K - 1), also as
-// a multiple of the MX trajectory step measured in the same run. On CUDA, in the same process, the floors these are measured against:
-// the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
+// a multiple of the MX trajectory step measured in the same run. On CUDA, in the same process,
+// the floors these are measured against: the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
 // for FP32, bf16 operands already quantized for MX; the teacher's 2 per block; an attention block
 // adds its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a ratio to
 // its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the primal pass
@@ -760,13 +760,6 @@ std::string device_model(const Backend& be) {
   return be.name();
 }
 
-std::string absolute_path(const std::string& path) {
-  if (path.empty()) return "";
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
-  return ec ? path : p.string();
-}
-
 // Every quantity the run measured (the timings and their ratios; not the losses), each with the
 // device, the revision, the command and the benched configuration.
 std::vector<BenchRecord> bench_records(const Setup& s, const StepFigures& st, const Floors& fl, const ArmsFigures& arms,
@@ -776,7 +769,7 @@ std::vector<BenchRecord> bench_records(const Setup& s, const StepFigures& st, co
   base.backend = s.be->name();
   base.revision = MXLAB_GIT_COMMIT;
   base.command = command_line();
-  base.config = absolute_path(s.args.path);
+  base.config = bench_config_path(s.args.path);
   base.shape = cost_shape_key(s.cfg);
   base.step_gflop = step_gflop(s.cfg);
   base.measured_at = utc_now_iso();

@@ -174,6 +174,13 @@ std::string bench_file_name(const std::string& device) {
   return (n.empty() ? std::string("device") : n) + ".json";
 }
 
+std::string bench_config_path(const std::string& path) {
+  if (path.empty()) return "";
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  return ec ? path : p.string();
+}
+
 std::string utc_now_iso() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};

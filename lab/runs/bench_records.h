@@ -65,6 +65,9 @@ std::string default_bench_dir();
 // then ".json" ("NVIDIA H100 80GB HBM3" -> NVIDIA_H100_80GB_HBM3.json).
 std::string bench_file_name(const std::string& device);
 
+// An experiment file as records name it: its absolute path, links resolved ("" for none).
+std::string bench_config_path(const std::string& path);
+
 // Now in UTC as ISO 8601, to the second.
 std::string utc_now_iso();
 

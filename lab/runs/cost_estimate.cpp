@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <system_error>
 #include <vector>
 
 #include "lab/core/error.h"
@@ -52,13 +50,6 @@ CostTerm stated(double ms, const char* from, const char* measured, double scale,
   return t;
 }
 
-std::string absolute(const std::string& path) {
-  if (path.empty()) return "";
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
-  return ec ? path : p.string();
-}
-
 }  // namespace
 
 std::string cost_shape_key(const RunConfig& cfg) {
@@ -93,7 +84,7 @@ CostModel stated_cost_model(const RunConfig& cfg) {
 }
 
 CostModel cost_model_from_bench(const BenchCache& cache, const RunConfig& cfg, const std::string& config_path) {
-  const std::string key = cost_shape_key(cfg), path = absolute(config_path);
+  const std::string key = cost_shape_key(cfg), path = bench_config_path(config_path);
   const double gflop = step_gflop(cfg);
   // The record of `quantity` that fits best (see the header), or null.
   auto find = [&](const char* quantity) -> const BenchRecord* {
