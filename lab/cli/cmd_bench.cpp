@@ -18,9 +18,10 @@
 // followed by the trainer's losses after them (those `mxlab run` computes at that step). With
 // --arms K, the trainer's run (logging only at the first and last step) with 1 arm and with K arms
 // (K copies of the policy, or the experiment's `arms:`), per step, against the serial sum of its
-// parts: FP32 step + K x (MX step + shadow / bias_every) + data, and the cost per recipe-step
-// against K separate runs. On CUDA, in the same process, the floors these are measured against:
-// the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
+// parts: FP32 step + K x (MX step + shadow / bias_every) + data, the cost per recipe-step
+// against K separate runs, and what each arm beyond the first adds, (t_K - t_1) / (K - 1), also as
+// a multiple of the MX trajectory step measured in the same run. On CUDA, in the same process,
+// the floors these are measured against: the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
 // for FP32, bf16 operands already quantized for MX; the teacher's 2 per block; an attention block
 // adds its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a ratio to
 // its floor. Then the cost of one curvature measurement (lab/model/curvature.h: the primal pass
@@ -33,7 +34,11 @@
 // counted, every metric computed and written to an HDF5 run file in a temporary directory, as a
 // run writes it) against its unlogged step, and where a logged step's time goes, phase by phase
 // (Trainer::set_phase_clock: each phase synchronised, so their sum is a little more than the
-// logged step). The last line is one JSON object for scripts.
+// logged step). Every measured quantity is also a record (value, unit, device, revision, command,
+// configuration; lab/runs/bench_records.h): --csv FILE writes them as CSV, and they are added to
+// the bench cache that `mxlab plan` predicts device time from (--bench-file FILE, default
+// $XDG_CACHE_HOME/mxlab/bench/<device>.json; not with --no-graphs or --no-producer-quant, which
+// time a step `mxlab run` does not take). The last line is one JSON object for scripts.
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,15 +60,21 @@
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
 #include "lab/model/curvature.h"
+#include "lab/model/gemm_list.h"
 #include "lab/model/hvp.h"
 #include "lab/model/mlp.h"
 #include "lab/train/batch.h"
 #include "lab/config/config_io.h"
+#include "lab/io/table_text.h"
+#include "lab/io/writable_dir.h"
+#include "lab/runs/bench_records.h"
+#include "lab/runs/cost_estimate.h"
 #include "lab/runs/memory_estimate.h"
 #include "lab/runs/run_file.h"
 #include "lab/stats/stats.h"
 #include "lab/config/sweep.h"
 #include "lab/train/trainer.h"
+#include "mxlab_build_info.h"
 #ifdef MXLAB_HAVE_CUDA
 #include "kernels/bench_support.h"
 #endif
@@ -98,6 +109,8 @@ struct Args {
   int curvature_iters = kCurvatureIters;
   int run = 0;  // --run I: which run of a sweep
   int log_steps = 0;  // --log-steps N: time N logged trainer steps and their phases
+  std::string csv;         // --csv FILE: one record per measured quantity
+  std::string bench_file;  // --bench-file FILE: the bench cache to add the records to (default: per device)
 };
 
 // The figures of a step, in report order; --only names one of them (or curvature).
@@ -272,57 +285,9 @@ RunConfig bare_trainer_config(RunConfig cfg) {
   cfg.checkpoint_every = 0;
   return cfg;
 }
-// One GEMM in the Backend's convention (C[M x N] = A B^T; *_kc: stored with K contiguous),
-// `batch` of them in one strided-batched call.
-struct Shape {
-  int64_t M, N, K;
-  bool a_kc, b_kc;
-  int64_t batch = 1;
-};
-
-// The GEMMs of one pass of `s` at B tokens (lab/model/README.md): forward only, or forward and
-// backward (the dgrad of layer 0 included: the model computes it).
-std::vector<Shape> pass_gemms(const NetShape& s, int64_t B, bool backward) {
-  const int64_t d = s.d, H = s.hidden, H1 = s.hidden_in;
-  const int64_t S = s.seq_len, dh = s.head_dim(), bh = B / S * s.heads;
-  std::vector<Shape> v;
-  for (int k = 0; k < s.depth; ++k) {
-    if (s.attention()) {
-      v.push_back({B, 3 * d, d, true, true});      // qkv = y1 Wqkv^T
-      v.push_back({S, S, dh, true, true, bh});     // logits = Q K^T per (sequence, head)
-      v.push_back({S, dh, S, true, false, bh});    // O = P V
-      v.push_back({B, d, d, true, true});          // o = ctx Wo^T
-    }
-    v.push_back({B, H1, d, true, true});  // h = y W1^T
-    v.push_back({B, d, H, true, true});   // o = a W2^T
-  }
-  if (backward)
-    for (int k = s.depth - 1; k >= 0; --k) {
-      v.push_back({d, H, B, false, false});   // dW2 = dA^T a
-      v.push_back({B, H, d, true, false});    // da = dA W2
-      v.push_back({H1, d, B, false, false});  // dW1 = dh^T y
-      v.push_back({B, d, H1, true, false});   // dy = dh W1
-      if (s.attention()) {
-        v.push_back({d, d, B, false, false});        // dWo = dZ^T ctx
-        v.push_back({B, d, d, true, false});         // dctx = dZ Wo
-        v.push_back({S, S, dh, true, true, bh});     // dP = dO V^T
-        v.push_back({S, dh, S, false, false, bh});   // dV = P^T dO
-        v.push_back({S, dh, S, true, false, bh});    // dQ = dS K
-        v.push_back({S, dh, S, false, false, bh});   // dK = dS^T Q
-        v.push_back({3 * d, d, B, false, false});    // dWqkv = dQKV^T y1
-        v.push_back({B, d, 3 * d, true, false});     // dy1 = dQKV Wqkv
-      }
-    }
-  return v;
-}
-
-double gflop(const std::vector<Shape>& v) {
-  double f = 0.0;
-  for (const Shape& g : v)
-    f += 2.0 * static_cast<double>(g.batch) * static_cast<double>(g.M) * static_cast<double>(g.N) *
-         static_cast<double>(g.K);
-  return f * 1e-9;
-}
+// The GEMMs of a pass (lab/model/gemm_list.h), under the bench's short names.
+using Shape = GemmDims;
+double gflop(const std::vector<Shape>& v) { return gemm_gflop(v); }
 
 struct Figure {
   const char* key;    // JSON key
@@ -531,7 +496,19 @@ struct ArmsFigures {
   double one_ms = 0.0, arms_ms = 0.0;  // the trainer's step with 1 arm, with K arms
   double serial_ms = 0.0;              // FP32 + K x (MX + shadow / bias_every) + data, from the step figures
   double saving = 0.0;                 // per recipe-step: 1 arm over K arms / K
+  // What each arm beyond the first adds, (t_K - t_1) / (K - 1) (K >= 2, else NaN), and that over
+  // the MX trajectory step measured in the same run (NaN without it: --only).
+  double per_extra_ms = kNaN, mx_ms = 0.0, per_extra_mx_ratio = kNaN;
 };
+
+// The arms figures' arithmetic on the two trainer steps and the step figures.
+void derive_arms_figures(ArmsFigures& r, const std::vector<Figure>& figs) {
+  r.serial_ms = figs[kFigFp32].ms + r.K * (figs[kFigMx].ms + figs[kFigShadow].ms / r.bias_every) + figs[kFigData].ms;
+  r.saving = r.one_ms / (r.arms_ms / r.K);
+  r.mx_ms = figs[kFigMx].ms;
+  if (r.K >= 2) r.per_extra_ms = (r.arms_ms - r.one_ms) / (r.K - 1);
+  if (r.K >= 2 && r.mx_ms > 0) r.per_extra_mx_ratio = r.per_extra_ms / r.mx_ms;
+}
 
 ArmsFigures time_arms(const Setup& s, const std::vector<Figure>& figs) {
   ArmsFigures r;
@@ -546,8 +523,7 @@ ArmsFigures time_arms(const Setup& s, const std::vector<Figure>& figs) {
   r.bias_every = s.cfg.log.bias_every > 0 ? s.cfg.log.bias_every : s.cfg.log.log_every;
   r.one_ms = trainer_ms_per_step(s, one);
   r.arms_ms = trainer_ms_per_step(s, many);
-  r.serial_ms = figs[kFigFp32].ms + r.K * (figs[kFigMx].ms + figs[kFigShadow].ms / r.bias_every) + figs[kFigData].ms;
-  r.saving = r.one_ms / (r.arms_ms / r.K);
+  derive_arms_figures(r, figs);
   return r;
 }
 
@@ -560,6 +536,14 @@ void print_arms(const Setup& s, const ArmsFigures& r) {
               msg(r.K, " arms").c_str(), r.arms_ms, r.serial_ms, r.K, r.bias_every, r.arms_ms / r.serial_ms);
   std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", r.K, r.arms_ms / r.K,
               r.one_ms, r.saving);
+  if (r.K < 2)
+    std::printf("  per extra arm: - (needs 2 or more arms: --arms K)\n");
+  else if (r.mx_ms > 0)
+    std::printf("  per extra arm: (%.3f - %.3f) / (%d - 1) = %.3f ms = %.3f x the MX trajectory step (%.3f ms) "
+                "measured above\n", r.arms_ms, r.one_ms, r.K, r.per_extra_ms, r.per_extra_mx_ratio, r.mx_ms);
+  else
+    std::printf("  per extra arm: (%.3f - %.3f) / (%d - 1) = %.3f ms (the MX trajectory step was not timed: --only)\n",
+                r.arms_ms, r.one_ms, r.K, r.per_extra_ms);
 }
 
 // ---- --log-steps N: a logged trainer step against an unlogged one, and its phases ----
@@ -740,16 +724,21 @@ std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, c
                          ",\"graphs\":", s.graphs ? "true" : "false");
   for (const Figure& f : st.figs) {
     if (f.ms <= 0) continue;
-    json += msg(",\"", f.key, "\":", f.ms);
+    json += msg(",\"", f.key, "\":", shortest_repr(f.ms));  // full precision: per_extra_arm_mx_ratio divides by mx_step_ms
     if (f.floor_ms > 0) json += msg(",\"", f.key, "_floor\":", f.floor_ms, ",\"", f.key, "_ratio\":", f.ms / f.floor_ms);
   }
   if (st.fp32_steps > 0) json += msg(",\"fp32_loss\":", loss_text(st.fp32_loss), ",\"fp32_loss_step\":", st.fp32_steps - 1);
   if (st.mx_steps > 0) json += msg(",\"mx_loss\":", loss_text(st.mx_loss), ",\"mx_loss_step\":", st.mx_steps - 1);
   if (fl.sgemm_default > 0)
     json += msg(",\"sgemm_default_floor_ms\":", fl.sgemm_default, ",\"sgemm_default_rel_diff\":", fl.sgemm_default_diff);
-  if (arms.K > 0)
-    json += msg(",\"arms\":", arms.K, ",\"trainer_1arm_ms\":", arms.one_ms, ",\"trainer_arms_ms\":", arms.arms_ms,
-                ",\"arms_serial_ms\":", arms.serial_ms, ",\"arms_saving\":", arms.saving);
+  if (arms.K > 0) {  // full precision: per_extra_arm_ms is (trainer_arms_ms - trainer_1arm_ms) / (arms - 1)
+    json += msg(",\"arms\":", arms.K, ",\"trainer_1arm_ms\":", shortest_repr(arms.one_ms),
+                ",\"trainer_arms_ms\":", shortest_repr(arms.arms_ms), ",\"arms_serial_ms\":", arms.serial_ms,
+                ",\"arms_saving\":", arms.saving);
+    if (std::isfinite(arms.per_extra_ms)) json += msg(",\"per_extra_arm_ms\":", shortest_repr(arms.per_extra_ms));
+    if (std::isfinite(arms.per_extra_mx_ratio))
+      json += msg(",\"per_extra_arm_mx_ratio\":", shortest_repr(arms.per_extra_mx_ratio));
+  }
   if (curv.measured)
     json += msg(",\"fwd_bwd_ms\":", curv.fb_ms, ",\"curvature_iters\":", s.args.curvature_iters,
                 ",\"curvature_hessian_ms\":", curv.hessian_ms, ",\"curvature_ms\":", curv.both_ms,
@@ -762,7 +751,117 @@ std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, c
   return json;
 }
 
+// ---- the records: one per measured quantity (--csv FILE, the bench cache of mxlab plan) ----
+
+// The device's model: the GPU's name, or the backend's ("cpu").
+std::string device_model(const Backend& be) {
+  for (const auto& [key, value] : be.describe())
+    if (key == "gpu" && !value.empty()) return value;
+  return be.name();
+}
+
+// Every quantity the run measured (the timings and their ratios; not the losses), each with the
+// device, the revision, the command and the benched configuration.
+std::vector<BenchRecord> bench_records(const Setup& s, const StepFigures& st, const Floors& fl, const ArmsFigures& arms,
+                                       const LogFigures& log, const CurvatureFigures& curv) {
+  BenchRecord base;
+  base.device = device_model(*s.be);
+  base.backend = s.be->name();
+  base.revision = MXLAB_GIT_COMMIT;
+  base.command = command_line();
+  base.config = bench_config_path(s.args.path);
+  base.shape = cost_shape_key(s.cfg);
+  base.step_gflop = step_gflop(s.cfg);
+  base.measured_at = utc_now_iso();
+  std::vector<BenchRecord> out;
+  auto add = [&](const std::string& quantity, double value, const char* unit, int arms_n = 0, int every = 0) {
+    if (!std::isfinite(value)) return;
+    BenchRecord r = base;
+    r.quantity = quantity;
+    r.value = value;
+    r.unit = unit;
+    r.arms = arms_n;
+    r.shadow_every = every;
+    out.push_back(std::move(r));
+  };
+  for (int f = 0; f < kNumFigs; ++f) {
+    const Figure& fig = st.figs[static_cast<size_t>(f)];
+    if (fig.ms <= 0) continue;
+    const bool step = f == kFigPaired;  // the trainer's whole step: 1 arm, the shadow pass every step
+    add(fig.key, fig.ms, "ms", step ? 1 : 0, step ? 1 : 0);
+    if (fig.floor_ms > 0) {
+      const std::string k = fig.key;
+      const std::string stem = k.size() > 3 && k.compare(k.size() - 3, 3, "_ms") == 0 ? k.substr(0, k.size() - 3) : k;
+      add(stem + "_floor_ms", fig.floor_ms, "ms");
+    }
+  }
+  if (fl.sgemm_default > 0) add("sgemm_default_floor_ms", fl.sgemm_default, "ms");
+  if (arms.K > 0) {
+    add("trainer_1arm_ms", arms.one_ms, "ms", 1, arms.bias_every);
+    add("trainer_arms_ms", arms.arms_ms, "ms", arms.K, arms.bias_every);
+    add("arms_serial_ms", arms.serial_ms, "ms", arms.K, arms.bias_every);
+    add("arms_saving", arms.saving, "ratio", arms.K, arms.bias_every);
+    add("per_extra_arm_ms", arms.per_extra_ms, "ms", arms.K, arms.bias_every);
+    add("per_extra_arm_mx_ratio", arms.per_extra_mx_ratio, "ratio", arms.K, arms.bias_every);
+  }
+  if (log.steps > 0) {
+    const int k = static_cast<int>(resolved_arms(s.cfg).size());
+    const int every = log.profile.bias_every;
+    add("logged_step_ms", log.profile.logged_ms, "ms", k, every);
+    add("unlogged_step_ms", log.unlogged_ms, "ms", k, every);
+    add("logged_step_extra_ms", log.profile.logged_ms - log.unlogged_ms, "ms", k, every);
+  }
+  if (curv.measured) {
+    add("fwd_bwd_ms", curv.fb_ms, "ms");
+    add("curvature_hessian_ms", curv.hessian_ms, "ms");
+    add("curvature_ms", curv.both_ms, "ms");
+    add("curvature_iters", s.args.curvature_iters, "count");
+  }
+  return out;
+}
+
+// --csv FILE, and the bench cache (--bench-file FILE, or the device's file in the cache folder).
+void save_records(const Setup& s, const std::vector<BenchRecord>& records) {
+  if (records.empty()) return;
+  std::printf("\n");
+  if (!s.args.csv.empty()) {
+    write_text_atomically(s.args.csv, bench_records_csv(records));
+    std::printf("  records: %zu measured quantities written to %s\n", records.size(), s.args.csv.c_str());
+  }
+  if (s.args.no_graphs || s.args.no_producer_quant) {
+    std::printf("  bench cache: not written (%s times a step mxlab run does not take)\n",
+                s.args.no_graphs ? "--no-graphs" : "--no-producer-quant");
+    return;
+  }
+  const std::string device = records.front().device;
+  std::string path = s.args.bench_file;
+  if (path.empty()) {
+    const std::string dir = default_bench_dir();
+    if (dir.empty()) {
+      std::printf("  bench cache: not written (neither XDG_CACHE_HOME nor HOME is set: name a file with --bench-file)\n");
+      return;
+    }
+    path = (std::filesystem::path(dir) / bench_file_name(device)).string();
+  }
+  try {
+    write_bench_cache(path, device, records);
+  } catch (const IoError& e) {
+    if (!s.args.bench_file.empty()) throw;
+    std::fprintf(stderr, "mxlab: warning: %s; mxlab plan will not see this bench (--bench-file FILE writes elsewhere)\n",
+                 one_line_message(e.what()).c_str());
+    return;
+  }
+  std::printf("  bench cache: %zu records added to %s (what mxlab plan predicts device time from)\n", records.size(),
+              path.c_str());
+}
+
 void run_bench(const Args& a) {
+  // A file named on the command line that cannot be written fails now, not after the timings.
+  for (const std::string& f : {a.csv, a.bench_file})
+    if (!f.empty()) {
+      const std::string dir = std::filesystem::path(f).parent_path().string();
+      ensure_writable_dir(dir.empty() ? "." : dir);
+    }
   Setup s = make_setup(a);
   print_setup(s);
   StepFigures st = time_step_figures(s);
@@ -774,6 +873,7 @@ void run_bench(const Args& a) {
   print_logged_steps(s, log);
   const CurvatureFigures curv = time_curvature(s, st);
   print_curvature(s, curv);
+  save_records(s, bench_records(s, st, floors, arms, log, curv));
   std::printf("%s\n", json_line(s, st, floors, arms, log, curv).c_str());
 }
 
@@ -783,9 +883,9 @@ void run_bench(const Args& a) {
 // `steps` calls (after `warmup`), synchronised after the last.
 void run_op_bench(const Args& a, const std::vector<std::string>& names) {
   if (!a.path.empty() || !a.sets.empty() || a.depth || a.width || a.batch || a.arms || !a.only.empty() ||
-      a.log_steps || a.run)
+      a.log_steps || a.run || !a.csv.empty() || !a.bench_file.empty())
     throw Error("--ops times each backend op at its fixed bench size: drop the experiment file and --set, --depth, "
-                "--width, --batch, --arms, --only, --log-steps, --run");
+                "--width, --batch, --arms, --only, --log-steps, --run, --csv, --bench-file");
   std::vector<const OpDesc*> ops;
   for (const std::string& n : names) {
     if (n.empty()) continue;
@@ -857,6 +957,12 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                   "also time N logged trainer steps (log_every 1, metrics to a temporary HDF5 file) against an "
                   "unlogged one, phase by phase")
       ->check(integer_in(1));
+  sub->add_option("--csv", args->csv,
+                  "also write one CSV record per measured quantity (value, unit, device, revision, command, "
+                  "configuration) to FILE");
+  sub->add_option("--bench-file", args->bench_file,
+                  "the bench cache to add this bench's records to (default: $XDG_CACHE_HOME/mxlab/bench/<device>.json, "
+                  "$HOME/.cache/... without XDG_CACHE_HOME); mxlab plan predicts device time from it");
   sub->add_option("--curvature-iters", args->curvature_iters,
                   "Lanczos steps per eigenvalue of the curvature figure (log.curvature_iters)")
       ->capture_default_str()

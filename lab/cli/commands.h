@@ -4,6 +4,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace mxlab::cli {
 
@@ -17,5 +18,9 @@ void register_all(CLI::App& app);
 // Subcommand callbacks set this to report failure without throwing (e.g. a failed run).
 void set_exit_code(int code);
 int exit_code();
+// The command line as typed (main() records it), each argument shell-quoted where it needs it:
+// what `mxlab bench` writes beside its measurements.
+void set_command_line(int argc, const char* const* argv);
+const std::string& command_line();
 
 }  // namespace mxlab::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mxlab: a laboratory for training instabilities in MX (microscaling) formats"};
   app.require_subcommand(1);
   mxlab::cli::register_all(app);
+  mxlab::cli::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -135,14 +135,14 @@ TEST(BenchCli, ReportsTheLossesMxlabRunWritesAtTheSameStep) {
       {"adamw_mx_targets", base + "optimizer: {name: adamw, lr: 3.0e-3, weight_decay: 0.1}\n"
                                   "data: {batch: 16, mx_teacher_targets: true}\n"},
   };
-  const std::string bin = MXLAB_BINARY;
+  const std::string bin = MXLAB_BINARY;  // --bench-file: the bench cache in the test's folder, not $HOME's
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string exp = dir.write(std::string(c.name) + ".yaml", c.yaml);
     std::string file;
     ASSERT_NO_FATAL_FAILURE(mxlab::testutil::train_cpu(exp, dir.str() + "/run_" + c.name, &file));
     // n = 1 + 3 = 4: the figures train steps 0..3, the paired one 4..7.
-    auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1");
+    auto [rc, out] = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1 --bench-file " + dir.str() + "/bench.json");
     ASSERT_EQ(rc, 0) << out;
     for (const char* line : {"  FP32 trajectory step", "  MX trajectory step", "  shadow pass (FP32 at MX weights)",
                              "  data + teacher forward", "  paired step (all, on lanes)", "  curvature (probe batch"})
@@ -154,12 +154,12 @@ TEST(BenchCli, ReportsTheLossesMxlabRunWritesAtTheSameStep) {
     EXPECT_EQ(static_cast<float>(json_number(out, "fp32_loss")), run_loss(file, "fp32", 7)) << out;
     EXPECT_EQ(static_cast<float>(json_number(out, "mx_loss")), run_loss(file, "mx", 7)) << out;
     // One trajectory's figure alone: its steps 0..3 through Trainer::step_trajectory.
-    std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1 --only fp32");
+    std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1 --bench-file " + dir.str() + "/bench.json --only fp32");
     ASSERT_EQ(rc, 0) << out;
     EXPECT_EQ(json_number(out, "fp32_loss_step"), 3.0) << out;
     EXPECT_EQ(static_cast<float>(json_number(out, "fp32_loss")), run_loss(file, "fp32", 3)) << out;
     EXPECT_TRUE(std::isnan(json_number(out, "mx_loss"))) << out;  // not trained
-    std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1 --only mx");
+    std::tie(rc, out) = mxlab::test::run_command(bin + " bench " + exp + " --device cpu --steps 3 --warmup 1 --bench-file " + dir.str() + "/bench.json --only mx");
     ASSERT_EQ(rc, 0) << out;
     EXPECT_EQ(static_cast<float>(json_number(out, "mx_loss")), run_loss(file, "mx", 3)) << out;
   }
