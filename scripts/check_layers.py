@@ -28,7 +28,7 @@ ALLOWED = {
     "runs": {"core", "mx", "io", "stats", "model", "config", "train"},   # driver, run files, sweeps
     "report": {"core", "mx", "io", "stats", "model", "config", "train", "runs"},  # tables, exports
     "backends": {"core", "mx", "model", "cpu", "kernels"},               # make_backend
-    "python": {"core", "mx"},                       # the Python extension mxlab._core
+    "python": {"core", "mx", "kernels"},            # the Python extension mxlab._core (kernels: its CUDA build)
     "cli": {"core", "mx", "io", "stats", "model", "cpu", "kernels", "config", "train", "runs",
             "report", "backends"},                  # the mxlab commands
 }

@@ -2,7 +2,8 @@
 of mxlab HDF5 run files (lab/train/SCHEMA.md) with the paper's figures.
 
 - `mxlab.quantize`, `mxlab.quantize_stats`: `mxlab quantize` without files (needs the compiled
-  extension: `pip install .`); `mxlab.nn`: the fake-quant op `mxlab::fake_quant` and `MXLinear`.
+  extension: `pip install .`; CUDA tensors need it built with CUDA, `mxlab.built_with_cuda()`,
+  `mxlab.cuda_available()`); `mxlab.nn`: the fake-quant op `mxlab::fake_quant` and `MXLinear`.
 - The analysis modules (schema, metrics, panel, ...; `python3 -m mxlab <command>`) read run files
   through `schema.load_run`; the figure builders return a matplotlib Figure (no pyplot, no
   display) so tests can inspect it before anything is saved. They work from a source checkout
@@ -11,7 +12,7 @@ of mxlab HDF5 run files (lab/train/SCHEMA.md) with the paper's figures.
 
 __version__ = "0.1.0"
 
-from ._quant import quantize, quantize_stats  # noqa: E402,F401
+from ._quant import built_with_cuda, cuda_available, quantize, quantize_stats  # noqa: E402,F401
 
 
 class AnalysisError(Exception):

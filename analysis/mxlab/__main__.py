@@ -1,4 +1,4 @@
-"""Command line: `python3 -m mxlab <panel|interventions|grid|curves|summary|warn|survival> ...`
+"""Command line: `python3 -m mxlab <panel|interventions|grid|curves|summary|warn|survival|report> ...`
 (or `analysis/mxlab-plot ...`). Errors in the input print one line and exit 2. A command over
 a directory keeps going past a file it cannot read (summary gives it an `unreadable` row, the
 figures and reports leave it out with a note), writes its output and then exits 2 with one
@@ -89,6 +89,14 @@ def _cmd_survival(args):
     return survival.run_command(_load_dir(args), args.by, out=out, csv_path=args.csv,
                                 pdf=args.pdf, band=args.band, where=args.where,
                                 fp32=not args.no_fp32, branches=not args.no_branches)
+
+
+def _cmd_report(args):
+    from . import report
+    loaded = sweep.load_all(S.find_runs([args.dir]))
+    args.unreadable, args.files = sweep.unreadable(loaded), len(loaded)
+    return report.run_command(args.dir, loaded, out=args.out, by=args.by, binary=args.mxlab,
+                              max_runs=args.max_runs, use_binary=not args.no_mxlab)
 
 
 def make_parser():
@@ -197,6 +205,22 @@ def make_parser():
     sp.add_argument("--csv", action="store_true", help="CSV instead of an aligned table")
     sp.add_argument("-o", "--out", help="write to this file instead of stdout")
     sp.set_defaults(func=_cmd_summary)
+
+    sp = sub.add_parser("report", help="one self-contained HTML page for a results directory: the "
+                        "summary tables and the standard figures embedded (DIR/report.html)")
+    sp.add_argument("dir", metavar="DIR", help="results directory (the run files of `mxlab run --out DIR`)")
+    sp.add_argument("-o", "--out", help="the HTML file (default: DIR/report.html)")
+    sp.add_argument("--by", default="arm", metavar="KEY[,KEY]", help="group the per-group tables and the "
+                    "Kaplan-Meier figure by these keys (default: arm; e.g. arm,optimizer.lr)")
+    which = sp.add_mutually_exclusive_group()
+    which.add_argument("--mxlab", metavar="PATH", help="the mxlab program for the tables of `mxlab summarize` "
+                       "(default: $MXLAB_BINARY, `mxlab` on PATH, build/mxlab of the checkout; without one, "
+                       "the Python summary)")
+    which.add_argument("--no-mxlab", action="store_true", help="the Python summary table even where an "
+                       "mxlab program is found")
+    sp.add_argument("--max-runs", type=int, default=8, metavar="N", help="draw the panel (and the "
+                    "interventions) of the first N runs (default 8)")
+    sp.set_defaults(func=_cmd_report)
     return p
 
 

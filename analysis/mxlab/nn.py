@@ -1,5 +1,5 @@
-"""The lab's MX quantizer in PyTorch (CPU): the custom op `mxlab::fake_quant` with a
-straight-through backward, a gradient quantizer, and `MXLinear`.
+"""The lab's MX quantizer in PyTorch: the custom op `mxlab::fake_quant` with a straight-through
+backward, a gradient quantizer, and `MXLinear`.
 
     import torch, mxlab.nn
     y = torch.ops.mxlab.fake_quant(x, "mxfp8_e4m3", 32, "floor", "nearest_even", -1, 0)
@@ -10,7 +10,9 @@ fake_quant is `mxlab.quantize` (bit for bit `mxlab quantize`): quantize-dequanti
 blocks along `axis` (-1 or 0). Its backward passes the gradient through unchanged (the
 straight-through estimator), as MX training recipes do for the quantizer itself. Registered
 with torch.library (Library/define/impl, which torch 1.13 and 2.x both have) for the CPU and
-Meta dispatch keys and for Autograd. CPU tensors only: a CUDA tensor is refused with a message.
+Meta dispatch keys and for Autograd, and for CUDA: a CUDA tensor goes through the lab's CUDA
+quantize kernels on its current stream when the package is built with CUDA (mxlab.quantize);
+otherwise it is refused with a message that says how to build it.
 """
 
 import torch
@@ -25,17 +27,13 @@ _lib = torch.library.Library("mxlab", "DEF")
 _lib.define(_SCHEMA)
 
 
-def _fake_quant_cpu(x, format, block_size, scale_rule, rounding, axis, seed):
+def _fake_quant_impl(x, format, block_size, scale_rule, rounding, axis, seed):
+    """CPU and CUDA alike: mxlab.quantize runs the CPU reference or the CUDA kernels where x is."""
     return _quantize(x.contiguous(), format, block_size, scale_rule, rounding, axis, seed=seed)
 
 
 def _fake_quant_meta(x, format, block_size, scale_rule, rounding, axis, seed):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _fake_quant_cuda(x, *args):
-    raise TypeError(f"mxlab::fake_quant runs on the CPU only (got a tensor on {x.device}): move the model "
-                    "and data to the CPU; CUDA tensors are not supported by the Python binding")
 
 
 def _below_autograd(*args):
@@ -63,9 +61,9 @@ def _fake_quant_autograd(x, format, block_size, scale_rule, rounding, axis, seed
     return _FakeQuantSTE.apply(x, format, block_size, scale_rule, rounding, axis, seed)
 
 
-_lib.impl("fake_quant", _fake_quant_cpu, "CPU")
+_lib.impl("fake_quant", _fake_quant_impl, "CPU")
 _lib.impl("fake_quant", _fake_quant_meta, "Meta")
-_lib.impl("fake_quant", _fake_quant_cuda, "CUDA")
+_lib.impl("fake_quant", _fake_quant_impl, "CUDA")
 _lib.impl("fake_quant", _fake_quant_autograd, "Autograd")
 
 

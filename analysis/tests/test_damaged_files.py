@@ -173,6 +173,16 @@ def test_figure_and_report_commands_leave_out_the_bad_file(source, tmp_path, cap
         assert out.exists() and out.stat().st_size > 0, argv  # drawn from the good run
         line = _one_error_line(capsys.readouterr().err, argv[0])
         assert "1 of 2 run files could not be read (left out)" in line and "b_bad.h5" in line
+    # report: the page is written (the bad file's row says unreadable), then exit 2; with the
+    # mxlab program too where there is one (its `summarize` exits 2 on the bad file).
+    binary = os.environ.get("MXLAB_BINARY")
+    for which in [["--no-mxlab"]] + ([["--mxlab", binary]] if binary and os.path.exists(binary) else []):
+        out = tmp_path / "report.html"
+        assert main(["report", d, "-o", str(out)] + which) == 2, which
+        page = out.read_text()
+        assert page.rstrip().endswith("</html>") and "unreadable" in page and "b_bad" in page, which
+        line = _one_error_line(capsys.readouterr().err, "report")
+        assert "1 of 2 run files could not be read (left out)" in line and "b_bad.h5" in line
 
 
 def test_single_file_commands_exit_2_with_one_line(source, tmp_path, capsys):
@@ -195,6 +205,11 @@ def test_every_file_unreadable_is_one_line_too(synthetic, tmp_path, capsys):
     assert main(["grid", str(d), "-o", str(tmp_path / "g.png")]) == 2
     line = _one_error_line(capsys.readouterr().err, "grid")
     assert "no run files left to plot" in line and f"{len(kinds)} of {len(kinds)} run files" in line
+    assert main(["report", str(d), "--no-mxlab"]) == 2
+    assert (d / "report.html").read_text().count("unreadable: ") == len(kinds)
+    assert "no run files left to plot" in (d / "report.html").read_text()
+    _one_error_line(capsys.readouterr().err, "report")
+    os.unlink(d / "report.html")
     assert main(["summary", str(d)]) == 2
     captured = capsys.readouterr()
     assert captured.out.count("unreadable: ") == len(kinds)

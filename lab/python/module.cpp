@@ -1,7 +1,10 @@
 // mxlab._core: the lab's MX quantizer (lab/mx/quantize.h) for Python, through nanobind.
-// Arrays come in as DLPack/buffer views (NumPy arrays and PyTorch CPU tensors alike, no copy):
-// the caller (analysis/mxlab/_quant.py) checks dtype, device and layout first so that its
-// errors name the fix, allocates the output of the same kind and passes both here.
+// Arrays come in as DLPack/buffer views (NumPy arrays and PyTorch tensors alike, no copy): the
+// caller (analysis/mxlab/_quant.py) checks dtype, device and layout first so that its errors
+// name the fix, allocates the output of the same kind (on the same device) and passes both here.
+// Built with CUDA (MXLAB_PYTHON_CUDA, lab/python/cuda_quant.h), CUDA tensors go through the
+// lab's CUDA quantize kernels on their own memory and stream, and host arrays can be sent
+// through them too (copied); `built_with_cuda` tells Python which build this is.
 // The options are parsed with the same tables as `mxlab quantize` (lab/mx/format.h) and
 // refused under the same conditions as the CLI's (lab/cli/cmd_quantize.cpp, make_spec),
 // worded with the Python argument names.
@@ -17,6 +20,9 @@
 #include "lab/core/error.h"
 #include "lab/mx/format.h"
 #include "lab/mx/quantize.h"
+#ifdef MXLAB_PYTHON_CUDA
+#include "lab/python/cuda_quant.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -71,7 +77,8 @@ struct Layout {
   mxlab::Axis axis = mxlab::Axis::contiguous;
 };
 
-Layout layout_of(const Array& x, int axis) {
+template <typename A>
+Layout layout_of(const A& x, int axis) {
   const int nd = static_cast<int>(x.ndim());
   if (nd < 1) throw Error("quantize needs an array of rank >= 1 (got a 0-d array): pass x.reshape(1)");
   const int a = axis < 0 ? axis + nd : axis;
@@ -125,6 +132,53 @@ nb::dict quantize_into(Array x, OutArray out, const std::string& format, int blo
   return stats_dict(st, with_error ? &qe : nullptr);
 }
 
+#ifdef MXLAB_PYTHON_CUDA
+using CudaArray = nb::ndarray<const float, nb::c_contig, nb::device::cuda>;
+using CudaOutArray = nb::ndarray<float, nb::c_contig, nb::device::cuda>;
+
+// quantize_into for a CUDA tensor: the CUDA kernels on its memory, enqueued on `stream` (the
+// tensor's current stream, as an integer). Without with_stats nothing waits; with it the call
+// waits for the stream and returns the statistics (rel_error too when with_error).
+nb::object quantize_cuda_into(CudaArray x, CudaOutArray out, const std::string& format, int block_size,
+                              const std::string& scale_rule, const std::string& rounding, int axis,
+                              const std::string& bump, bool bump_given, uint64_t seed, uintptr_t stream,
+                              bool with_stats, bool with_error) {
+  const mxlab::QuantSpec spec = make_spec(format, block_size, scale_rule, rounding, bump, bump_given, seed);
+  if (out.size() != x.size()) throw Error(msg("quantize: output has ", out.size(), " elements, input ", x.size()));
+  if (out.device_id() != x.device_id())
+    throw Error(msg("quantize: output on cuda:", out.device_id(), ", input on cuda:", x.device_id()));
+  const Layout l = layout_of(x, axis);
+  mxlab::QuantStats st;
+  mxlab::QuantError qe;
+  {
+    nb::gil_scoped_release release;
+    mxlab::python::quantize_device(x.data(), out.data(), l.rows, l.cols, l.axis, spec, x.device_id(), stream,
+                                   with_stats ? &st : nullptr, with_stats && with_error ? &qe : nullptr);
+  }
+  if (!with_stats) return nb::none();
+  return stats_dict(st, with_error ? &qe : nullptr);
+}
+
+// quantize_into for host memory through the CUDA kernels of device `device` (-1: the current
+// one): copied there and back, synchronous.
+nb::dict quantize_host_cuda_into(Array x, OutArray out, const std::string& format, int block_size,
+                                 const std::string& scale_rule, const std::string& rounding, int axis,
+                                 const std::string& bump, bool bump_given, uint64_t seed, int device,
+                                 bool with_error) {
+  const mxlab::QuantSpec spec = make_spec(format, block_size, scale_rule, rounding, bump, bump_given, seed);
+  if (out.size() != x.size()) throw Error(msg("quantize: output has ", out.size(), " elements, input ", x.size()));
+  const Layout l = layout_of(x, axis);
+  mxlab::QuantStats st;
+  mxlab::QuantError qe;
+  {
+    nb::gil_scoped_release release;
+    mxlab::python::quantize_host_on_device(x.data(), out.data(), l.rows, l.cols, l.axis, spec, device, &st,
+                                           with_error ? &qe : nullptr);
+  }
+  return stats_dict(st, with_error ? &qe : nullptr);
+}
+#endif
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -135,6 +189,11 @@ NB_MODULE(_core, m) {
     } catch (const mxlab::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
+#ifdef MXLAB_PYTHON_CUDA
+    catch (const mxlab::python::CudaFailure& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+#endif
   });
   m.def("quantize_into", &quantize_into, nb::arg("x"), nb::arg("out"), nb::arg("format"), nb::arg("block_size"),
         nb::arg("scale_rule"), nb::arg("rounding"), nb::arg("axis"), nb::arg("bump"), nb::arg("bump_given"),
@@ -146,5 +205,21 @@ NB_MODULE(_core, m) {
     return v;
   });
   m.def("scale_rules", &mxlab::scale_rule_names);
+#ifdef MXLAB_PYTHON_CUDA
+  m.attr("built_with_cuda") = true;
+  m.def("cuda_device_count", []() {
+    std::string why;
+    const int n = mxlab::python::cuda_device_count(&why);
+    return nb::make_tuple(n, why);
+  });
+  m.def("quantize_cuda_into", &quantize_cuda_into, nb::arg("x"), nb::arg("out"), nb::arg("format"),
+        nb::arg("block_size"), nb::arg("scale_rule"), nb::arg("rounding"), nb::arg("axis"), nb::arg("bump"),
+        nb::arg("bump_given"), nb::arg("seed"), nb::arg("stream"), nb::arg("with_stats"), nb::arg("with_error"));
+  m.def("quantize_host_cuda_into", &quantize_host_cuda_into, nb::arg("x"), nb::arg("out"), nb::arg("format"),
+        nb::arg("block_size"), nb::arg("scale_rule"), nb::arg("rounding"), nb::arg("axis"), nb::arg("bump"),
+        nb::arg("bump_given"), nb::arg("seed"), nb::arg("device"), nb::arg("with_error"));
+#else
+  m.attr("built_with_cuda") = false;
+#endif
   m.def("roundings", &mxlab::rounding_names);
 }

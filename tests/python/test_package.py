@@ -1,7 +1,7 @@
 """The Python package `mxlab` (pyproject.toml, lab/python/, analysis/mxlab/) as a user gets it.
 
-The session fixture builds and installs the package with `pip install . --target DIR` (the
-interpreter running pytest; scikit-build-core and nanobind must be installed for it:
+The session fixture (conftest.py) builds and installs the package with `pip install . --target DIR`
+(the interpreter running pytest; scikit-build-core and nanobind must be installed for it:
 scripts/install-deps.sh), then:
 
   - mxlab.quantize / quantize_stats against `mxlab quantize` (MXLAB_BINARY) bit for bit, on inputs
@@ -14,6 +14,7 @@ scripts/install-deps.sh), then:
     MX formats cannot be imported, as under Debian 12's torch 1.13);
   - torch: the op mxlab::fake_quant (its bits, its straight-through backward) and MXLinear (a tiny
     model trains: the loss falls; gradients reach every parameter; dY is quantized when asked).
+The CUDA path (CUDA tensors, device="cuda") against this CPU path: test_cuda.py.
 
 ctest: python_package (label cpu), under MXLAB_TORCH_PYTHON. Run by hand:
   MXLAB_BINARY=build/mxlab /usr/bin/python3 -m pytest -q -rs tests/python
@@ -23,50 +24,15 @@ package already installed there instead of building one.)
 
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from quant_inputs import CASES, assert_same_bits, conformance_input
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MX = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8"]
-RULES = ["floor", "rceil", "ceil", "even", "floor_bump"]
-ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic"]
-
-
-# ---- the package, built and installed as a user would ------------------------------------------
-
-@pytest.fixture(scope="session")
-def mxlab(tmp_path_factory):
-    site = os.environ.get("MXLAB_PY_SITE")
-    if not site:
-        site = str(tmp_path_factory.mktemp("site"))
-        cmd = [sys.executable, "-m", "pip", "install", ROOT, "--no-build-isolation", "--no-deps", "--target", site,
-               "--quiet", "--disable-pip-version-check"]
-        if os.environ.get("MXLAB_PY_BUILD_DIR"):
-            cmd += ["--config-settings=build-dir=" + os.environ["MXLAB_PY_BUILD_DIR"]]
-        env = dict(os.environ)
-        if shutil.which("ccache") and "CMAKE_CXX_COMPILER_LAUNCHER" not in env:
-            env["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        assert r.returncode == 0, f"pip install . failed:\n{r.stdout}\n{r.stderr}"
-    for name in [m for m in sys.modules if m == "mxlab" or m.startswith("mxlab.")]:
-        del sys.modules[name]  # an mxlab from the source tree (analysis/) must not stand in
-    sys.path.insert(0, site)
-    m = importlib.import_module("mxlab")
-    assert os.path.dirname(m.__file__) == os.path.join(site, "mxlab"), m.__file__
-    importlib.import_module("mxlab._core")
-    return m
-
-
-@pytest.fixture(scope="session")
-def binary():
-    path = os.environ.get("MXLAB_BINARY", os.path.join(ROOT, "build", "mxlab"))
-    if not os.path.exists(path):
-        pytest.fail(f"no mxlab binary at {path}: build it (cmake --build build --target mxlab) or set MXLAB_BINARY")
-    return path
 
 
 def cli(binary, tmp, x, fmt, block=32, rule="floor", rounding="nearest_even", bump=None, seed=0):
@@ -84,50 +50,6 @@ def cli(binary, tmp, x, fmt, block=32, rule="floor", rounding="nearest_even", bu
         key, _, rest = line.partition(" ")
         stats[key] = rest.split()[0]
     return np.load(dst), stats
-
-
-def bits(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def assert_same_bits(got, want, what):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, what
-    diff = np.flatnonzero(bits(got) != bits(want))
-    assert diff.size == 0, (f"{what}: {diff.size} element(s) differ, first at {diff[0]}: "
-                            f"{got.flat[diff[0]]!r} want {want.flat[diff[0]]!r}")
-
-
-# ---- the inputs --------------------------------------------------------------------------------
-
-def conformance_input():
-    """(12, 96): three blocks of 32 a row. Rows of Gaussian data at scales 2^-140 .. 2^100 (the
-    tiniest blocks reach E8M0's bottom and float32's subnormals), zero blocks, the conformance
-    report's E5M2 block, values next to FLT_MAX, NaN and Inf blocks, exact powers of two and
-    the midpoints between MX elements, and random float32 bit patterns."""
-    rng = np.random.default_rng(20240917)
-    x = np.zeros((12, 96), np.float32)
-    for r, e in enumerate([-140, -100, -20, 0, 20, 100]):
-        x[r] = (rng.standard_normal(96) * 2.0 ** e).astype(np.float32)
-    x[3, 32:64] = 0.0                                  # an all-zero block
-    x[6, :7] = [3.33e38, -3.33e38, 2.0 ** 126, -3.0 * 2.0 ** 120, 1e38, 1.0, -0.0]
-    x[6, 32:40] = [np.finfo(np.float32).max, -3.4028233e38, 1.0, -2.0, 0.5, 7.0, 1e-3, 0.0]
-    x[7, :32] = rng.standard_normal(32)
-    x[7, 3] = np.nan                                   # a NaN block
-    x[7, 32:64] = rng.standard_normal(32)
-    x[7, 40] = -np.inf                                 # an Inf block
-    x[7, 64:] = np.float32(2.0) ** np.arange(-16, 16, dtype=np.float32)
-    x[8] = (np.arange(96) - 48).astype(np.float32) * 0.0625 + 0.03125  # midpoints of fine grids
-    words = rng.integers(0, 2 ** 32, size=(3, 96), dtype=np.uint64).astype(np.uint32)
-    rand = words.view(np.float32).copy()
-    rand[~np.isfinite(rand)] = 1.0
-    rand[np.abs(rand) > 1e30] = 1.0
-    x[9:12] = rand
-    return x
-
-
-CASES = ([(f, r, rd) for f in MX for r in RULES for rd in ROUNDINGS]
-         + [(f, "floor", rd) for f in ("bf16", "fp16") for rd in ("nearest_even", "nearest_away")])
 
 
 @pytest.mark.parametrize("fmt,rule,rounding", CASES, ids=["-".join(c) for c in CASES])
