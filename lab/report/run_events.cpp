@@ -69,7 +69,7 @@ void read_events(std::vector<RunRecord>& runs, const EventRules& rules) {
         if (!g.branch) trajectories[g.name] = read_history(f, g);
       if (trajectories.count("fp32")) ref = trajectories["fp32"];
       for (GroupRecord& g : r.groups) {
-        const History h = read_history(f, g);
+        const History h = g.branch ? read_history(f, g) : trajectories[g.name];
         g.has_events = h.present;
         g.has_endpoint = false;
         if (!h.present) continue;
@@ -91,7 +91,7 @@ void read_events(std::vector<RunRecord>& runs, const EventRules& rules) {
         g.tail_log_ratio = is_ref || !ref.present ? kNaN : tail_log_ratio(h.loss, h.first, ref.loss, ref.first, rules.tail_steps);
       }
     } catch (const std::exception&) {
-      for (GroupRecord& g : r.groups) g.has_events = false;
+      for (GroupRecord& g : r.groups) g.has_events = g.has_endpoint = false;
     }
   }
 }
