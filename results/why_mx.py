@@ -200,12 +200,30 @@ def load_e2(directory, factor=R.FACTOR, window=R.PRIMARY_W, block=R.BLOCK, horiz
                 if mine != _binary_endpoint(r):
                     raise StudyError(f"seed {seed} {name}: endpoint from the blocks {mine} != the binary's "
                                      f"{_binary_endpoint(r)}")
-                if (seed, name) in out:
-                    raise StudyError(f"seed {seed} {name}: in two summary rows")
+                if (seed, name) in out and out[(seed, name)] != dict(e, at=at, parent=parent):
+                    raise StudyError(f"seed {seed} {name}: two summary rows that differ")
                 out[(seed, name)] = dict(e, at=at, parent=parent)
     if not out:
         raise StudyError(f"no finished branch in the summaries of {directory}")
     return out
+
+
+def pairing_check(directory, e1_directory, trajectories=(FP32, MX_ALL)):
+    """The pre-registration's pairing check: each seed's `trajectories` in `directory` (E2) have the
+    block minima of the same seed's in `e1_directory` (E1), block for block. Returns how many
+    (seed, trajectory) both hold; a difference is a StudyError."""
+    e1_paths = sorted(glob.glob(os.path.join(e1_directory, "blocks_*.csv")))
+    if not e1_paths:
+        return 0
+    e1 = {(s, t): v for (s, _, t), v in R.read_blocks(e1_paths).items() if t in trajectories}
+    here = {(s, t): v for (s, _, t), v in R.read_blocks(sorted(glob.glob(os.path.join(directory, "blocks_*.csv"))),
+                                                         branches=True).items() if t in trajectories}
+    shared = sorted(set(e1) & set(here))
+    for k in shared:
+        if (e1[k]["mins"], e1[k]["steps_run"]) != (here[k]["mins"], here[k]["steps_run"]):
+            raise StudyError(f"seed {k[0]} {k[1]}: its loss blocks differ from E1's (the pairing of the "
+                             "pre-registration needs the same trajectory)")
+    return len(shared)
 
 
 def e2_pairs(endpoints):
@@ -331,14 +349,18 @@ def markdown_branchpoints(rows):
 
 def main_e2(argv):
     ap = argparse.ArgumentParser(prog="why_mx.py e2", description="E2 of results/prereg/why_mx.md")
-    ap.add_argument("--dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx", "e2"))
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
+    ap.add_argument("--dir", default=os.path.join(here, "e2"))
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
     a = ap.parse_args(argv)
     try:
         ends = load_e2(a.dir)
         seeds = sorted({s for s, _ in ends})
+        paired = pairing_check(a.dir, a.e1)
         print(f"e2: {len(seeds)} of {len(SEEDS)} seeds finished; endpoint: an excursion (k=10, B=100, W=500) with "
               f"onset in [b, b + {E2_HORIZON}) on the parent's losses before b joined to the branch's; C++ and Python "
-              f"agree on all {len(ends)} branches")
+              f"agree on all {len(ends)} branches; fp32 and mx_all equal E1's block for block on all {paired} "
+              "(seed, trajectory) both hold")
         print(markdown_e2_progress(ends))
         if seeds == SEEDS:
             print()

@@ -421,7 +421,7 @@ def test_the_verdicts_falsified(W, tmp_path):
 
 def test_main_prints_the_table_and_refuses_bad_data(W, tmp_path, capsys):
     write_study(tmp_path, *scenario_a())
-    assert W.main(["e2", "--dir", str(tmp_path)]) == 0
+    assert W.main(["e2", "--dir", str(tmp_path), "--e1", str(tmp_path / "no_e1")]) == 0
     text = capsys.readouterr().out
     assert "| State | fp32_from_mx vs mx_all | 60 | 3 / 10 | 1 / 8 |" in text
     assert "| Dynamics | mx_from_fp32 vs fp32 | 105 | 37 / 5 | 35 / 3 |" in text
@@ -432,12 +432,39 @@ def test_main_prints_the_table_and_refuses_bad_data(W, tmp_path, capsys):
     path.write_text(good.replace("r230,fp32_from_mx_4000,4000,230,complete,-1,6000,mx_all,1,4000,-1,",
                                  "r230,fp32_from_mx_4000,4000,230,complete,-1,6000,mx_all,1,-1,6000,"))
     assert path.read_text() != good
-    assert W.main(["e2", "--dir", str(tmp_path)]) == 2
+    assert W.main(["e2", "--dir", str(tmp_path), "--e1", str(tmp_path / "no_e1")]) == 2
     assert "binary" in capsys.readouterr().err
     # a summary written without the endpoint columns
     path.write_text("\n".join(",".join(line.split(",")[:7]) for line in good.splitlines()) + "\n")
-    assert W.main(["e2", "--dir", str(tmp_path)]) == 2
+    assert W.main(["e2", "--dir", str(tmp_path), "--e1", str(tmp_path / "no_e1")]) == 2
     assert "no column parent" in capsys.readouterr().err
+
+
+def test_the_pairing_check_against_e1(W, tmp_path, capsys):
+    """E2's fp32 and mx_all must be E1's trajectories of the same seeds, block for block."""
+    d, e1 = tmp_path / "e2", tmp_path / "e1"
+    d.mkdir()
+    e1.mkdir()
+    write_study(d, *scenario_a(), seeds=[200, 201, 230])
+    rows = read_csv(d / "blocks_why_mx_e2_0of1.csv")
+    keep = [r for r in rows if r["trajectory"] in ("fp32", "mx_all") and r["seed"] != "230"]
+    keep += [dict(r, seed="231", run_id="r231") for r in rows if r["trajectory"] == "fp32" and r["seed"] == "230"]
+
+    def write(rs):
+        with open(e1 / "blocks_why_mx_e1_0of20.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rs)
+
+    write(keep)
+    assert W.pairing_check(str(d), str(e1)) == 4  # seeds 200, 201: fp32 and mx_all; 231 is not in E2
+    assert W.main(["e2", "--dir", str(d), "--e1", str(e1)]) == 0
+    assert "equal E1's block for block on all 4" in capsys.readouterr().out
+    keep[3] = dict(keep[3], min="0.02")
+    write(keep)
+    with pytest.raises(W.StudyError, match="differ from E1's"):
+        W.pairing_check(str(d), str(e1))
+    assert W.main(["e2", "--dir", str(d), "--e1", str(e1)]) == 2
 
 
 def test_incomplete_data_gives_progress_only(W, tmp_path, capsys):
@@ -446,7 +473,7 @@ def test_incomplete_data_gives_progress_only(W, tmp_path, capsys):
     ends = W.load_e2(str(tmp_path))
     with pytest.raises(W.StudyError, match="200-239"):
         W.e2_family(ends)
-    assert W.main(["e2", "--dir", str(tmp_path)]) == 0
+    assert W.main(["e2", "--dir", str(tmp_path), "--e1", str(tmp_path / "no_e1")]) == 0
     text = capsys.readouterr().out
     assert "not run until all 40 seeds" in text
     assert "| mx_from_fp32 (fp32) | 8000 | 9 | 4 | 4 / 0 | 4 / 0 |" in text
