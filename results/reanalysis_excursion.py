@@ -100,12 +100,13 @@ class DataError(Exception):
 
 # --------------------------------------------------------------------------- excursions from blocks
 
-def read_blocks(paths):
-    """{(seed, lr, trajectory): {'run_id', 'mins', 'steps_run', 'absorbing'}} from
-    results/extract_loss_blocks.py CSVs. Blocks must run from step 0 in steps of BLOCK, only the
-    last may be partial; `min` empty (no finite loss) reads as +inf; absorbing: the trajectory's
-    last loss is not finite (it counts as non-finite from then on, as stats_util.excursion_step has
-    it). A trajectory given twice must agree (a rerun), else DataError."""
+def read_blocks(paths, block=BLOCK, branches=False):
+    """{(seed, lr, trajectory): {'run_id', 'first', 'mins', 'steps_run', 'absorbing', 'partial'}}
+    from results/extract_loss_blocks.py CSVs. Blocks must run from step 0 (with `branches`: from
+    the trajectory's first step `first`, a branch's `at`) in steps of `block`, only the last may
+    be partial; `min` empty (no finite loss) reads as +inf; absorbing: the trajectory's last loss is not finite (it
+    counts as non-finite from then on, as stats_util.excursion_step has it). A trajectory given
+    twice must agree (a rerun), else DataError."""
     rows = {}
     for path in paths:
         with open(path, newline="") as f:
@@ -119,12 +120,14 @@ def read_blocks(paths):
             blocks.sort(key=lambda b: int(b["block_start"]))
             starts = [int(b["block_start"]) for b in blocks]
             sizes = [int(b["steps"]) for b in blocks]
-            if starts != [BLOCK * i for i in range(len(blocks))] or any(s != BLOCK for s in sizes[:-1]):
-                raise DataError(f"run {rid} {key[2]}: blocks are not consecutive {BLOCK}-step blocks from step 0")
+            first = starts[0] if branches else 0
+            if starts != [first + block * i for i in range(len(blocks))] or any(s != block for s in sizes[:-1]):
+                raise DataError(f"run {rid} {key[2]}: blocks are not consecutive {block}-step blocks from "
+                                f"{'its first one' if branches else 'step 0'}")
             last = blocks[-1]["last"]
-            t = {"run_id": rid, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
+            t = {"run_id": rid, "first": first, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
                  "steps_run": sum(sizes), "absorbing": not (last and math.isfinite(float(last))),
-                 "partial": sizes[-1] != BLOCK}
+                 "partial": sizes[-1] != block}
             if traj is not None and (t["mins"], t["steps_run"]) != (traj["mins"], traj["steps_run"]):
                 raise DataError(f"seed {key[0]} lr {key[1]} {key[2]}: runs {traj['run_id']} and {rid} differ")
             traj = traj or t
@@ -132,22 +135,29 @@ def read_blocks(paths):
     return out
 
 
-def excursion(traj, window=PRIMARY_W, factor=FACTOR):
-    """(event, step) of stats_util.excursion_step for a trajectory of read_blocks: the same block
-    rule on its block minima (a trailing partial block is not used unless the trajectory ends
-    non-finite, and then W / B blocks of +inf follow); censored at steps_run - window."""
-    if window % BLOCK or window < BLOCK:
-        raise ValueError(f"window {window} must be a positive multiple of {BLOCK}")
-    run = window // BLOCK
+def excursion(traj, window=PRIMARY_W, factor=FACTOR, block=BLOCK):
+    """(event, step) of stats_util.excursion_step for a trajectory of read_blocks (of `block`-step
+    blocks): the same block rule on its block minima (a trailing partial block is not used unless
+    the trajectory ends non-finite, and then W / B blocks of +inf follow); censored at
+    first + steps_run - window (not before first)."""
+    if window % block or window < block:
+        raise ValueError(f"window {window} must be a positive multiple of {block}")
+    first = traj.get("first", 0)
+    b = excursion_block(event_mins(traj, window, block), factor, window // block)
+    if b >= 0:
+        return True, first + b * block
+    return False, first + max(traj["steps_run"] - window, 0)
+
+
+def event_mins(traj, window=PRIMARY_W, block=BLOCK):
+    """The block minima the excursion rule reads of a trajectory of read_blocks: a trailing
+    partial block left out, or, when it ends non-finite, window / block blocks of +inf after it."""
     mins = list(traj["mins"])
     if traj["absorbing"]:
-        mins += [math.inf] * run
+        mins += [math.inf] * (window // block)
     elif traj["partial"]:
         mins = mins[:-1]
-    b = excursion_block(mins, factor, run)
-    if b >= 0:
-        return True, b * BLOCK
-    return False, max(traj["steps_run"] - window, 0)
+    return mins
 
 
 def load_studies(fresh_dir, cf_dir):

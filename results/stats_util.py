@@ -1,5 +1,6 @@
 """Statistics shared by the results/ scripts, standard library only: Wilson 95 % intervals,
-two-sided Fisher exact tests, exact McNemar tests of paired outcomes, the Poisson-binomial tail of an exchangeability test,
+two-sided Fisher exact tests, exact McNemar tests of paired outcomes with the conditional odds
+ratio and its exact (Clopper-Pearson) interval, the Poisson-binomial tail of an exchangeability test,
 the exact power of a Fisher comparison, Holm's step-down
 correction, when a summarized trajectory counts as diverged to the end (the old rule, which looks
 into the future), the log-rank test and its seed-stratified form with a within-stratum
@@ -9,6 +10,9 @@ The C++ twins are in lab/stats/stats.cpp (analysis/tests check they agree).
 Loss-trajectory events, one definition each, twins of lab/stats/loss_events.cpp (analysis/tests run
 `mxlab summarize --csv` and check both give the same numbers):
   excursion_step   the primary event, known W steps after it happens (no look into the future);
+  excursion_between, branch_endpoint
+                   the excursion with its onset in a window, and a branch's endpoint against its
+                   parent on the joined series (E2 of results/prereg/why_mx.md);
   spike_steps      first_spike_step / spike_count: the recurrent spike events;
   tail_log_ratio   the paired continuous outcome of an arm against its FP32 reference."""
 import math
@@ -51,6 +55,57 @@ def mcnemar_exact(b, c):
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
+
+
+def _binom_cdf(k, n, p):
+    """P(Bin(n, p) <= k)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    if p <= 0 or p >= 1:
+        return 1.0 if p <= 0 else 0.0
+    lp, lq = math.log(p), math.log1p(-p)  # in logs: math.comb(n, i) is exact at any n
+    return min(1.0, sum(math.exp(math.log(math.comb(n, i)) + i * lp + (n - i) * lq) for i in range(k + 1)))
+
+
+def clopper_pearson(k, n, alpha=0.05):
+    """Exact (Clopper-Pearson) two-sided 1 - alpha interval of a binomial proportion k / n: lo
+    solves P(Bin(n, lo) >= k) = alpha / 2 (0 when k = 0), hi solves P(Bin(n, hi) <= k) = alpha / 2
+    (1 when k = n), each by bisection to 1e-15 (the beta quantiles of scipy, standard library
+    only). (nan, nan) when n = 0."""
+    if n == 0:
+        return (math.nan, math.nan)
+
+    def solve(f):  # f decreasing in p from >= target to < target: the crossing
+        lo, hi = 0.0, 1.0
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if f(mid):
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-15:
+                break
+        return (lo + hi) / 2
+
+    a = alpha / 2
+    lower = 0.0 if k == 0 else solve(lambda p: 1 - _binom_cdf(k - 1, n, p) < a)
+    upper = 1.0 if k == n else solve(lambda p: _binom_cdf(k, n, p) > a)
+    return (lower, upper)
+
+
+def conditional_odds_ratio(b, c, alpha=0.05):
+    """(OR, lo, hi): the conditional (McNemar) odds ratio of paired binary outcomes, b pairs where
+    only the first member had the event and c where only the second had it: OR = b / c, with the
+    exact interval from the Clopper-Pearson interval (p_lo, p_hi) of b / (b + c) transformed by
+    p / (1 - p). b = 0: OR = 0, lo = 0; c = 0: OR = inf, hi = inf; no discordant pair: all nan."""
+    n = b + c
+    if n == 0:
+        return (math.nan, math.nan, math.nan)
+    p_lo, p_hi = clopper_pearson(b, n, alpha)
+    odds = lambda p: math.inf if p >= 1 else p / (1 - p)
+    return (math.inf if c == 0 else b / c, odds(p_lo), odds(p_hi))
 
 
 def poisson_binomial_cdf(probs, k):
@@ -158,17 +213,77 @@ def excursion_step(loss, factor=10.0, window=500, block=100, first_step=0):
     return False, first_step + max(n - window, 0)
 
 
-def excursion_block(block_mins, factor=10.0, run=5):
+def excursion_block(block_mins, factor=10.0, run=5, start=1, stop=None):
     """The block rule of excursion_step on a list of block minima (+inf for a block without a
     finite loss, as results/extract_loss_blocks.py's CSV gives them with `min` empty): the first
     block b >= 1 such that block_mins[b], ..., block_mins[b + run - 1] all exceed factor x
-    min(block_mins[:b]); -1 when there is none."""
+    min(block_mins[:b]); -1 when there is none. Only blocks start <= b < stop are onsets (the
+    minimum before b still reads every block before it): the window of excursion_between."""
     before = math.inf  # minimum of blocks 0 .. b-1
-    for b in range(len(block_mins) - run + 1):
-        if b >= 1 and all(m > factor * before for m in block_mins[b:b + run]):
+    last = len(block_mins) - run + 1 if stop is None else min(len(block_mins) - run + 1, stop)
+    for b in range(max(last, 0)):
+        if b >= max(1, start) and all(m > factor * before for m in block_mins[b:b + run]):
             return b
         before = min(before, block_mins[b])
     return -1
+
+
+def _block_mins(loss, window, block):
+    """The block minima excursion_step reads (absorbing end: the partial block and window/block
+    more blocks are +inf), after checking the rule."""
+    block, window = int(block), int(window)
+    if block < 1 or window < block or window % block:
+        raise ValueError(f"excursion window {window} must be a positive multiple of the block {block}")
+    vals = [_loss_value(x) for x in loss]
+    n = len(vals)
+    if n and vals[-1] == math.inf:
+        n_blocks = -(-n // block) + window // block
+    else:
+        n_blocks = n // block
+    return [min(vals[b * block:(b + 1) * block], default=math.inf) for b in range(n_blocks)]
+
+
+def excursion_between(loss, from_step, until, factor=10.0, window=500, block=100, first_step=0):
+    """(event, step) of the excursion whose onset lies in [from_step, until), the twin of
+    lab/stats/loss_events.cpp excursion_between: the first block b with first step
+    t = first_step + b*block in the window that meets excursion_step's rule (its minimum "before"
+    reads every block from first_step on). Without one: (False, E), E = until when the last loss
+    is non-finite, else min(until, first_step + len(loss) - window), not below from_step (no onset
+    in [from_step, E))."""
+    if not factor > 0:
+        raise ValueError(f"excursion factor {factor} must be > 0")
+    mins = _block_mins(loss, window, block)
+    absorbing = len(loss) > 0 and not math.isfinite(float(loss[-1]))
+    end = max(from_step, until if absorbing else min(until, first_step + len(loss) - window))
+    start_b = max(0, -(-(from_step - first_step) // block))
+    stop_b = max(0, -(-(end - first_step) // block))
+    b = excursion_block(mins, factor, window // block, start_b, stop_b)
+    if b >= 0:
+        return True, first_step + b * block
+    return False, end
+
+
+def branch_endpoint(parent, branch, at, end, factor=10.0, window=500, block=100):
+    """The endpoint of a branch against its parent continuing unchanged (E2 of
+    results/prereg/why_mx.md), the twin of lab/stats/loss_events.cpp branch_endpoint.
+    parent[i]: the parent trajectory's loss at step i (at least `at` of them); branch[i]: the
+    branch's at step at + i; `end`: the step the branch was to stop at (at + its `steps`).
+    Window [at, E), E = end - window (when the branch's last loss is non-finite), else
+    min(end, at + len(branch)) - window, not below at. Returns a dict:
+      at_risk     the parent had no excursion (excursion_step, whole series) with onset < at;
+      window_end  E;
+      branch      (event, step): excursion_between on the joined series parent[:at] + branch;
+      control     (event, step): excursion_between on the parent's own series, same window."""
+    at, end = int(at), int(end)
+    if at < 0 or len(parent) < at:
+        raise ValueError(f"the parent holds {len(parent)} losses, fewer than the branch's step {at}")
+    absorbing = len(branch) > 0 and not math.isfinite(float(branch[-1]))
+    e = max(at, end - window if absorbing else min(end, at + len(branch)) - window)
+    joined = list(parent[:at]) + list(branch)
+    whole = excursion_step(parent, factor, window, block)
+    return {"at_risk": not (whole[0] and whole[1] < at), "window_end": e,
+            "branch": excursion_between(joined, at, e, factor, window, block),
+            "control": excursion_between(parent, at, e, factor, window, block)}
 
 
 def spike_steps(loss, factor=100.0, first_step=0):

@@ -4,6 +4,7 @@ CSVs of results/why_mx/<experiment>/: the 100-step loss blocks (results/extract_
 and `mxlab summarize --csv` of the same runs.
 
     python3 results/why_mx.py [--dir results/why_mx/e1] [--markdown]
+    python3 results/why_mx.py e2 [--dir results/why_mx/e2]
 
 For every trajectory the excursion (k = 10, B = 100, W = 500) is computed from its loss blocks
 and checked against the binary's `excursion_step` in the summary CSV (the C++ and Python
@@ -11,7 +12,17 @@ definitions must agree on the study's own data). Until every pre-registered seed
 the progress table (per arm: seeds, excursions with a Wilson 95 % interval, median step) is
 printed: the confirmatory tests of E1's family run once, on all 40 seeds, as the
 pre-registration fixes them (within-seed permutation log-rank, seed-stratified Cox with Breslow
-ties, Holm over the 16 tests)."""
+ties, Holm over the 16 tests).
+
+`e2`: the second experiment ("E2 - the state or the dynamics?"), from results/why_mx/e2/: the
+summaries, the loss blocks (branches' from their `at`) and, when there, the branch points
+(results/extract_branchpoints.py). For every branch of every finished seed the endpoint (an
+excursion with onset in [b, b + 2000) on the joined series: the parent's blocks before b, the
+branch's from b) and its control's (the parent's own series, same window), and whether the
+(seed, b) pair is at risk (the parent had no excursion before b), are computed from the blocks
+and checked against the binary's columns (at_risk, branch_excursion_step, ...). The family (exact
+McNemar over the at-risk pairs' discordant pairs, conditional odds ratio with its exact interval,
+Holm over m = 2, the verdicts) runs once every seed has all three branch points."""
 import argparse
 import csv
 import glob
@@ -22,7 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import paired_stats as P  # noqa: E402
 import reanalysis_excursion as R  # noqa: E402
-from stats_util import wilson  # noqa: E402
+from stats_util import conditional_odds_ratio, excursion_block, holm, mcnemar_exact, wilson  # noqa: E402
 
 SEEDS = list(range(200, 240))
 FP32, MX_ALL = "fp32", "mx_all"
@@ -107,7 +118,270 @@ def markdown_progress(rows, n_expected):
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- E2
+
+E2_POINTS = (4000, 8000, 12000)
+E2_HORIZON = 2000  # the endpoint's window [b, b + 2000): branches of 2,500 steps less W = 500
+# E2's family (prereg "E2"): (hypothesis, branch kind, its control (the parent), the odds ratio's
+# upper bound below which the hypothesis is falsified)
+E2_TESTS = (("State", "fp32_from_mx", MX_ALL, 0.5), ("Dynamics", "mx_from_fp32", FP32, 2.0))
+E2_COLUMNS = ("parent", "at_risk", "branch_excursion_step", "branch_censored_at", "control_excursion_step",
+              "control_censored_at")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def endpoint_from_blocks(parent, branch, at, horizon, factor=R.FACTOR, window=R.PRIMARY_W, block=R.BLOCK):
+    """stats_util.branch_endpoint on block minima: `parent` and `branch` are trajectories of
+    reanalysis_excursion.read_blocks (`branch` from its first step `at`, which must be a multiple of
+    `block`), the branch planned for `horizon` + `window` steps. Returns the dict of
+    branch_endpoint (at_risk, window_end, branch, control)."""
+    if at % block or parent.get("first", 0) != 0 or branch.get("first", 0) != at:
+        raise StudyError(f"branch at step {at}: its blocks must start at it and the parent's at 0, on the "
+                         f"{block}-step grid")
+    k = at // block
+    if parent["steps_run"] < at:
+        raise StudyError(f"branch at step {at}: its parent ran only {parent['steps_run']} steps")
+    run = window // block
+    joined = dict(branch, first=0, mins=list(parent["mins"][:k]) + list(branch["mins"]),
+                  steps_run=at + branch["steps_run"])
+    end = at + horizon if branch["absorbing"] else min(at + horizon, at + branch["steps_run"] - window)
+    end = max(at, end)
+
+    def between(t):
+        e = max(at, end if t["absorbing"] else min(end, t["steps_run"] - window))
+        b = excursion_block(R.event_mins(t, window, block), factor, run, start=k, stop=_ceil_div(e, block))
+        return (True, b * block) if b >= 0 else (False, e)
+
+    whole = R.excursion(parent, window, factor, block)
+    return {"at_risk": not (whole[0] and whole[1] < at), "window_end": end, "branch": between(joined),
+            "control": between(parent)}
+
+
+def _binary_endpoint(row):
+    """(at_risk, branch, control) of a `mxlab summarize --csv` branch row."""
+    def ev(step, censored):
+        s = int(row[step])
+        return (True, s) if s >= 0 else (False, int(row[censored]))
+    return (row["at_risk"] == "1", ev("branch_excursion_step", "branch_censored_at"),
+            ev("control_excursion_step", "control_censored_at"))
+
+
+def load_e2(directory, factor=R.FACTOR, window=R.PRIMARY_W, block=R.BLOCK, horizon=E2_HORIZON):
+    """{(seed, branch): {'at', 'parent', 'at_risk', 'window_end', 'branch', 'control'}} of every
+    branch of the finished runs, from the blocks CSVs, checked against the summaries' columns."""
+    blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    if not blocks:
+        raise StudyError(f"no blocks_*.csv in {directory}")
+    trajs = {}
+    for (seed, lr, name), t in R.read_blocks(blocks, block=block, branches=True).items():
+        if (seed, name) in trajs:
+            raise StudyError(f"seed {seed} {name}: loss blocks at two learning rates")
+        trajs[(seed, name)] = t
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in E2_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise StudyError(f"{path} has no column {missing[0]}: written by an mxlab without the branch "
+                                 "endpoint; rerun `mxlab summarize DIR --csv` with a current build")
+            for r in reader:
+                if r["status"] not in ("complete", "diverged") or not r["at"]:
+                    continue
+                seed, name, at, parent = int(r["seed"]), r["group"], int(r["at"]), r["parent"]
+                for who in (name, parent):
+                    if (seed, who) not in trajs:
+                        raise StudyError(f"seed {seed} {name}: no loss blocks of {who}")
+                e = endpoint_from_blocks(trajs[(seed, parent)], trajs[(seed, name)], at, horizon, factor, window, block)
+                mine = (e["at_risk"], e["branch"], e["control"])
+                if mine != _binary_endpoint(r):
+                    raise StudyError(f"seed {seed} {name}: endpoint from the blocks {mine} != the binary's "
+                                     f"{_binary_endpoint(r)}")
+                if (seed, name) in out and out[(seed, name)] != dict(e, at=at, parent=parent):
+                    raise StudyError(f"seed {seed} {name}: two summary rows that differ")
+                out[(seed, name)] = dict(e, at=at, parent=parent)
+    if not out:
+        raise StudyError(f"no finished branch in the summaries of {directory}")
+    return out
+
+
+def pairing_check(directory, e1_directory, trajectories=(FP32, MX_ALL)):
+    """The pre-registration's pairing check: each seed's `trajectories` in `directory` (E2) have the
+    block minima of the same seed's in `e1_directory` (E1), block for block. Returns how many
+    (seed, trajectory) both hold; a difference is a StudyError."""
+    e1_paths = sorted(glob.glob(os.path.join(e1_directory, "blocks_*.csv")))
+    if not e1_paths:
+        return 0
+    e1 = {(s, t): v for (s, _, t), v in R.read_blocks(e1_paths).items() if t in trajectories}
+    here = {(s, t): v for (s, _, t), v in R.read_blocks(sorted(glob.glob(os.path.join(directory, "blocks_*.csv"))),
+                                                         branches=True).items() if t in trajectories}
+    shared = sorted(set(e1) & set(here))
+    for k in shared:
+        if (e1[k]["mins"], e1[k]["steps_run"]) != (here[k]["mins"], here[k]["steps_run"]):
+            raise StudyError(f"seed {k[0]} {k[1]}: its loss blocks differ from E1's (the pairing of the "
+                             "pre-registration needs the same trajectory)")
+    return len(shared)
+
+
+def e2_pairs(endpoints):
+    """{hypothesis: {(seed, b): endpoint}} by E2_TESTS: each branch `<kind>_<b>` with its control as
+    parent. A branch of another name, or with another parent or step, is an error."""
+    out = {h: {} for h, _, _, _ in E2_TESTS}
+    for (seed, name), e in sorted(endpoints.items()):
+        kind, _, b = name.rpartition("_")
+        test = [t for t in E2_TESTS if t[1] == kind]
+        if not test or not b.isdigit() or int(b) != e["at"] or e["parent"] != test[0][2]:
+            raise StudyError(f"seed {seed} branch {name} (from {e['parent']} at {e['at']}) is none of E2's "
+                             f"<kind>_<b> with kind and parent in {[(t[1], t[2]) for t in E2_TESTS]}")
+        out[test[0][0]][(seed, e["at"])] = e
+    return out
+
+
+def mcnemar_row(pairs):
+    """Counts, exact McNemar p and conditional odds ratio (branch vs control) over the at-risk
+    pairs of {(seed, b): endpoint}: {'pairs', 'at_risk', 'branch', 'control', 'only_branch',
+    'only_control', 'p', 'or', 'lo', 'hi'}."""
+    risk = [e for e in pairs.values() if e["at_risk"]]
+    nb = sum(1 for e in risk if e["branch"][0] and not e["control"][0])
+    nc = sum(1 for e in risk if e["control"][0] and not e["branch"][0])
+    odds, lo, hi = conditional_odds_ratio(nb, nc)
+    return {"pairs": len(pairs), "at_risk": len(risk), "branch": sum(e["branch"][0] for e in risk),
+            "control": sum(e["control"][0] for e in risk), "only_branch": nb, "only_control": nc,
+            "p": mcnemar_exact(nb, nc), "or": odds, "lo": lo, "hi": hi}
+
+
+def e2_verdict(hypothesis, row, holm_p, bound):
+    """The pre-registered verdict. State (fp32_from_mx as many events as its control): falsified
+    when fp32_from_mx has significantly fewer (Holm p < 0.05, OR < 1) and the OR's upper bound is
+    < 0.5; the pre-registration gives no criterion of support for this equality, so otherwise
+    undecided. Dynamics (mx_from_fp32 more events than its control): supported when Holm p < 0.05
+    with OR > 1; falsified when the OR's upper bound is < 2; both at once (a significant effect
+    whose interval excludes the OR of 2 the hypothesis needs) is reported as mixed, not resolved."""
+    sig_fewer = holm_p < 0.05 and row["or"] < 1
+    sig_more = holm_p < 0.05 and row["or"] > 1
+    below = row["hi"] < bound  # False for NaN (no discordant pair)
+    if hypothesis == "State":
+        return "falsified" if sig_fewer and below else "undecided"
+    if sig_more and below:
+        return f"mixed (significant, but the OR's upper bound < {bound:g})"
+    return "supported" if sig_more else "falsified" if below else "undecided"
+
+
+def e2_family(endpoints):
+    """E2's two tests on complete data: [(hypothesis, kind, control, row, Holm p, verdict)]."""
+    pairs = e2_pairs(endpoints)
+    want = {(s, b) for s in SEEDS for b in E2_POINTS}
+    for h, kind, _, _ in E2_TESTS:
+        if set(pairs[h]) != want:
+            raise StudyError(f"the confirmatory tests need seeds 200-239 at b = 4000, 8000, 12000; {kind} has "
+                             f"{len(pairs[h])} of {len(want)} (seed, b)")
+    rows = [mcnemar_row(pairs[h]) for h, _, _, _ in E2_TESTS]
+    adj = holm([r["p"] for r in rows])
+    return [(h, kind, ctl, r, q, e2_verdict(h, r, q, bound))
+            for (h, kind, ctl, bound), r, q in zip(E2_TESTS, rows, adj)]
+
+
+def _num(x):
+    return "–" if x != x else "inf" if x == float("inf") else f"{x:.3g}"
+
+
+def markdown_e2_progress(endpoints):
+    """Per branch kind and b: seeds, pairs at risk, events branch / control, discordant."""
+    pairs = e2_pairs(endpoints)
+    out = ["| branch (control) | b | seeds (of 40) | at risk | events branch / control | only branch / only control |",
+           "|---|---|---|---|---|---|"]
+    for h, kind, ctl, _ in E2_TESTS:
+        for b in sorted({b for _, b in pairs[h]}):
+            r = mcnemar_row({k: e for k, e in pairs[h].items() if k[1] == b})
+            out.append(f"| {kind} ({ctl}) | {b} | {r['pairs']} | {r['at_risk']} | {r['branch']} / {r['control']} | "
+                       f"{r['only_branch']} / {r['only_control']} |")
+    return "\n".join(out)
+
+
+def markdown_e2_family(res):
+    out = ["| hypothesis | branch vs control | at-risk (seed, b) pairs | events branch / control | discordant: only "
+           "branch / only control | odds ratio [exact 95 %] | McNemar p | Holm p (m = 2) | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for h, kind, ctl, r, q, verdict in res:
+        out.append(f"| {h} | {kind} vs {ctl} | {r['at_risk']} | {r['branch']} / {r['control']} | {r['only_branch']} / "
+                   f"{r['only_control']} | {_num(r['or'])} [{_num(r['lo'])}, {_num(r['hi'])}] | {r['p']:.3g} | {q:.3g} | "
+                   f"{verdict} |")
+    return "\n".join(out)
+
+
+def branchpoints(directory):
+    """The rows of results/extract_branchpoints.py's CSVs in `directory` ([] when none)."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(directory, "branchpoints_*.csv"))):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def markdown_branchpoints(rows):
+    """Descriptive, per b and parent (each (seed, b, parent) once): the median over seeds, with
+    the range, of the parent's lambda_max(H), lambda_max(P^-1 H), and of Adam v's median and 99th
+    percentile at b."""
+    seen, by = set(), {}
+    for r in rows:
+        key = (int(r["seed"]), int(r["at"]), r["parent"])
+        if key in seen:
+            continue
+        seen.add(key)
+        by.setdefault((int(r["at"]), r["parent"]), []).append(r)
+
+    def cell(rs, col):
+        xs = sorted(float(r[col]) for r in rs if r[col])
+        if not xs:
+            return "–"
+        return f"{statistics.median(xs):.3g} ({xs[0]:.3g}–{xs[-1]:.3g})"
+
+    out = ["| b | parent | seeds | λ_max(H) median (range) | λ_max(P⁻¹H) median (range) | threshold 38/η | Adam v: median "
+           "(range over seeds) | Adam v: 99th percentile |", "|---|---|---|---|---|---|---|---|"]
+    for (b, parent), rs in sorted(by.items()):
+        out.append(f"| {b} | {parent} | {len(rs)} | {cell(rs, 'parent_hessian_lmax')} | {cell(rs, 'parent_precond_lmax')} | "
+                   f"{cell(rs, 'parent_precond_threshold')} | {cell(rs, 'v_median')} | {cell(rs, 'v_q99')} |")
+    return "\n".join(out)
+
+
+def main_e2(argv):
+    ap = argparse.ArgumentParser(prog="why_mx.py e2", description="E2 of results/prereg/why_mx.md")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
+    ap.add_argument("--dir", default=os.path.join(here, "e2"))
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
+    a = ap.parse_args(argv)
+    try:
+        ends = load_e2(a.dir)
+        seeds = sorted({s for s, _ in ends})
+        paired = pairing_check(a.dir, a.e1)
+        print(f"e2: {len(seeds)} of {len(SEEDS)} seeds finished; endpoint: an excursion (k=10, B=100, W=500) with "
+              f"onset in [b, b + {E2_HORIZON}) on the parent's losses before b joined to the branch's; C++ and Python "
+              f"agree on all {len(ends)} branches; fp32 and mx_all equal E1's block for block on all {paired} "
+              "(seed, trajectory) both hold")
+        print(markdown_e2_progress(ends))
+        if seeds == SEEDS:
+            print()
+            print(markdown_e2_family(e2_family(ends)))
+            print("\nState has no pre-registered criterion of support (an equality): it is falsified or undecided.")
+        else:
+            print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
+        bp = branchpoints(a.dir)
+        if bp:
+            print("\nAt the branch points (descriptive):\n")
+            print(markdown_branchpoints(bp))
+    except (StudyError, R.DataError, OSError) as e:
+        print(f"why_mx: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["e2"]:
+        return main_e2(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx", "e1"))
     a = ap.parse_args(argv)

@@ -1,5 +1,6 @@
-"""results/stats_util.py's trajectory events (excursion_step, spike_steps, tail_log_ratio) on
-hand-worked series, and the excursion's truncation property over random series."""
+"""results/stats_util.py's trajectory events (excursion_step, spike_steps, tail_log_ratio, and the
+windowed excursion_between and branch_endpoint of E2) on hand-worked series, and the excursion's
+truncation property over random series."""
 
 import math
 import os
@@ -11,8 +12,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "results"))
 
-from stats_util import (excursion_block, excursion_step, first_spike_step, log_rank, permutation_log_rank,  # noqa: E402
-                        spike_count, spike_steps, tail_log_ratio)
+from stats_util import (branch_endpoint, excursion_between, excursion_block, excursion_step,  # noqa: E402
+                        first_spike_step, log_rank, permutation_log_rank, spike_count, spike_steps, tail_log_ratio)
 
 
 def blocks(*mins, block=100):
@@ -216,3 +217,62 @@ def test_excursion_block_on_block_minima():
     assert excursion_block([math.inf, 1.0, 100.0, 100.0], run=2) == 2
     assert excursion_block([math.inf, math.inf, math.inf], run=1) == -1
     assert excursion_block([1.0, 0.5, 4.0, 6, 6], factor=10.0, run=2) == 3
+
+
+# excursion_between and branch_endpoint: the hand-worked series of tests/cpu/test_events.cpp
+# (ExcursionBetween, BranchEndpoint), 10-step blocks, K = 10, W = 20.
+SMALL = dict(factor=10.0, window=20, block=10)
+NAN = float("nan")
+
+
+def test_excursion_between_hand_worked():
+    s = blocks(1.0, 0.2, 3, 3, 3, 1, block=10)
+    assert excursion_between(s, 0, 1000, **SMALL) == (True, 20)
+    assert excursion_between(s, 21, 1000, **SMALL) == (True, 30)
+    assert excursion_between(s, 31, 1000, **SMALL) == (False, 40)
+    assert excursion_between(s, 21, 30, **SMALL) == (False, 30)
+    assert excursion_between(s, 50, 1000, **SMALL) == (False, 50)
+    assert excursion_between(s, 130, 140, first_step=100, **SMALL) == (True, 130)
+    stopped = blocks(1.0, 0.2, 1, 1, block=10) + [NAN]
+    assert excursion_between(stopped, 10, 60, **SMALL) == (True, 40)
+    assert excursion_between(stopped, 10, 40, **SMALL) == (False, 40)
+    assert excursion_between(stopped, 10, 100, **SMALL) == (True, 40)
+    with pytest.raises(ValueError):
+        excursion_between(s, 0, 10, 10.0, 25, 10)
+    # With the window the whole series it is excursion_step wherever that has its event.
+    for seq in (s, stopped, blocks(1.0, 0.5, 6, 6, 6, 6, 6)):
+        ev = excursion_step(seq, 10.0, 20, 10)
+        if ev[0]:
+            assert excursion_between(seq, 0, 10 ** 9, **SMALL) == ev
+
+
+def endpoint(e):
+    return e["at_risk"], e["window_end"], e["branch"], e["control"]
+
+
+def test_branch_endpoint_hand_worked():
+    parent = blocks(1.0, 0.2, 1, 1, 1, 1, 1, 1, block=10)
+    branch = blocks(3, 3, 3, 3, 3, block=10)
+    # on its own the branch has no excursion; joined to the parent's blocks before 30 it has one
+    assert excursion_step(branch, first_step=30, **SMALL) == (False, 60)
+    assert endpoint(branch_endpoint(parent, branch, 30, 80, **SMALL)) == (True, 60, (True, 30), (False, 60))
+    # a parent excursion before the branch point: not at risk
+    flat = blocks(1, 1, 1, 1, 1, block=10)
+    assert endpoint(branch_endpoint(blocks(1.0, 0.2, 5, 5, 1, 1, 1, 1, block=10), flat, 30, 80, **SMALL)) == \
+        (False, 60, (False, 60), (False, 60))
+    # an onset before the branch point on the joined series counts for neither
+    parent2 = blocks(1.0, 0.2, 3, 1, 1, 1, 1, 1, block=10)
+    assert excursion_step(parent2, **SMALL) == (False, 60)
+    assert endpoint(branch_endpoint(parent2, branch, 30, 80, **SMALL)) == (True, 60, (True, 30), (False, 60))
+    # the control's own event in the window
+    parent3 = blocks(1.0, 0.2, 1, 1, 5, 5, 5, 1, block=10)
+    assert endpoint(branch_endpoint(parent3, flat, 30, 80, **SMALL)) == (True, 60, (False, 60), (True, 40))
+    # censored at at + N - W even with an onset visible at 60 itself
+    late = blocks(1, 1, 1, 3, 3, block=10)
+    assert excursion_step(parent[:30] + late, **SMALL) == (True, 60)
+    assert endpoint(branch_endpoint(parent, late, 30, 80, **SMALL)) == (True, 60, (False, 60), (False, 60))
+    assert endpoint(branch_endpoint(parent, late[:40], 30, 80, **SMALL)) == (True, 50, (False, 50), (False, 50))
+    stopped = [1.0] * 11 + [NAN]
+    assert endpoint(branch_endpoint(parent, stopped, 30, 80, **SMALL)) == (True, 60, (True, 50), (False, 60))
+    with pytest.raises(ValueError, match="fewer than"):
+        branch_endpoint([1.0] * 20, late, 30, 80, **SMALL)

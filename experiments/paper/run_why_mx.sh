@@ -14,7 +14,11 @@
 # marked interrupted) so that the summaries are still written. Other steps (build, gputests,
 # digest) run first, in the order given. Back in OUTDIR:
 #   summary_EXP_SHARDofN.csv   mxlab summarize --csv of the shard's finished runs
-#   blocks_EXP_SHARDofN.csv    results/extract_loss_blocks.py, blocks of 100 steps (the endpoint's input)
+#   blocks_EXP_SHARDofN.csv    results/extract_loss_blocks.py, blocks of 100 steps (the endpoint's input;
+#                              branches too, from their `at`)
+#   branchpoints_EXP_SHARDofN.csv  results/extract_branchpoints.py, only for runs with branches (E2):
+#                              at each branch point the parent's and the branch's curvature and Adam
+#                              v's quantiles from the parent's snapshot (descriptive)
 #   logs.tgz                   build, GPU-test and training logs, nvidia-smi
 #   digest_paper200.txt        (step `digest`) bench/dataset_digest.py of a 200-step CUDA run of
 #                              experiments/paper/fig4_baseline.yaml: the bit-for-bit reference of a
@@ -66,7 +70,7 @@ for step in "$@"; do
   esac
 done
 
-# train_shard EXP SHARD/N GPUS BUDGET: one shard, its summary and loss blocks into OUTDIR.
+# train_shard EXP SHARD/N GPUS BUDGET: one shard, its summary, loss blocks and branch points into OUTDIR.
 train_shard() {
   local exp=$1 shard=$2 gpus=$3 budget=$4 tag="${1}_${2/\//of}"
   echo "training $exp shard $shard on GPUs $gpus for at most $budget s"
@@ -91,6 +95,7 @@ PY
   echo "$tag: finished runs: ${#done_runs[@]}"
   if [ "${#done_runs[@]}" -gt 0 ]; then
     python3 results/extract_loss_blocks.py "$OUT/blocks_$tag.csv" 100 "${done_runs[@]}"
+    python3 results/extract_branchpoints.py "$OUT/branchpoints_$tag.csv" "${done_runs[@]}"
   fi
 }
 if [ "${#SHARDS[@]}" -gt 0 ]; then

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -63,12 +64,25 @@ void read_events(std::vector<RunRecord>& runs, const EventRules& rules) {
       std::lock_guard<std::mutex> lock(hdf5_mutex());
       h5::H5File f(r.path, h5::H5File::Mode::read);
       History ref;
+      std::map<std::string, History> trajectories;  // by name: a branch's parent is one of them
       for (const GroupRecord& g : r.groups)
-        if (!g.branch && g.name == "fp32") ref = read_history(f, g);
+        if (!g.branch) trajectories[g.name] = read_history(f, g);
+      if (trajectories.count("fp32")) ref = trajectories["fp32"];
       for (GroupRecord& g : r.groups) {
-        const History h = read_history(f, g);
+        const History h = g.branch ? read_history(f, g) : trajectories[g.name];
         g.has_events = h.present;
+        g.has_endpoint = false;
         if (!h.present) continue;
+        if (g.branch) {
+          const auto parent = trajectories.find(g.parent);
+          // The step the branch was to stop at: its end_step (`steps`), else the run's end.
+          const int64_t end = f.has_attr(g.h5_path, "end_step") ? f.get_attr_int64(g.h5_path, "end_step") : r.steps;
+          if (parent != trajectories.end() && parent->second.present && h.first == g.at &&
+              static_cast<int64_t>(parent->second.loss.size()) >= g.at) {
+            g.endpoint = branch_endpoint(parent->second.loss, h.loss, g.at, end, rules.excursion);
+            g.has_endpoint = true;
+          }
+        }
         const LossSummary s = summarize_losses(h.loss, h.first, LogConfig{}.divergence_factor, spikes, rules.excursion);
         g.excursion = s.excursion.event;
         g.excursion_step = s.excursion.step;
@@ -77,7 +91,7 @@ void read_events(std::vector<RunRecord>& runs, const EventRules& rules) {
         g.tail_log_ratio = is_ref || !ref.present ? kNaN : tail_log_ratio(h.loss, h.first, ref.loss, ref.first, rules.tail_steps);
       }
     } catch (const std::exception&) {
-      for (GroupRecord& g : r.groups) g.has_events = false;
+      for (GroupRecord& g : r.groups) g.has_events = g.has_endpoint = false;
     }
   }
 }

@@ -14,7 +14,8 @@ std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
   std::vector<std::string> header = {"run_id", "group", "at"};
   header.insert(header.end(), swept.begin(), swept.end());
   for (const char* c : {"status", "excursion_step", "excursion_censored_at", "first_spike_step", "tail_log_ratio",
-                        "diverged_to_end_step", "first_nonfinite_step", "spike_count", "spike_score", "final_loss",
+                        "parent", "at_risk", "branch_excursion_step", "branch_censored_at", "control_excursion_step",
+                        "control_censored_at", "diverged_to_end_step", "first_nonfinite_step", "spike_count", "spike_score", "final_loss",
                         "min_loss", "max_bias_ratio", "max_gamma_lastbin", "steps_run", "source", "file", "error"})
     header.push_back(c);
   const TableCell cell{csv};
@@ -34,7 +35,7 @@ std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
     const std::string file = csv ? r.path : std::filesystem::path(r.path).filename().string();
     if (r.groups.empty()) {
       std::vector<std::string> row = base(nullptr);
-      for (int i = 0; i < 14; ++i) row.push_back(cell.none());
+      for (int i = 0; i < 20; ++i) row.push_back(cell.none());
       row.push_back(file);
       row.push_back(cell.text(r.error));
       rows.push_back(row);
@@ -48,6 +49,15 @@ std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
       row.push_back(event_step(g.excursion ? -1 : g.excursion_step));
       row.push_back(event_step(g.first_spike_step));
       row.push_back(g.has_events ? cell.num(g.tail_log_ratio) : cell.none());
+      // Branches: the endpoint against the parent (empty for trajectories, or when unknown).
+      row.push_back(g.branch ? cell.text(g.parent) : cell.none());
+      const BranchEndpoint& e = g.endpoint;
+      auto endpoint_step = [&](int64_t s) { return g.has_endpoint ? cell.step(s) : cell.none(); };
+      row.push_back(g.has_endpoint ? std::string(e.at_risk ? "1" : "0") : cell.none());
+      row.push_back(endpoint_step(e.branch.event ? e.branch.step : -1));
+      row.push_back(endpoint_step(e.branch.event ? -1 : e.branch.step));
+      row.push_back(endpoint_step(e.control.event ? e.control.step : -1));
+      row.push_back(endpoint_step(e.control.event ? -1 : e.control.step));
       row.push_back(cell.step(g.divergence_step));
       row.push_back(cell.step(g.first_nonfinite_step));
       row.push_back(std::to_string(g.spike_count));

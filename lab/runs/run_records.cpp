@@ -65,6 +65,7 @@ GroupRecord read_group(const h5::H5File& f, const std::string& h5_path, const st
   g.h5_path = h5_path;
   g.branch = branch;
   if (f.has_attr(h5_path, "at")) g.at = f.get_attr_int64(h5_path, "at");
+  if (branch) g.parent = f.has_attr(h5_path, "from") ? f.get_attr_string(h5_path, "from") : "mx";
   bool from_file = true;
   for (const char* a : kSummaryAttrs) from_file = from_file && f.has_attr(h5_path, a);
   if (from_file) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lab/runs/run_status.h"
+#include "lab/stats/loss_events.h"
 
 namespace mxlab {
 
@@ -36,6 +37,14 @@ struct GroupRecord {
   int64_t excursion_step = -1;    // the event's step, or the step it is censored at when !excursion
   int64_t first_spike_step = -1;  // spike_count's first step, -1 when none
   double tail_log_ratio = 0.0;    // against the run's FP32 trajectory; NaN for it or when unknown
+  // Branches: the trajectory the branch forked from (its `from` attribute; `mx` in files written
+  // before it), and its endpoint against that parent continuing unchanged (branch_endpoint of
+  // lab/stats/loss_events.h: the parent's losses before `at` joined to the branch's), filled by
+  // read_events with the events; has_endpoint is false for trajectories, until then, and when
+  // the parent's or the branch's loss_all is missing or the parent stopped before `at`.
+  std::string parent;
+  bool has_endpoint = false;
+  BranchEndpoint endpoint;
   // "file": the loss summaries are the group's attributes (written when the run ended);
   // "computed": recomputed from loss_all (or the logged losses) of a run that did not end.
   // max_bias_ratio and max_gamma_lastbin are always the maxima of their datasets.

@@ -30,28 +30,83 @@ std::string excursion_rule_problem(const ExcursionRule& r) {
   return "";
 }
 
-Excursion excursion(const std::vector<float>& loss, int64_t first_step, const ExcursionRule& r) {
-  const std::string problem = excursion_rule_problem(r);
-  if (!problem.empty()) throw Error(problem);
+namespace {
+
+// The block minima the excursion rule reads (+inf for a block without a finite loss); a history
+// that ends non-finite stays so: its partial block and window/block more blocks are +inf.
+std::vector<double> block_minima(const std::vector<float>& loss, const ExcursionRule& r) {
   const int64_t n = static_cast<int64_t>(loss.size());
-  const int64_t run = r.window / r.block;
-  // A history that ends non-finite stays so: its partial block and `run` more blocks are +inf.
   const bool absorbing = n > 0 && !std::isfinite(loss.back());
-  const int64_t n_blocks = absorbing ? (n + r.block - 1) / r.block + run : n / r.block;
+  const int64_t n_blocks = absorbing ? (n + r.block - 1) / r.block + r.window / r.block : n / r.block;
   std::vector<double> mins(static_cast<size_t>(n_blocks), kInf);
   for (int64_t b = 0; b < n_blocks; ++b)
     for (int64_t t = b * r.block; t < std::min(n, (b + 1) * r.block); ++t)
       mins[static_cast<size_t>(b)] = std::min(mins[static_cast<size_t>(b)], event_value(loss[static_cast<size_t>(t)]));
+  return mins;
+}
+
+// The first block b >= 1 with b*block >= from_offset and b*block < until_offset whose
+// window/block blocks from b each have a minimum above factor x the minimum of all blocks
+// before b; -1 when there is none.
+int64_t excursion_block(const std::vector<double>& mins, const ExcursionRule& r, int64_t from_offset,
+                        int64_t until_offset) {
+  const int64_t run = r.window / r.block, n_blocks = static_cast<int64_t>(mins.size());
   double before = kInf;  // minimum of blocks 0 .. b-1
-  for (int64_t b = 0; b + run <= n_blocks; ++b) {
-    if (b >= 1) {
+  for (int64_t b = 0; b + run <= n_blocks && b * r.block < until_offset; ++b) {
+    if (b >= 1 && b * r.block >= from_offset) {
       bool above = true;
       for (int64_t j = b; j < b + run && above; ++j) above = mins[static_cast<size_t>(j)] > r.factor * before;
-      if (above) return {true, first_step + b * r.block};
+      if (above) return b;
     }
     before = std::min(before, mins[static_cast<size_t>(b)]);
   }
+  return -1;
+}
+
+void check_rule(const ExcursionRule& r) {
+  const std::string problem = excursion_rule_problem(r);
+  if (!problem.empty()) throw Error(problem);
+}
+
+}  // namespace
+
+Excursion excursion(const std::vector<float>& loss, int64_t first_step, const ExcursionRule& r) {
+  check_rule(r);
+  const int64_t n = static_cast<int64_t>(loss.size());
+  const int64_t b = excursion_block(block_minima(loss, r), r, 0, std::numeric_limits<int64_t>::max());
+  if (b >= 0) return {true, first_step + b * r.block};
   return {false, first_step + std::max<int64_t>(n - r.window, 0)};
+}
+
+Excursion excursion_between(const std::vector<float>& loss, int64_t first_step, int64_t from, int64_t until,
+                            const ExcursionRule& r) {
+  check_rule(r);
+  const int64_t n = static_cast<int64_t>(loss.size());
+  const bool absorbing = n > 0 && !std::isfinite(loss.back());
+  const int64_t end = std::max(from, absorbing ? until : std::min(until, first_step + n - r.window));
+  const int64_t b = excursion_block(block_minima(loss, r), r, from - first_step, end - first_step);
+  if (b >= 0) return {true, first_step + b * r.block};
+  return {false, end};
+}
+
+BranchEndpoint branch_endpoint(const std::vector<float>& parent, const std::vector<float>& branch, int64_t at,
+                               int64_t end, const ExcursionRule& r) {
+  check_rule(r);
+  if (at < 0 || static_cast<int64_t>(parent.size()) < at)
+    throw Error(msg("the parent trajectory holds ", parent.size(), " losses, fewer than the branch's step ", at,
+                    ": it stopped before the branch started (no endpoint)"));
+  std::vector<float> joined(parent.begin(), parent.begin() + at);
+  joined.insert(joined.end(), branch.begin(), branch.end());
+  BranchEndpoint e;
+  // The window the branch's series can show: [at, E).
+  const bool absorbing = !branch.empty() && !std::isfinite(branch.back());
+  e.window_end = std::max(at, absorbing ? end - r.window
+                                        : std::min(end, at + static_cast<int64_t>(branch.size())) - r.window);
+  e.branch = excursion_between(joined, 0, at, e.window_end, r);
+  e.control = excursion_between(parent, 0, at, e.window_end, r);
+  const Excursion whole = excursion(parent, 0, r);
+  e.at_risk = !(whole.event && whole.step < at);
+  return e;
 }
 
 double tail_log_ratio(const std::vector<float>& arm, int64_t first_arm, const std::vector<float>& ref,

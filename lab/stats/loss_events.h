@@ -30,6 +30,35 @@ struct Excursion {
 // Throws mxlab::Error when excursion_rule_problem(r) is not empty.
 Excursion excursion(const std::vector<float>& loss, int64_t first_step, const ExcursionRule& r);
 
+// The excursion whose onset lies in the window [from, until): the first block b with first step
+// t = first_step + b*block in it that meets the rule of `excursion` (the minimum "before" is
+// still that of every block from first_step on, so what happened before `from` counts). Without
+// one the series is censored at the window's end it could show, E = until when its last loss is
+// non-finite (it stays so), else min(until, first_step + steps - window), not below from: no
+// onset in [from, E). Nothing at or after E + window is read. Throws mxlab::Error when
+// excursion_rule_problem(r) is not empty.
+Excursion excursion_between(const std::vector<float>& loss, int64_t first_step, int64_t from, int64_t until,
+                            const ExcursionRule& r);
+
+// The endpoint of a branch against its parent continuing unchanged (E2 of
+// results/prereg/why_mx.md; lab/train/README.md, "Branch endpoint"). `parent[i]` is the loss of
+// step i of the parent trajectory (it must hold at least `at` losses), `branch[i]` that of step
+// at + i of the branch, which was to train up to `end` (exclusive: at + its `steps`, or the run's
+// steps). The window is [at, E) with E = end - window, cut to what the branch's series can show
+// (excursion_between); the branch is read on the joined series (the parent's losses before `at`,
+// the branch's from `at`: the minimum before an onset includes the parent's blocks), its control
+// on the parent's own series, both with excursion_between over the same window [at, E). The pair
+// is at risk when the parent had no excursion (the rule of `excursion` on its whole series) with
+// onset before `at`. Throws mxlab::Error for an unusable rule or a parent shorter than `at`.
+struct BranchEndpoint {
+  bool at_risk = false;
+  int64_t window_end = 0;  // E
+  Excursion branch;        // onset in [at, E) on the joined series, or censored at E
+  Excursion control;       // onset in [at, E) on the parent's series, or censored where it is
+};
+BranchEndpoint branch_endpoint(const std::vector<float>& parent, const std::vector<float>& branch, int64_t at,
+                               int64_t end, const ExcursionRule& r);
+
 // The paired continuous outcome of an arm against its FP32 reference: the median, over the last
 // `last` steps both histories cover, of log(loss_arm / loss_ref) at the same step (a
 // non-finite loss counting as +inf: +inf when only the arm's is, -inf when only the

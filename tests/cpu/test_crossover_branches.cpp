@@ -6,7 +6,8 @@
 // from fp32 starts from the FP32 state at `at` (weights, Adam m and v, step counter, data
 // position: one under to_fp32 reproduces the FP32 trajectory's losses bit for bit); `mxlab
 // branch --from fp32 --steps N` equals the branch run in-line; `mxlab summarize` reads such a
-// branch and censors it at its end minus the window; the configuration's rules for both keys.
+// branch and censors it at its end minus the window, and gives each branch its endpoint against
+// its parent on the joined series; the configuration's rules for both keys.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "lab/config/sweep.h"
 #include "lab/core/error.h"
 #include "lab/io/h5file.h"
+#include "lab/stats/loss_events.h"
 #include "tests/cpu/run_binary_util.h"
 
 using namespace mxlab;
@@ -236,6 +238,71 @@ TEST_F(CrossoverRuns, SummarizeCensorsAShortBranchAtItsEndMinusTheWindow) {
     }
   }
   EXPECT_EQ(seen, 3) << p.output;
+}
+
+TEST_F(CrossoverRuns, SummarizeGivesEachBranchItsEndpointOnTheJoinedSeries) {
+  // The endpoint columns of every branch are branch_endpoint (lab/stats/loss_events.h) of the
+  // file's loss_all datasets: the parent's (the branch's `from`) and the branch's, window
+  // [at, end_step - W). Under K = 0.5 every block is "above" (events everywhere, the parents'
+  // before the branch points: not at risk), under K = 10 none is (censored, at risk).
+  const std::string dir = branches_.substr(0, branches_.rfind('/'));
+  const h5::H5File f(branches_, h5::H5File::Mode::read);
+  auto floats = [&](const std::string& ds) {
+    std::vector<float> v;
+    for (double x : f.read_doubles(ds)) v.push_back(static_cast<float>(x));
+    return v;
+  };
+  auto split = [](const std::string& text, char sep) {
+    std::vector<std::string> v;
+    size_t s = 0;
+    for (size_t e; (e = text.find(sep, s)) != std::string::npos; s = e + 1) v.push_back(text.substr(s, e - s));
+    v.push_back(text.substr(s));
+    return v;
+  };
+  int events = 0, censored = 0, at_risk = 0, not_at_risk = 0;
+  for (const ExcursionRule rule : {ExcursionRule{0.5, 10, 5}, ExcursionRule{10.0, 10, 5}, ExcursionRule{1.0, 5, 5}}) {
+    const Proc p = run_mxlab({"summarize", dir, "--csv", "--no-index", "--excursion-factor", std::to_string(rule.factor),
+                              "--excursion-window", std::to_string(rule.window), "--excursion-block",
+                              std::to_string(rule.block)});
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    const std::vector<std::string> lines = split(p.output, '\n');
+    const std::vector<std::string> head = split(lines[0], ',');
+    const auto col = [&](const char* name) {
+      return static_cast<size_t>(std::find(head.begin(), head.end(), name) - head.begin());
+    };
+    int branches = 0;
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const std::vector<std::string> c = split(lines[i], ',');
+      if (c.size() != head.size()) continue;
+      if (c[col("at")].empty()) {  // a trajectory: no endpoint
+        for (const char* k : {"parent", "at_risk", "branch_excursion_step", "control_censored_at"})
+          EXPECT_EQ(c[col(k)], "") << lines[i];
+        continue;
+      }
+      ++branches;
+      const std::string g = "branches/" + c[col("group")];
+      SCOPED_TRACE(g + " under factor " + std::to_string(rule.factor));
+      EXPECT_EQ(c[col("parent")], f.get_attr_string(g, "from"));
+      const BranchEndpoint e =
+          branch_endpoint(floats("trajectories/" + c[col("parent")] + "/loss_all"), floats(g + "/loss_all"),
+                          f.get_attr_int64(g, "at"), f.get_attr_int64(g, "end_step"), rule);
+      EXPECT_EQ(c[col("at_risk")], e.at_risk ? "1" : "0");
+      EXPECT_EQ(c[col("branch_excursion_step")], std::to_string(e.branch.event ? e.branch.step : -1));
+      EXPECT_EQ(c[col("branch_censored_at")], std::to_string(e.branch.event ? -1 : e.branch.step));
+      EXPECT_EQ(c[col("control_excursion_step")], std::to_string(e.control.event ? e.control.step : -1));
+      EXPECT_EQ(c[col("control_censored_at")], std::to_string(e.control.event ? -1 : e.control.step));
+      EXPECT_EQ(e.window_end, f.get_attr_int64(g, "end_step") - rule.window);
+      events += e.branch.event + e.control.event;
+      censored += !e.branch.event + !e.control.event;
+      at_risk += e.at_risk;
+      not_at_risk += !e.at_risk;
+    }
+    EXPECT_EQ(branches, 5) << p.output;
+  }
+  EXPECT_GT(events, 0);
+  EXPECT_GT(censored, 0);
+  EXPECT_GT(at_risk, 0);
+  EXPECT_GT(not_at_risk, 0);
 }
 
 TEST(CrossoverConfig, FromFp32AndStepsRules) {

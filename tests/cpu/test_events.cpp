@@ -190,3 +190,83 @@ TEST(Excursion, TruncationPropertyOverRandomSeries) {
   }
   EXPECT_GT(events, 50);  // the generator makes excursions
 }
+
+// The window [from, until) of excursion_between and the branch endpoint built on it (E2 of
+// results/prereg/why_mx.md), on hand-worked series of 10-step blocks under K = 10, W = 20 (two
+// blocks above 10 x the minimum before them). results/stats_util.py holds the Python twins (the
+// same series in analysis/tests/test_events.py).
+namespace {
+const ExcursionRule kSmall{10.0, 20, 10};
+void expect_endpoint(const BranchEndpoint& e, bool at_risk, int64_t window_end, bool branch_event,
+                     int64_t branch_step, bool control_event, int64_t control_step) {
+  EXPECT_EQ(e.at_risk, at_risk);
+  EXPECT_EQ(e.window_end, window_end);
+  expect(e.branch, branch_event, branch_step);
+  expect(e.control, control_event, control_step);
+}
+}  // namespace
+
+TEST(ExcursionBetween, OnlyOnsetsInTheWindowCount) {
+  // Blocks 1, 0.2, 3, 3, 3, 1: onsets at 20 (3, 3 > 2) and 30 (3, 3 > 2), none at 40 (3, 1).
+  const std::vector<float> s = blocks({1.0f, 0.2f, 3, 3, 3, 1}, 10);
+  expect(excursion_between(s, 0, 0, 1000, kSmall), true, 20);
+  expect(excursion_between(s, 0, 21, 1000, kSmall), true, 30);  // the onset at 20 is before the window
+  expect(excursion_between(s, 0, 31, 1000, kSmall), false, 40);  // 60 - 20 steps shown
+  expect(excursion_between(s, 0, 21, 30, kSmall), false, 30);    // the onset at 30 is the window's end
+  expect(excursion_between(s, 0, 50, 1000, kSmall), false, 50);  // not below `from`
+  expect(excursion_between(s, 100, 130, 140, kSmall), true, 130);  // absolute steps
+  // A series that ends non-finite stays so: its window is `until` whole.
+  std::vector<float> stopped = blocks({1.0f, 0.2f, 1, 1}, 10);
+  stopped.push_back(kNaN);
+  expect(excursion_between(stopped, 0, 10, 60, kSmall), true, 40);
+  expect(excursion_between(stopped, 0, 10, 40, kSmall), false, 40);
+  expect(excursion_between(stopped, 0, 10, 100, kSmall), true, 40);
+  EXPECT_THROW(excursion_between(s, 0, 0, 10, {10.0, 25, 10}), Error);
+}
+
+TEST(BranchEndpoint, AnEventOnlyTheParentsMinimumShows) {
+  // Parent blocks 1, 0.2, 1, 1, 1, 1, 1, 1 (no excursion: 1 is not above 10 x 0.2); the branch
+  // from step 30 stays at 3 for 50 steps. On its own it has no excursion (3 is not above 10 x 3);
+  // joined to the parent's blocks before 30, the minimum before it is 0.2 and 3 > 2: an event at
+  // 30. The control (the parent) has none: censored at the window's end 30 + 50 - 20 = 60.
+  const std::vector<float> parent = blocks({1.0f, 0.2f, 1, 1, 1, 1, 1, 1}, 10);
+  const std::vector<float> branch = blocks({3, 3, 3, 3, 3}, 10);
+  expect(excursion(branch, 30, kSmall), false, 60);
+  expect_endpoint(branch_endpoint(parent, branch, 30, 80, kSmall), true, 60, true, 30, false, 60);
+}
+
+TEST(BranchEndpoint, AParentExcursionBeforeTheBranchPointTakesThePairOut) {
+  // The parent's excursion at 20 (5, 5 > 2) comes before the branch's step 30: not at risk.
+  const std::vector<float> parent = blocks({1.0f, 0.2f, 5, 5, 1, 1, 1, 1}, 10);
+  const std::vector<float> flat = blocks({1, 1, 1, 1, 1}, 10);
+  expect_endpoint(branch_endpoint(parent, flat, 30, 80, kSmall), false, 60, false, 60, false, 60);
+  // An onset before the branch's step on the joined series (block 2 of 3, 3, 3, ...: 20) is in
+  // neither window, and the parent alone has none there (3, 1): at risk, the branch's onset at 30.
+  const std::vector<float> parent2 = blocks({1.0f, 0.2f, 3, 1, 1, 1, 1, 1}, 10);
+  expect(excursion(parent2, 0, kSmall), false, 60);
+  expect_endpoint(branch_endpoint(parent2, blocks({3, 3, 3, 3, 3}, 10), 30, 80, kSmall), true, 60, true, 30, false, 60);
+  // The control's event in the window: the parent's own excursion at 40.
+  const std::vector<float> parent3 = blocks({1.0f, 0.2f, 1, 1, 5, 5, 5, 1}, 10);
+  expect_endpoint(branch_endpoint(parent3, flat, 30, 80, kSmall), true, 60, false, 60, true, 40);
+}
+
+TEST(BranchEndpoint, CensoredAtItsEndMinusTheWindow) {
+  // A branch of 50 steps from 30 (to 80) is censored at 60 = 30 + 50 - 20, even when an onset at
+  // 60 itself (3, 3 in its last two blocks) is visible: the window is [at, at + N - W).
+  const std::vector<float> parent = blocks({1.0f, 0.2f, 1, 1, 1, 1, 1, 1}, 10);
+  const std::vector<float> late = blocks({1, 1, 1, 3, 3}, 10);
+  std::vector<float> joined(parent.begin(), parent.begin() + 30);
+  joined.insert(joined.end(), late.begin(), late.end());
+  expect(excursion(joined, 0, kSmall), true, 60);
+  expect_endpoint(branch_endpoint(parent, late, 30, 80, kSmall), true, 60, false, 60, false, 60);
+  // A branch cut short (a run interrupted at 70, its last loss finite) shows less: [30, 50).
+  const std::vector<float> cut(late.begin(), late.begin() + 40);
+  expect_endpoint(branch_endpoint(parent, cut, 30, 80, kSmall), true, 50, false, 50, false, 50);
+  // One that stopped on a NaN at its 12th step stays non-finite: its window is [30, 60) whole,
+  // and the first block without a finite loss (50; 40 still holds a 1) gives the event.
+  std::vector<float> stopped(11, 1.0f);
+  stopped.push_back(kNaN);
+  expect_endpoint(branch_endpoint(parent, stopped, 30, 80, kSmall), true, 60, true, 50, false, 60);
+  // A parent shorter than the branch's step (it stopped before): no endpoint.
+  EXPECT_THROW(branch_endpoint(std::vector<float>(20, 1.0f), late, 30, 80, kSmall), Error);
+}

@@ -609,7 +609,8 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   std::getline(in, header);
   EXPECT_EQ(header,
             "run_id,group,at,seed,model.depth,optimizer.lr,status,excursion_step,excursion_censored_at,"
-            "first_spike_step,tail_log_ratio,diverged_to_end_step,first_nonfinite_step,spike_count,"
+            "first_spike_step,tail_log_ratio,parent,at_risk,branch_excursion_step,branch_censored_at,"
+            "control_excursion_step,control_censored_at,diverged_to_end_step,first_nonfinite_step,spike_count,"
             "spike_score,final_loss,min_loss,max_bias_ratio,max_gamma_lastbin,steps_run,source,file,error");
   std::map<std::string, const ExpandedRun*> by_id;
   const std::vector<ExpandedRun> runs = sweep_runs();
@@ -623,7 +624,7 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
     std::string cell;
     while (std::getline(ls, cell, ',')) cells.push_back(cell);
     if (!line.empty() && line.back() == ',') cells.push_back("");
-    ASSERT_EQ(cells.size(), 23u) << line;
+    ASSERT_EQ(cells.size(), 29u) << line;
     ASSERT_TRUE(by_id.count(cells[0])) << line;
     EXPECT_LE(last_id, cells[0]) << "rows sorted by run id";
     last_id = cells[0];
@@ -633,16 +634,22 @@ TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
     EXPECT_EQ(cells[4], std::to_string(r.cfg.model.depth)) << line;
     EXPECT_EQ(cells[5], r.cfg.optimizer.lr == 3.0e-3f ? "0.003" : "0.01") << line;
     EXPECT_EQ(cells[6], "complete") << line;
-    EXPECT_EQ(cells[20], "file") << line;
+    EXPECT_EQ(cells[26], "file") << line;
     // The excursion: its step or where it is censored, the other -1 (the runs are shorter than
     // the default window: censored at their first step).
     EXPECT_EQ(cells[7], "-1") << line;
     EXPECT_EQ(cells[8], cells[2].empty() ? "0" : cells[2]) << line;
     EXPECT_EQ(cells[10].empty(), cells[1] == "fp32") << line;  // tail_log_ratio: arms and branches
+    // The branch's endpoint against its parent (mx: the file's `from`), its window [20, 20 - 500)
+    // empty: censored at 20 in both; the columns are empty for the trajectories.
+    const bool branch = cells[1] == "to32";
+    const std::vector<std::string> endpoint =
+        branch ? std::vector<std::string>{"mx", "1", "-1", "20", "-1", "20"} : std::vector<std::string>(6, "");
+    EXPECT_EQ(std::vector<std::string>(cells.begin() + 11, cells.begin() + 17), endpoint) << line;
     // final_loss reads back to the attribute exactly.
     const std::string group = cells[1] == "to32" ? "branches/to32" : "trajectories/" + cells[1];
     h5::H5File f(dir + "/" + r.id + ".h5", h5::H5File::Mode::read);
-    EXPECT_EQ(std::strtod(cells[15].c_str(), nullptr), f.get_attr_double(group, "final_loss")) << line;
+    EXPECT_EQ(std::strtod(cells[21].c_str(), nullptr), f.get_attr_double(group, "final_loss")) << line;
     EXPECT_EQ(cells[2], cells[1] == "to32" ? "20" : "") << line;
     ++rows;
   }

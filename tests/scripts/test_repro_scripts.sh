@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device scripts (bench/*.sh, experiments/paper/run_repro.sh, scripts/*.sh) parse, and
+# The device scripts (bench/*.sh, experiments/paper/run_repro.sh, run_why_mx.sh, scripts/*.sh) parse, and
 # run_repro.sh's MXLAB_REPRO_LIMIT bounds a whole part: with a stand-in mxlab whose `run` takes
 # 3 s, a limit of 2 s stops the first `mxlab run` of part J (timeout) and skips the second
 # (a limit per call, the old behaviour, would have started it).
@@ -8,7 +8,7 @@ ROOT=${1:?usage: test_repro_scripts.sh REPO_ROOT}
 cd "$ROOT" || exit 1
 ROOT=$PWD
 fail=0
-for f in bench/*.sh experiments/paper/run_repro.sh scripts/*.sh; do
+for f in bench/*.sh experiments/paper/run_repro.sh experiments/paper/run_why_mx.sh scripts/*.sh; do
   bash -n "$f" || { echo "FAIL: $f does not parse"; fail=1; }
 done
 tmp=$(mktemp -d)
