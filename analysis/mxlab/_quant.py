@@ -66,9 +66,10 @@ def quantize(x, format, block_size=32, scale_rule="floor", rounding="nearest_eve
 
     format: mxfp8_e4m3, mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8, bf16, fp16.
     scale_rule: floor, rceil, ceil, even, floor_bump (with bump='clamp' or 'always').
-    rounding: nearest_even, nearest_away, toward_zero, stochastic (seed picks the stream;
-    bf16/fp16: nearest_* only). axis: -1 (the last, as the CLI) or 0 (the first). A last block
-    that is short is zero-padded. x: float32, C-contiguous, on the CPU.
+    rounding: nearest_even, nearest_away, toward_zero, stochastic, noise (seed picks the stream;
+    noise: x + u * ulp(x), off the grid, lab/mx/README.md; bf16/fp16: nearest_* only).
+    axis: -1 (the last, as the CLI) or 0 (the first). A last block that is short is zero-padded.
+    x: float32, C-contiguous, on the CPU.
     """
     return _run(x, format, block_size, scale_rule, rounding, axis, bump, seed, False)[0]
 

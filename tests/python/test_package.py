@@ -33,7 +33,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MX = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8"]
 RULES = ["floor", "rceil", "ceil", "even", "floor_bump"]
-ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic"]
+ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic", "noise"]
 
 
 # ---- the package, built and installed as a user would ------------------------------------------
