@@ -365,7 +365,8 @@ MXLAB_HD ElemResult quantize_element_fast(float v, ElemScale sc, const ElemSpec&
 // (s in [-127, 127]): the binade of |v| / X, e = floor(log2 |v|) - s, taken into [emin, emax]
 // (below emin, the element's subnormal range, the spacing is the lowest normal binade's, the
 // subnormal spacing 2^(emin - mbits); above emax, beyond the top binade, the top binade's
-// 2^(emax - mbits)), then E = e - mbits + s. Integer arithmetic on v's bits (float32-subnormal v
+// 2^(emax - mbits): no block's own scale puts an element there, every rule's scale being at least
+// the floor rule's), then E = e - mbits + s. Integer arithmetic on v's bits (float32-subnormal v
 // included: decompose() is exact). With the block's own scale, E is in [-143, 127]: the finest
 // grid is E5M2's 2^(-16 - 127), and every rule gives s + emax <= 128 (amax < 2^128), so
 // E <= 128 - mbits.

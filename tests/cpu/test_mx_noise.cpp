@@ -348,7 +348,7 @@ TEST(MxNoise, HandWorkedSubnormalAndBeyondTheTopBinade) {
       {e4m3, 3.0e5f, 0, 5},           // far beyond
       {e4m3, -7.0f, -2, -1},          // |v| / 2^-2 = 28 in [16, 32): 2^(4 - 3) * 2^-2
       {int8, 0.3f, 0, -6},            // int8: 2^-6 everywhere
-      {int8, 3.9f, 0, -6},            // beyond 127/64 and 2: still 2^-6 (rceil can put amax there)
+      {int8, 3.9f, 0, -6},            // beyond 127/64 and beyond 2: the top binade's 2^-6
       {int8, 3.9f, 5, -1},            // times the scale
       {e4m3, 1.5e-45f, -127, -136},   // the float32 subnormal 2^-149 in the smallest block scale
   };
