@@ -37,6 +37,8 @@ int as_int(int64_t v, const char* what) {
 uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op) { return sr_seed(seed, sr_op); }
 
 OperandPath operand_path(const GemmOperand& op) {
+  // Noise puts an MX role's values off its grid: float32 values, whatever was rounded first.
+  if (is_mx(op.q.fmt) && op.q.rounding == Rounding::noise) return OperandPath::fp32_value;
   if (is_mx(op.q.fmt) || op.q.fmt == NumFmt::bf16) return OperandPath::bf16_exact;
   // Rounded to bf16 first: fp32 keeps that value; fp16 of a bf16 value either keeps it or
   // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact.
@@ -95,8 +97,8 @@ GemmRunner::~GemmRunner() {
 
 std::string GemmRunner::math_mode() const {
   return "FP32 roles: SGEMM, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32); MX/bf16 roles: operands quantized to "
-         "bf16-exact values, bf16 tensor cores, FP32 accumulate (CUBLAS_COMPUTE_32F); fp16 or mixed FP32/MX roles: "
-         "operands dequantized to FP32, pedantic SGEMM";
+         "bf16-exact values, bf16 tensor cores, FP32 accumulate (CUBLAS_COMPUTE_32F); fp16, MX noise or mixed FP32/MX "
+         "roles: operands dequantized to FP32, pedantic SGEMM";
 }
 
 void GemmRunner::reserve(int64_t max_operand_elems) {

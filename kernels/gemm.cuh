@@ -12,8 +12,9 @@
 //     Dequantized MX values are bf16-exact except for the tiny-scale corner documented in
 //     kernels/quantize.cuh (fp8 elements in blocks with amax below ~2^-116 / 2^-102);
 //     set_verify_bf16_exact(true) detects those and reruns on the FP32 path;
-//   - otherwise (fp16 roles, FP32 mixed with a quantized role): the quantized operands are
-//     dequantized into FP32 scratch and the pedantic SGEMM runs (an FP32 role is read in place).
+//   - otherwise (fp16 roles, MX roles under `rounding: noise`, whose values are off the MX grid,
+//     FP32 mixed with a quantized role): the quantized operands are dequantized into FP32 scratch
+//     and the pedantic SGEMM runs (an FP32 role is read in place).
 // Producer-side quantization (Backend::layernorm_fwd / act_fwd / act_bwd's q_out): an
 // element-wise op that writes a GEMM operand may write its bf16 quantization too, into this
 // runner's held buffer (produce_target() says whether and where; kernels/mx_produce.cuh says
@@ -47,7 +48,7 @@ uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op);
 enum class OperandPath : uint8_t {
   raw_fp32,   // FP32 role, no rounding: read in place
   bf16_exact, // quantized values are bf16-exact: may feed the bf16 tensor-core GEMM
-  fp32_value, // quantized values need FP32 (fp16 roles)
+  fp32_value, // quantized values need FP32 (fp16 roles, MX roles under rounding: noise)
 };
 OperandPath operand_path(const GemmOperand& op);
 

@@ -60,9 +60,7 @@ __device__ __forceinline__ GapElem gap_elem(const GapParams& p, float v, float x
   float qv = bits_f32(kGapQuietNaN);
   bool clamped = false;
   if (s != kScaleExpNaN) {
-    const uint32_t rnd = p.q.rounding == Rounding::stochastic
-                             ? philox(p.q.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
-                             : 0u;
+    const uint32_t rnd = element_word(p.q.rounding, p.q.seed, salt, static_cast<uint64_t>(idx));
     const ElemResult e = quantize_element(v, s, es, p.q.rounding, rnd);
     qv = e.value;
     clamped = e.clamped;

@@ -1,8 +1,9 @@
 // CUDA quantization kernels; semantics in quantize.cuh. Every number is produced by the
 // scalar code of lab/mx/scalar.h (the same functions the CPU reference calls: the float path
 // quantize_element_fast for the deterministic roundings, the integer path for stochastic
-// rounding, exactly as quantize_element() dispatches), so the only GPU-specific code here is
-// the walk over blocks, the block amax and the counters. Tuning notes: kernels/PERF-quantize.md.
+// rounding, noise_element for noise, exactly as quantize_element() dispatches), so the only
+// GPU-specific code here is the walk over blocks, the block amax and the counters. Tuning notes:
+// kernels/PERF-quantize.md.
 //
 // Kernels (all grid-stride, one atomicAdd per counter per CTA at the end):
 //   mx_contiguous_kernel   - blocks along rows, block size 8*G with G | 32 lanes per block: each
@@ -104,8 +105,8 @@ __device__ __forceinline__ float input_value(const KParams& p, float v) {
 
 // One element under the rounding mode R (a template parameter, so each kernel instance holds
 // only its own path): the float path for the deterministic modes, with the block's 2^-s and
-// 2^s computed once per block, and the integer path for stochastic rounding. Exactly what
-// quantize_element() (the CPU reference's call) does for each mode.
+// 2^s computed once per block, the integer path for stochastic rounding and noise_element for
+// noise. Exactly what quantize_element() (the CPU reference's call) does for each mode.
 template <Rounding R>
 __device__ __forceinline__ ElemResult element(float v, int s, ElemScale sc, const ElemSpec& es, uint32_t rnd) {
   if constexpr (fast_rounding(R)) {
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas)
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = ((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) * groups_per_warp;
   const uint32_t salt = step_salt(p);
-  constexpr bool stochastic = R == Rounding::stochastic;
+  constexpr bool draws = draws_word(R);
   Counters cnt;
   int64_t base = warp * groups_per_warp;
   LaneSlice cur = locate(p, base + grp, units, nb_row, sub, flat);
@@ -288,9 +289,7 @@ __global__ void __launch_bounds__(kThreads, kContigMinCtas)
 #pragma unroll
         for (int j = 0; j < kLaneElems; ++j) {
           if (j < cur.nv) {
-            const uint32_t rnd =
-                stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(cur.off + j)).v[0]
-                           : 0u;
+            const uint32_t rnd = draws ? element_word(R, p.seed, salt, static_cast<uint64_t>(cur.off + j)) : 0u;
             const ElemResult e = element<R>(v[j], s, sc, es, rnd);
             if constexpr (kCount) {
               cnt.lastbin += e.lastbin;
@@ -331,7 +330,7 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
   const int64_t ntiles = (p.cols + kStridedThreads - 1) / kStridedThreads;
   const int64_t items = nbands * ntiles;
   const uint32_t salt = step_salt(p);
-  constexpr bool stochastic = R == Rounding::stochastic;
+  constexpr bool draws = draws_word(R);
   const bool count = p.stats != nullptr;
   Counters cnt;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -362,8 +361,7 @@ __global__ void __launch_bounds__(kStridedThreads, kStridedMinCtas) mx_strided_k
       const int64_t idx = (r0 + i) * p.cols + col;
       float r = bits_f32(kQuietNaN);
       if (!special) {
-        const uint32_t rnd =
-            stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0] : 0u;
+        const uint32_t rnd = draws ? element_word(R, p.seed, salt, static_cast<uint64_t>(idx)) : 0u;
         const ElemResult e = element<R>(tile[i * kStridedThreads + tid], s, sc, es, rnd);
         if (count) {
           cnt.lastbin += e.lastbin;
@@ -432,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const uint32_t salt = step_salt(p);
-  constexpr bool stochastic = R == Rounding::stochastic;
+  constexpr bool draws = draws_word(R);
   Counters cnt;
   int64_t witem = warp;
   TileSlice cur = locate_tile(p, witem, witems, ngroups, lane);
@@ -476,9 +474,7 @@ __global__ void __launch_bounds__(kThreads, kTileMinCtas) mx_strided_tile_kernel
           for (int c = 0; c < kTileCols; ++c) {
             r[c] = bits_f32(kQuietNaN);
             if (!special[c]) {
-              const uint32_t rnd =
-                  stochastic ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx + c)).v[0]
-                             : 0u;
+              const uint32_t rnd = draws ? element_word(R, p.seed, salt, static_cast<uint64_t>(idx + c)) : 0u;
               const ElemResult e = element<R>(v[i][c], s[c], sc[c], es, rnd);
               if constexpr (kCount) {
                 cnt.lastbin += e.lastbin;
@@ -542,9 +538,7 @@ __global__ void __launch_bounds__(kThreads) mx_generic_kernel(KParams p, ElemSpe
       const int64_t idx = index(q);
       float r = bits_f32(kQuietNaN);
       if (!special) {
-        const uint32_t rnd = p.rounding == Rounding::stochastic
-                                 ? philox(p.seed, Stream::stochastic_round, salt, static_cast<uint64_t>(idx)).v[0]
-                                 : 0u;
+        const uint32_t rnd = element_word(p.rounding, p.seed, salt, static_cast<uint64_t>(idx));
         const ElemResult e = quantize_element(input_value(p, p.in[idx]), s, es, p.rounding, rnd);
         cnt.lastbin += e.lastbin;
         cnt.clamped += e.clamped;
@@ -665,11 +659,12 @@ KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind
     case Rounding::nearest_away: CASE(Rounding::nearest_away); break;     \
     case Rounding::toward_zero: CASE(Rounding::toward_zero); break;       \
     case Rounding::stochastic: CASE(Rounding::stochastic); break;         \
+    case Rounding::noise: CASE(Rounding::noise); break;                   \
     default: throw Error("quantize: unknown rounding mode");              \
   }
 
-// Instances per rounding mode x with/without statistics (the stochastic ones always count:
-// they are not the fast path, and this halves their number).
+// Instances per rounding mode x with/without statistics (the stochastic and noise ones always
+// count: they are not the fast path, and this halves their number).
 #define MXLAB_FOR_EACH_ROUNDING_COUNT(CASE)                                      \
   switch (p.rounding) {                                                          \
     case Rounding::nearest_even:                                                 \
@@ -679,6 +674,7 @@ KParams make_params(const QuantLaunch& L, const QuantSpec& q, void* out, OutKind
     case Rounding::toward_zero:                                                  \
       if (count) CASE(Rounding::toward_zero, true); else CASE(Rounding::toward_zero, false); break;    \
     case Rounding::stochastic: CASE(Rounding::stochastic, true); break;           \
+    case Rounding::noise: CASE(Rounding::noise, true); break;                     \
     default: throw Error("quantize: unknown rounding mode");                     \
   }
 

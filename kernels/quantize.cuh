@@ -1,7 +1,8 @@
 // MX / bf16 / fp16 quantization on the GPU: the CUDA twin of lab/mx/quantize.cpp.
 // The kernels call the scalar code of lab/mx/scalar.h (block_scale_exp; for each element
 // what quantize_element() calls: quantize_element_fast for the deterministic roundings,
-// quantize_element_exact for stochastic; round_bf16, round_fp16) and lab/core/philox.h, so
+// quantize_element_exact for stochastic, noise_element for noise; element_word for the random
+// words; round_bf16, round_fp16) and lab/core/philox.h, so
 // every output bit equals the CPU reference quantize_dequantize() by construction;
 // tests/gpu/test_quantize_gpu.cu and test_quantize_fast_gpu.cu check it. (The bf16 output of
 // the MX kernels packs round_bf16's result without its NaN branch, which changes nothing for
@@ -20,7 +21,9 @@
 //     philox(q.seed, Stream::stochastic_round, salt, r * cols + c).v[0], with
 //     salt = *d_step when d_step is given (read on the device, so a captured CUDA graph sees
 //     the current step) and q.salt otherwise. GEMM operands pass q.seed = sr_seed(seed, sr_op)
-//     (kernels/gemm.cuh does this).
+//     (kernels/gemm.cuh does this). Noise (Rounding::noise) draws its word the same way from
+//     Stream::mx_noise; its outputs are float32 values off the MX grid, so their bf16 output is
+//     a lossy rounding (gemm.cuh sends such operands down the FP32 path).
 //
 // bf16 output (quantize_bf16, the GEMM's tensor-core input): each dequantized value is written
 // as round_bf16(value, nearest_even). For MX formats this is exact (a dequantized MX value has

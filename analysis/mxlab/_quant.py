@@ -142,11 +142,12 @@ def quantize(x, format, block_size=32, scale_rule="floor", rounding="nearest_eve
 
     format: mxfp8_e4m3, mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8, bf16, fp16.
     scale_rule: floor, rceil, ceil, even, floor_bump (with bump='clamp' or 'always').
-    rounding: nearest_even, nearest_away, toward_zero, stochastic (seed picks the stream;
-    bf16/fp16: nearest_* only). axis: -1 (the last, as the CLI) or 0 (the first). A last block
-    that is short is zero-padded. x: float32, contiguous; a NumPy array, a CPU tensor or (built
-    with CUDA) a CUDA tensor, which the lab's CUDA kernels quantize in place of the CPU
-    reference, on the tensor's device and its current stream, without waiting for it.
+    rounding: nearest_even, nearest_away, toward_zero, stochastic, noise (seed picks the stream;
+    noise: x + u * ulp(x), off the grid, lab/mx/README.md; bf16/fp16: nearest_* only).
+    axis: -1 (the last, as the CLI) or 0 (the first). A last block that is short is zero-padded.
+    x: float32, contiguous; a NumPy array, a CPU tensor or (built with CUDA) a CUDA tensor, which
+    the lab's CUDA kernels quantize in place of the CPU reference, on the tensor's device and its
+    current stream, without waiting for it.
     device: None (where x is), 'cpu', or 'cuda'/'cuda:N' to send host data through the CUDA
     kernels (copied to the GPU and back; the result is host data again).
     """

@@ -107,15 +107,15 @@ const Registrar reg(kOrder, [](CLI::App& app) {
   sub->add_option("--scale-rule", o->scale_rule, "Shared exponent rule: floor, rceil, ceil, even, floor_bump")
       ->capture_default_str();
   sub->add_option("--rounding", o->rounding,
-                  "Element rounding: nearest_even, nearest_away, toward_zero, stochastic "
-                  "(bf16/fp16: nearest_* only)")
+                  "Element rounding: nearest_even, nearest_away, toward_zero, stochastic, noise "
+                  "(x + u * ulp(x), off the grid; bf16/fp16: nearest_* only)")
       ->capture_default_str();
   sub->add_option("--block-size", o->block, "Elements per block (a last block that is short is zero-padded)")
       ->capture_default_str()
       ->check(integer_in(1));
   sub->add_option("--bump", o->bump, "floor_bump only: clamp (bump blocks that would clamp) or always")
       ->capture_default_str();
-  sub->add_option("--seed", o->seed, "Seed of the stochastic-rounding stream")->capture_default_str()->check(unsigned_64());
+  sub->add_option("--seed", o->seed, "Seed of the stochastic-rounding and noise streams")->capture_default_str()->check(unsigned_64());
   sub->add_option("--in", o->in, "Input .npy (float32, C order, rank >= 1)")->required();
   sub->add_option("--out", o->out, "Output .npy (written atomically)")->required();
   sub->add_flag("--stats", o->stats, "Print last-bin/clamped fractions, NaN blocks and relative error");

@@ -12,7 +12,7 @@ namespace {
 const char* const kNumFmtNames[] = {"fp32", "bf16", "fp16", "mxfp8_e4m3", "mxfp8_e5m2",
                                     "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8"};
 const char* const kScaleRuleNames[] = {"floor", "rceil", "ceil", "even", "floor_bump"};
-const char* const kRoundingNames[] = {"nearest_even", "nearest_away", "toward_zero", "stochastic"};
+const char* const kRoundingNames[] = {"nearest_even", "nearest_away", "toward_zero", "stochastic", "noise"};
 const char* const kBumpNames[] = {"clamp", "always"};
 
 template <typename E, size_t N>

@@ -93,8 +93,9 @@ MXLAB_HD constexpr Elem mx_elem(NumFmt f) {
 
 // Shared-exponent (scale) rules, DESIGN.md section 2.
 enum class ScaleRule : uint8_t { floor = 0, rceil, ceil, even, floor_bump, kCount };
-// Element rounding.
-enum class Rounding : uint8_t { nearest_even = 0, nearest_away, toward_zero, stochastic, kCount };
+// Element rounding. `noise` is no rounding: the element becomes v + u * ulp(v), off the grid
+// (lab/mx/README.md, "Noise instead of rounding"; lab/mx/scalar.h, noise_element).
+enum class Rounding : uint8_t { nearest_even = 0, nearest_away, toward_zero, stochastic, noise, kCount };
 // For floor_bump: bump only blocks where an element would clamp, or every block.
 enum class Bump : uint8_t { clamp = 0, always, kCount };
 

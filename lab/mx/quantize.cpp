@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "lab/core/error.h"
-#include "lab/core/philox.h"
 #include "lab/mx/scalar.h"
 
 namespace mxlab {
@@ -50,9 +49,7 @@ void quantize_block(const float* in, float* out, const BlockWalk& w, int64_t lin
   }
   for (int64_t p = begin; p < end; ++p) {
     const int64_t idx = w.index(line, p);
-    uint32_t rnd = 0;
-    if (spec.rounding == Rounding::stochastic)
-      rnd = philox(spec.seed, Stream::stochastic_round, spec.salt, static_cast<uint64_t>(idx)).v[0];
+    const uint32_t rnd = element_word(spec.rounding, spec.seed, spec.salt, static_cast<uint64_t>(idx));
     const ElemResult r = quantize_element(in[idx], s, es, spec.rounding, rnd);
     st.lastbin += r.lastbin;
     st.clamped += r.clamped;

@@ -22,8 +22,8 @@ struct QuantSpec {
   ScaleRule rule = ScaleRule::floor;
   Rounding rounding = Rounding::nearest_even;  // element rounding (bf16/fp16: nearest_* only)
   Bump bump = Bump::clamp;
-  // Stochastic rounding stream: random word for element (r, c) is
-  // philox(seed, Stream::stochastic_round, salt, r * cols + c).v[0].
+  // Random word of element (r, c) for stochastic rounding and noise (element_word in scalar.h):
+  // philox(seed, Stream::stochastic_round or Stream::mx_noise, salt, r * cols + c).v[0].
   uint64_t seed = 0;
   uint32_t salt = 0;
 };

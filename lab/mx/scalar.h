@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "lab/core/hd.h"
+#include "lab/core/philox.h"
 #include "lab/mx/format.h"
 
 namespace mxlab {
@@ -352,12 +353,88 @@ MXLAB_HD ElemResult quantize_element_fast(float v, ElemScale sc, const ElemSpec&
   return out;
 }
 
+// ---- noise instead of rounding (Rounding::noise) ----------------------------------------------
+// MX's error magnitude without its bias: the element becomes v + u * ulp(v), a float32 that is in
+// general not on the element grid, with ulp(v) the spacing of the element grid at v under the
+// block's scale X = 2^s (the scale the quantizer itself chooses: block_scale_exp) and u uniform on
+// (-1/2, 1/2) from the element's random word (Stream::mx_noise, indexed like stochastic rounding).
+// Nothing is clamped or saturated. lab/mx/README.md, "Noise instead of rounding", has the
+// definitions and why; tests/cpu/test_mx_noise.cpp checks them.
+
+// The exponent E of ulp(v) = 2^E for a finite, non-zero v in a block with shared exponent s
+// (s in [-127, 127]): the binade of |v| / X, e = floor(log2 |v|) - s, taken into [emin, emax]
+// (below emin, the element's subnormal range, the spacing is the lowest normal binade's, the
+// subnormal spacing 2^(emin - mbits); above emax, beyond the top binade, the top binade's
+// 2^(emax - mbits): no block's own scale puts an element there, every rule's scale being at least
+// the floor rule's), then E = e - mbits + s. Integer arithmetic on v's bits (float32-subnormal v
+// included: decompose() is exact). With the block's own scale, E is in [-143, 127]: the finest
+// grid is E5M2's 2^(-16 - 127), and every rule gives s + emax <= 128 (amax < 2^128), so
+// E <= 128 - mbits.
+MXLAB_HD int noise_ulp_exp(float v, int s, const ElemSpec& es) {
+  const Decomposed d = decompose(v);
+  int e = floor_log2(d.m, d.x) - s;
+  if (e < es.emin()) e = es.emin();
+  if (e > es.emax()) e = es.emax();
+  return e - es.mbits + s;
+}
+
+// 2^e as a float for e in [-149, 127] (float32 subnormals below -126), exactly.
+MXLAB_HD float noise_pow2(int e) {
+  return bits_f32(e >= -126 ? static_cast<uint32_t>(e + 127) << 23 : (1u << (e + 149)));
+}
+
+// u from the element's random word: the odd multiples of 2^-25 in (-1/2, 1/2), each of the 2^24
+// values equally likely (the top 24 bits of the word), so E[u] = 0 exactly, |u| <= 1/2 - 2^-25
+// and Var[u] = (1 - 2^-48) / 12. The integer 2k + 1 - 2^24 has at most 24 significant bits, so it
+// converts exactly, and the product with 2^-25 is exact.
+MXLAB_HD float noise_u(uint32_t rnd) {
+  const int32_t k = static_cast<int32_t>(((rnd >> 8) << 1) | 1u) - (int32_t{1} << 24);
+  return static_cast<float>(k) * noise_pow2(-25);
+}
+
+// v + u * ulp(v) for one finite element v of a block with shared exponent s, u = noise_u(rnd).
+// Two float32 operations, each rounded once to nearest even: n = u * 2^E (exact for E >= -124,
+// u's last bit being 2^-25; below, a float32-subnormal n may round), then v + n. They are kept
+// apart (never contracted into one FMA: -ffp-contract=off on the host, __fmul_rn / __fadd_rn on
+// the device), so CPU and GPU give the same bits. Zero stays zero with its sign (the quantizer's
+// error at 0 is 0 under every scale and rounding, and a tensor that is structurally zero, such as
+// layernorm's beta at initialisation or an all-zero block, stays so). The statistics are those
+// nearest_even quantization would count: clamped = |v| / X above max_normal (the noisy value
+// itself is not clamped), lastbin = |v| / X would round to max_normal.
+MXLAB_HD ElemResult noise_element(float v, int s, const ElemSpec& es, uint32_t rnd) {
+  ElemResult out = quantize_element_fast(v, elem_scale(s), es, Rounding::nearest_even);
+  if ((f32_bits(v) & 0x7FFFFFFFu) == 0u) {
+    out.value = v;
+    return out;
+  }
+  const float u = noise_u(rnd);
+  const float ulp = noise_pow2(noise_ulp_exp(v, s, es));
+#if defined(__CUDA_ARCH__)
+  out.value = __fadd_rn(v, __fmul_rn(u, ulp));
+#else
+  const float n = u * ulp;
+  out.value = v + n;
+#endif
+  return out;
+}
+
+// Whether an element rounding reads a random word, and the word of element `idx` (its flat index
+// r * cols + c in the stored tensor) of a quantization with (seed, salt = the step): stochastic
+// rounding from Stream::stochastic_round, noise from Stream::mx_noise; 0 for the others. Every
+// quantizer (the CPU reference, each CUDA kernel, the quantization-gap instrument) draws it here.
+MXLAB_HD constexpr bool draws_word(Rounding mode) { return mode == Rounding::stochastic || mode == Rounding::noise; }
+MXLAB_HD uint32_t element_word(Rounding mode, uint64_t seed, uint32_t salt, uint64_t idx) {
+  if (!draws_word(mode)) return 0u;
+  return philox(seed, mode == Rounding::noise ? Stream::mx_noise : Stream::stochastic_round, salt, idx).v[0];
+}
+
 // Quantize one finite element v of a block with shared exponent s: the float path for the
-// deterministic modes, the integer path for stochastic rounding. The CPU reference and the
-// CUDA kernels both call this (or quantize_element_fast with elem_scale(s)), so they agree
-// by construction.
+// deterministic modes, the integer path for stochastic rounding, noise_element for noise. The
+// CPU reference and the CUDA kernels both call this (or quantize_element_fast with elem_scale(s)),
+// so they agree by construction.
 MXLAB_HD ElemResult quantize_element(float v, int s, const ElemSpec& es, Rounding mode, uint32_t rnd) {
   if (fast_rounding(mode)) return quantize_element_fast(v, elem_scale(s), es, mode);
+  if (mode == Rounding::noise) return noise_element(v, s, es, rnd);
   return quantize_element_exact(v, s, es, mode, rnd);
 }
 

@@ -382,12 +382,14 @@ TEST(QuantizeReference, LibraryEqualsIndependentReferenceBitForBit) {
   Counts c;
   for (const RefFormat& f : kRefFormats)
     for (int r = 0; r < static_cast<int>(ScaleRule::kCount); ++r)
-      for (int m = 0; m < static_cast<int>(Rounding::kCount); ++m)
+      for (int m = 0; m < static_cast<int>(Rounding::kCount); ++m) {
+        if (static_cast<Rounding>(m) == Rounding::noise) continue;  // no rounding: its reference is test_mx_noise.cpp
         for (int bump = 0; bump < (static_cast<ScaleRule>(r) == ScaleRule::floor_bump ? 2 : 1); ++bump)
           for (int axis = 0; axis < 2; ++axis)
             for (int64_t k = 0; k < cases_per_combo; ++k)
               run_case(g, f, static_cast<ScaleRule>(r), static_cast<Rounding>(m), static_cast<Bump>(bump),
                        static_cast<Axis>(axis), c, failures);
+      }
   // The inputs must exercise the interesting paths, or the comparison proves little.
   EXPECT_GT(c.elements, 500000);
   EXPECT_GT(c.nonzero, c.elements / 4);

@@ -238,6 +238,17 @@ TEST(ModelParity, AttentionProxyMatchesCpu) {
   }
 }
 
+// Noise instead of rounding (precision.rounding: noise, the causal study's noise_mx): every MX
+// role's operands x + u ulp(x), FP32 element-wise ops. The budgets of the MX policies, the yardstick
+// the noise's own distance from the FP32 gradient.
+TEST(ModelParity, NoisePolicyMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig p = mx_policy(NumFmt::mxfp8_e4m3);
+  p.rounding = Rounding::noise;
+  p.elementwise_bf16 = false;
+  run_parity(p, "mxfp8_e4m3 noise");
+}
+
 // Per-GEMM precision (precision.grad_wgrad): the wgrad GEMMs' dY in bf16, or in MXFP6 E3M2 with
 // a stochastic rounding of its own, beside MXFP8 E4M3 dgrad operands; on the MLP and on the
 // attention proxy (whose Q/K/V/O projections' wgrad GEMMs take grad_wgrad too). The budgets of

@@ -10,7 +10,8 @@
 // Whole-model CPU/CUDA agreement under these policies: ModelParity.PerGemmPolicyMatchesCpu
 // (within budgets: the accumulation order differs); a CUDA arm against its single-arm run:
 // ArmsGpu.PerGemmArmsEqualTheirSingleRuns; producer-side quantization on and off:
-// ProducerQuantGpu.PerGemmPolicyIsBitIdenticalWithAndWithout.
+// ProducerQuantGpu.PerGemmPolicyIsBitIdenticalWithAndWithout. The same for the E3 recipes
+// (noise instead of rounding, stochastic rounding of dY): EveryOperandOfANoiseStepEqualsTheCpus.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -225,6 +226,23 @@ TEST(PerGemmGpu, EveryOperandOfASplitGradientStepEqualsTheCpus) {
   p.grad_wgrad = NumFmt::mxfp6_e3m2;
   p.rounding_grad_wgrad = Rounding::stochastic;
   check_policy(p, "grad mxfp8_e4m3, grad_wgrad mxfp6_e3m2 stochastic");
+}
+
+// The causal study's E3 recipes (experiments/paper/why_mx_e3.yaml): noise_mx (every MX role under
+// `rounding: noise`, FP32 element-wise ops: the operands take the FP32 path of the CUDA GEMM) and
+// mx_sr_grad (dY stochastically rounded). The wgrad and dgrad operands of dY differ through their
+// own random streams (op ids) here.
+TEST(PerGemmGpu, EveryOperandOfANoiseStepEqualsTheCpus) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig p;  // MXFP8 E4M3 everywhere
+  p.rounding = Rounding::noise;
+  p.elementwise_bf16 = false;
+  check_policy(p, "noise_mx: mxfp8_e4m3 noise, element-wise fp32");
+  PrecisionConfig sr;
+  sr.rounding = Rounding::nearest_away;
+  sr.elementwise_rounding = Rounding::nearest_away;
+  sr.rounding_grad = Rounding::stochastic;
+  check_policy(sr, "mx_sr_grad: grad stochastic");
 }
 
 }  // namespace

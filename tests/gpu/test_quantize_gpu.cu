@@ -288,7 +288,7 @@ void run_cases(const std::vector<Case>& cases, Axis axis, uint64_t seed, InputFn
 const NumFmt kMxFormats[] = {NumFmt::mxfp8_e4m3, NumFmt::mxfp8_e5m2, NumFmt::mxfp6_e3m2,
                              NumFmt::mxfp6_e2m3, NumFmt::mxfp4_e2m1, NumFmt::mxint8};
 const Rounding kRoundings[] = {Rounding::nearest_even, Rounding::nearest_away, Rounding::toward_zero,
-                               Rounding::stochastic};
+                               Rounding::stochastic, Rounding::noise};
 
 // Every MX format x scale rule (floor_bump with both bump modes) x rounding, block 32.
 std::vector<Case> mx_cases() {

@@ -5,7 +5,7 @@ import numpy as np
 
 MX = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8"]
 RULES = ["floor", "rceil", "ceil", "even", "floor_bump"]
-ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic"]
+ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic", "noise"]
 
 
 def bits(a):
