@@ -40,8 +40,9 @@ uint64_t operand_sr_seed(uint64_t seed, uint64_t sr_op) { return sr_seed(seed, s
 OperandPath operand_path(const GemmOperand& op) {
   if (is_mx(op.q.fmt) || op.q.fmt == NumFmt::bf16) return OperandPath::bf16_exact;
   // Rounded to bf16 first: fp32 keeps that value; fp16 of a bf16 value either keeps it or
-  // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact.
-  if (op.round_bf16_first) return OperandPath::bf16_exact;
+  // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact. Not
+  // when the operand is rotated after that rounding: the rotated values are FP32 values.
+  if (op.round_bf16_first && !op.rot.active()) return OperandPath::bf16_exact;
   return op.q.fmt == NumFmt::fp32 ? OperandPath::raw_fp32 : OperandPath::fp32_value;
 }
 

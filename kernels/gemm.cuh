@@ -4,7 +4,7 @@
 //   - both FP32 roles with no rounding at all: a true SGEMM (cublasGemmEx, CUDA_R_32F,
 //     CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, no reduced-precision tricks);
 //   - both operands bf16-exact after quantization (MX formats, bf16, or anything rounded to bf16
-//     first): each is quantized into a bf16 scratch (quantize_bf16, one read + one half-size
+//     first and not rotated after): each is quantized into a bf16 scratch (quantize_bf16, one read + one half-size
 //     write) and cuBLAS runs a bf16 tensor-core GEMM with FP32 accumulation (CUBLAS_COMPUTE_32F).
 //     The products of two bf16-exact values (<= 8 significant bits each) are exact, so this
 //     computes the same products as an FP32 GEMM on the dequantized operands; only the
