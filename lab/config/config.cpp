@@ -1254,17 +1254,20 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
 // every policy without them is what it was before they existed).
 static std::string emulator_ops_text(const PrecisionConfig& p) {
   std::string s;
-  if (p.rotation[0] != Rotation::none || p.rotation[1] != Rotation::none || p.rotation[2] != Rotation::none) {
-    std::string r = rotation_text(p);  // one word, or "{fprop: M, dgrad: M, wgrad: M}" on one line without spaces
-    r.erase(std::remove(r.begin(), r.end(), ' '), r.end());
-    s += msg(" rotation=", r, " rotation_block=", p.rotation_block);
-  }
   if (p.layernorm != LnOps::fused) s += " layernorm=vector";
   if (p.gelu != GeluOps::fused) s += p.gelu == GeluOps::vector ? " gelu=vector" : " gelu=vector_teacher";
   if (p.residual != ResidualPrec::elementwise) s += " residual=fp32";
   if (p.bias != BiasPrec::fp32) s += " bias=elementwise";
   if (!p.ln_beta_grad) s += " ln_beta_grad=false";
   return s;
+}
+
+// precision.rotation and its block, only where a GEMM's rotation is not none (likewise).
+static std::string rotation_policy_text(const PrecisionConfig& p) {
+  if (p.rotation[0] == Rotation::none && p.rotation[1] == Rotation::none && p.rotation[2] == Rotation::none) return "";
+  std::string r = rotation_text(p);  // one word, or "{fprop: M, dgrad: M, wgrad: M}" written without spaces
+  r.erase(std::remove(r.begin(), r.end(), ' '), r.end());
+  return msg(" rotation=", r, " rotation_block=", p.rotation_block);
 }
 
 std::string describe_policy(const PrecisionConfig& p) {
@@ -1281,7 +1284,8 @@ std::string describe_policy(const PrecisionConfig& p) {
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p));
+             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p),
+             rotation_policy_text(p));
 }
 
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
