@@ -10,6 +10,7 @@
 
 #include "kernels/capture_guard.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/hadamard.cuh"
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
 
@@ -41,8 +42,9 @@ OperandPath operand_path(const GemmOperand& op) {
   if (is_mx(op.q.fmt) && op.q.rounding == Rounding::noise) return OperandPath::fp32_value;
   if (is_mx(op.q.fmt) || op.q.fmt == NumFmt::bf16) return OperandPath::bf16_exact;
   // Rounded to bf16 first: fp32 keeps that value; fp16 of a bf16 value either keeps it or
-  // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact.
-  if (op.round_bf16_first) return OperandPath::bf16_exact;
+  // rounds it to a coarser grid (subnormal fp16) or to Inf, all of which stay bf16-exact. Not
+  // when the operand is rotated after that rounding: the rotated values are FP32 values.
+  if (op.round_bf16_first && !op.rot.active()) return OperandPath::bf16_exact;
   return op.q.fmt == NumFmt::fp32 ? OperandPath::raw_fp32 : OperandPath::fp32_value;
 }
 
@@ -108,6 +110,9 @@ void GemmRunner::reserve(int64_t max_operand_elems) {
 
 void GemmRunner::ensure_scratch(int64_t elems) {
   if (elems <= scratch_elems_) return;
+  // A multiple of 128 elements: the second operand of a rotated bf16 GEMM starts scratch_elems_
+  // bf16 values into the first region, which stays 256-byte aligned (run_batched).
+  elems = (elems + 127) / 128 * 128;
   if (capturing(stream_))
     throw Error(msg("GemmRunner: an operand of ", elems, " elements exceeds the reserved scratch (", scratch_elems_,
                     " elements) while a CUDA graph is being captured; call reserve() before capture"));
@@ -130,13 +135,15 @@ namespace {
 bool same_operand(const GemmOperand& a, const GemmOperand& b) {
   return a.p == b.p && a.k_contiguous == b.k_contiguous && same_spec(a.q, b.q) &&
          a.round_bf16_first == b.round_bf16_first && a.bf16_mode == b.bf16_mode && a.stats_slot == b.stats_slot &&
-         a.sr_op == b.sr_op;
+         a.sr_op == b.sr_op && a.rot.block == b.rot.block && a.rot.random_signs == b.rot.random_signs &&
+         a.rot.seed == b.rot.seed;
 }
 }  // namespace
 
 bool GemmRunner::quantizable_before(const GemmOperand& op, int64_t rows, int64_t cols) const {
+  // A rotated operand is quantized by its GEMM only, after the rotation (run_batched).
   return !verify_bf16_ && op.p && op.stats_slot < 0 && is_mx(op.q.fmt) && fast_rounding(op.q.rounding) &&
-         operand_path(op) == OperandPath::bf16_exact && rows > 0 && cols > 0;
+         operand_path(op) == OperandPath::bf16_exact && !op.rot.active() && rows > 0 && cols > 0;
 }
 
 bool GemmRunner::produce_target(const GemmOperand& op, int64_t rows, int64_t cols, ProducedQuant* pq) {
@@ -209,16 +216,37 @@ int GemmRunner::prequantize(const AheadOperand* ops, int n, const uint32_t* d_st
   return static_cast<int>(ahead_.size());
 }
 
-const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch,
+const float* GemmRunner::prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, int64_t period, float* scratch,
                                      const uint32_t* d_step, unsigned long long* d_stats_base, bool count_stats) {
   QuantLaunch L = operand_launch(op, rows, cols, d_step, d_stats_base);
   if (!count_stats) L.d_stats = nullptr;
+  if (op.rot.active()) {  // rotated into the scratch, then counted and quantized there in place
+    rotate_into(op, rows, cols, period, scratch, d_step);
+    L.in = scratch;
+    L.round_bf16_first = false;  // the rotation read the operand rounded
+  }
   if (operand_path(op) == OperandPath::raw_fp32) {
     if (L.d_stats) quant_stats(L, stream_);
-    return op.p;
+    return L.in;
   }
   quantize_f32(L, scratch, stream_);
   return scratch;
+}
+
+void GemmRunner::rotate_into(const GemmOperand& op, int64_t rows, int64_t cols, int64_t period, float* out,
+                             const uint32_t* d_step) {
+  RotateLaunch R;
+  R.in = op.p;
+  R.out = out;
+  R.rows = rows;
+  R.cols = cols;
+  R.axis = op.k_contiguous ? Axis::contiguous : Axis::strided;
+  R.period = period;
+  R.r = op.rot;
+  R.round_bf16_first = op.round_bf16_first;
+  R.bf16_mode = op.bf16_mode;
+  R.d_step = d_step;
+  hadamard_rotate(R, stream_);
 }
 
 // Row-major C[M x N] = A * B^T is column-major C^T[N x M] = op(B) * op(A) where, column-major,
@@ -280,12 +308,24 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
     const int64_t b_rows = b.k_contiguous ? batch * N : batch * K, b_cols = b.k_contiguous ? K : N;
     const OperandPath pa = operand_path(a), pb = operand_path(b);
     bool done = false;
+    // Rotated operands (precision.rotation) are rotated into the second scratch region first and
+    // quantized from there; their bf16 copies then share the first region (each takes at most half).
+    const bool rotating = a.rot.active() || b.rot.active();
     if (pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact) {
       ensure_scratch(batch * std::max(M * K, N * K));
       auto* sa = reinterpret_cast<__nv_bfloat16*>(scratch_);
-      auto* sb = reinterpret_cast<__nv_bfloat16*>(scratch_ + scratch_elems_);
+      auto* sb = rotating ? reinterpret_cast<__nv_bfloat16*>(scratch_) + scratch_elems_
+                          : reinterpret_cast<__nv_bfloat16*>(scratch_ + scratch_elems_);
+      float* rotated = scratch_ + scratch_elems_;
       QuantLaunch La = operand_launch(a, a_rows, a_cols, d_step, d_stats_base);
       QuantLaunch Lb = operand_launch(b, b_rows, b_cols, d_step, d_stats_base);
+      // Each rotation runs right before its own quantization: the two share `rotated`.
+      auto rotate = [&](const GemmOperand& op, int64_t rows, int64_t cols, QuantLaunch& L) {
+        if (!op.rot.active()) return;
+        rotate_into(op, rows, cols, K, rotated, d_step);
+        L.in = rotated;
+        L.round_bf16_first = false;
+      };
       if (verify_bf16_) {
         if (capturing(stream_)) throw Error("GemmRunner: the bf16-exactness check cannot run inside graph capture");
         MXLAB_CUDA_CHECK(cudaMemsetAsync(d_inexact_, 0, sizeof(unsigned long long), stream_));
@@ -295,8 +335,14 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
       // ahead buffer (batch 1 only; each is taken once, so a and b never get the same one).
       const __nv_bfloat16* qa = batch == 1 ? take_produced(a, a_rows, a_cols) : nullptr;
       const __nv_bfloat16* qb = batch == 1 ? take_produced(b, b_rows, b_cols) : nullptr;
-      if (!qa) quantize_bf16(La, sa, stream_);
-      if (!qb) quantize_bf16(Lb, sb, stream_);
+      if (!qa) {
+        rotate(a, a_rows, a_cols, La);
+        quantize_bf16(La, sa, stream_);
+      }
+      if (!qb) {
+        rotate(b, b_rows, b_cols, Lb);
+        quantize_bf16(Lb, sb, stream_);
+      }
       unsigned long long inexact = 0;
       if (verify_bf16_) {
         MXLAB_CUDA_CHECK(cudaMemcpyAsync(&inexact, d_inexact_, sizeof inexact, cudaMemcpyDeviceToHost, stream_));
@@ -313,9 +359,10 @@ void GemmRunner::run_batched(int64_t batch, int64_t M, int64_t N, int64_t K, con
     if (!done) {
       // After a bf16 fallback the statistics were already counted by the bf16 pass.
       const bool count = !(pa == OperandPath::bf16_exact && pb == OperandPath::bf16_exact);
-      if (pa != OperandPath::raw_fp32 || pb != OperandPath::raw_fp32) ensure_scratch(batch * std::max(M * K, N * K));
-      const float* A = prepare_f32(a, a_rows, a_cols, scratch_, d_step, d_stats_base, count);
-      const float* B = prepare_f32(b, b_rows, b_cols, scratch_ + scratch_elems_, d_step, d_stats_base, count);
+      if (pa != OperandPath::raw_fp32 || pb != OperandPath::raw_fp32 || rotating)
+        ensure_scratch(batch * std::max(M * K, N * K));
+      const float* A = prepare_f32(a, a_rows, a_cols, K, scratch_, d_step, d_stats_base, count);
+      const float* B = prepare_f32(b, b_rows, b_cols, K, scratch_ + scratch_elems_, d_step, d_stats_base, count);
       sgemm(batch, M, N, K, A, a.k_contiguous, B, b.k_contiguous, C, beta);
     }
   }

@@ -4,7 +4,7 @@
 //   - both FP32 roles with no rounding at all: a true SGEMM (cublasGemmEx, CUDA_R_32F,
 //     CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, no reduced-precision tricks);
 //   - both operands bf16-exact after quantization (MX formats, bf16, or anything rounded to bf16
-//     first): each is quantized into a bf16 scratch (quantize_bf16, one read + one half-size
+//     first and not rotated after): each is quantized into a bf16 scratch (quantize_bf16, one read + one half-size
 //     write) and cuBLAS runs a bf16 tensor-core GEMM with FP32 accumulation (CUBLAS_COMPUTE_32F).
 //     The products of two bf16-exact values (<= 8 significant bits each) are exact, so this
 //     computes the same products as an FP32 GEMM on the dequantized operands; only the
@@ -15,6 +15,10 @@
 //   - otherwise (fp16 roles, MX roles under `rounding: noise`, whose values are off the MX grid,
 //     FP32 mixed with a quantized role): the quantized operands are dequantized into FP32 scratch
 //     and the pedantic SGEMM runs (an FP32 role is read in place).
+// A rotated operand (GemmOperand::rot, precision.rotation) is first rotated along K by
+// kernels/hadamard.cuh into FP32 scratch, then counted and quantized from there on whichever path
+// it takes; it is never taken from a producer or from prequantize() (those hold the unrotated
+// tensor's quantization).
 // Producer-side quantization (Backend::layernorm_fwd / act_fwd / act_bwd's q_out): an
 // element-wise op that writes a GEMM operand may write its bf16 quantization too, into this
 // runner's held buffer (produce_target() says whether and where; kernels/mx_produce.cuh says
@@ -118,8 +122,14 @@ class GemmRunner {  // one per stream; owns a cuBLAS handle and scratch
   // The held buffer, or an ahead entry, if it holds exactly `op` (stored [rows x cols]) and op
   // is marked prequantized; it is then released (taken once). Null otherwise.
   const __nv_bfloat16* take_produced(const GemmOperand& op, int64_t rows, int64_t cols);
-  const float* prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, float* scratch, const uint32_t* d_step,
-                           unsigned long long* d_stats_base, bool count_stats);
+  // The operand stored [rows x cols] on the FP32 path: read in place (an FP32 role), or quantized
+  // into `scratch`; a rotated one (op.rot, along K with signs of period `period`) is rotated into
+  // `scratch` first.
+  const float* prepare_f32(const GemmOperand& op, int64_t rows, int64_t cols, int64_t period, float* scratch,
+                           const uint32_t* d_step, unsigned long long* d_stats_base, bool count_stats);
+  // op's tensor (bf16-rounded first when op.round_bf16_first) rotated per op.rot into `out`.
+  void rotate_into(const GemmOperand& op, int64_t rows, int64_t cols, int64_t period, float* out,
+                   const uint32_t* d_step);
   // batch > 1: strided-batched over items of M*K, N*K and M*N elements.
   void sgemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, bool a_kc, const float* B, bool b_kc,
              float* C, float beta);

@@ -21,6 +21,8 @@
 #include "lab/config/names.h"
 #include "lab/config/sweep.h"
 #include "lab/config/yaml_tree.h"
+#include "lab/model/mlp.h"
+#include "lab/mx/hadamard.h"
 
 namespace mxlab {
 
@@ -390,6 +392,36 @@ NumFmt parse_gemm_format(const YNode& n, const std::string& key) {
   return static_cast<NumFmt>(parse_choice(n, key, numfmt_names(), "format"));
 }
 
+// precision.rotation: one mode for the three GEMMs, or a mapping of GEMMs (kGemmNames) to modes
+// (the GEMMs it leaves out keep theirs), as precision.rounding is for roles.
+const std::vector<std::string> kRotationNames = {"none", "hadamard", "random_hadamard"};
+
+Rotation parse_rotation_mode(const YNode& n, const std::string& key) {
+  return static_cast<Rotation>(parse_choice(n, key, kRotationNames, "rotation"));
+}
+
+void set_rotation(PrecisionConfig& p, const YNode& n, const std::string& key) {
+  if (!n.is_map()) {
+    p.rotation.fill(parse_rotation_mode(n, key));
+    return;
+  }
+  for (const YEntry& e : n.map) {
+    const int g = gemm_index(e.key);
+    if (g < 0) fail(e.key_loc, msg("unknown GEMM '", e.key, "' in ", key, hint_with_list(e.key, gemm_names())));
+    p.rotation[static_cast<size_t>(g)] = parse_rotation_mode(e.value, key + "." + e.key);
+  }
+}
+
+// The one mode when the three GEMMs share it, else the mapping of all three.
+std::string rotation_text(const PrecisionConfig& p) {
+  const auto& r = p.rotation;
+  if (r[0] == r[1] && r[1] == r[2]) return kRotationNames[static_cast<size_t>(r[0])];
+  std::string s = "{";
+  for (int g = 0; g < kGemmCount; ++g)
+    s += msg(g ? ", " : "", kGemmNames[g], ": ", kRotationNames[static_cast<size_t>(r[static_cast<size_t>(g)])]);
+  return s + "}";
+}
+
 // An int leaf that takes one of `allowed`.
 template <typename F>
 Leaf choice_int_leaf(std::string key, F f, std::vector<int> allowed) {
@@ -547,7 +579,19 @@ std::vector<Item> build_schema() {
                                         {"elementwise", "fp32"}, "residual precision")),
        since_v2(enum_leaf<BiasPrec>("bias", [](RunConfig& c) -> BiasPrec& { return c.precision.bias; },
                                     {"fp32", "elementwise"}, "bias precision")),
-       since_v2(bool_leaf("ln_beta_grad", [](RunConfig& c) -> bool& { return c.precision.ln_beta_grad; }))});
+       since_v2(bool_leaf("ln_beta_grad", [](RunConfig& c) -> bool& { return c.precision.ln_beta_grad; })),
+       // Block Hadamard rotation of the GEMM operands along K (lab/mx/README.md, "Block Hadamard rotation").
+       since_v2({"rotation", [](RunConfig& c, const YNode& n, const std::string& k) { set_rotation(c.precision, n, k); },
+                 [](const RunConfig& c) { return rotation_text(c.precision); }, {}}),
+       since_v2({"rotation_block",
+                 [](RunConfig& c, const YNode& n, const std::string& k) { c.precision.rotation_block = parse_int(n, k); },
+                 [](const RunConfig& c) { return std::to_string(c.precision.rotation_block); },
+                 [](const RunConfig& c) {
+                   const int v = c.precision.rotation_block;
+                   return is_rotation_block(v) ? std::string()
+                                               : msg("must be a power of two from ", kMinRotationBlock, " to ",
+                                                     kMaxRotationBlock, " (the Hadamard block), got ", v);
+                 }})});
 
   section("log",
           {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
@@ -633,6 +677,13 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
     role_override(p, kRoles[i]) = parse_rounding_mode(value, label);
     return;
   }
+  if (key.rfind("rotation.", 0) == 0) {  // one GEMM's rotation
+    const std::string g = key.substr(9);
+    const int i = gemm_index(g);
+    if (i < 0) fail(value.loc, msg("unknown GEMM '", g, "' in ", label, hint_with_list(g, gemm_names())));
+    p.rotation[static_cast<size_t>(i)] = parse_rotation_mode(value, label);
+    return;
+  }
   if (key.rfind("gemm.", 0) == 0) {  // one GEMM's operand roles (apply_gemm)
     const std::string g = key.substr(5);
     const int i = gemm_index(g);
@@ -650,6 +701,8 @@ void set_precision_field(PrecisionConfig& p, const std::string& key, const YNode
 
 std::string precision_field_text(const PrecisionConfig& p, const std::string& key) {
   if (key.rfind("rounding.", 0) == 0) return name(p.rounding_of(kRoles[rounding_role_index(key.substr(9))]));
+  if (key.rfind("rotation.", 0) == 0)
+    return kRotationNames[static_cast<size_t>(p.rotation[static_cast<size_t>(gemm_index(key.substr(9)))])];
   if (key.rfind("gemm.", 0) == 0) {  // the format apply_gemm gave the GEMM's operands
     const int g = gemm_index(key.substr(5));
     return name(g == 0 ? p.weight : g == 1 ? p.grad : p.grad_wgrad_fmt());
@@ -780,16 +833,17 @@ struct Parser {
         }
         continue;
       }
-      if (f.key == "rounding" && f.value.is_map()) {
+      if ((f.key == "rounding" || f.key == "rotation") && f.value.is_map()) {  // stored per role / per GEMM
         for (const YEntry& r : f.value.map) {
           PrecisionConfig scratch;
-          const std::string field = "rounding." + r.key;
+          const std::string field = f.key + "." + r.key;
           set_precision_field(scratch, field, r.value, key + "." + field);
           set[field] = precision_field_text(scratch, field);
         }
         continue;
       }
-      if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0 && f.key.rfind("gemm.", 0) != 0)
+      if (!find_leaf(precision_item(), f.key) && f.key.rfind("rounding.", 0) != 0 && f.key.rfind("gemm.", 0) != 0 &&
+          f.key.rfind("rotation.", 0) != 0)
         fail(f.key_loc, msg("unknown precision field ", quoted_excerpt(f.key), " in ", key,
                             hint_with_list(f.key, precision_keys())));
       PrecisionConfig scratch;
@@ -945,6 +999,23 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
       return msg("model.mxnorm_block = ", m.mxnorm_block, " differs from precision.block_size = ", p.block_size,
                  ": MXNorm reuses the block absmaxes of the MX cast of its output, so the blocks must be the same; "
                  "set both to one of 16, 32, 64");
+    }
+  }
+  // precision.rotation: the reduction length of every GEMM it rotates, a multiple of the block (the
+  // passes check the same, lab/model/mlp.h rotation_problem); the teacher's forward GEMMs too when
+  // the MX targets run it under this policy.
+  if (p.rotates(Gemm::fprop) || p.rotates(Gemm::dgrad) || p.rotates(Gemm::wgrad)) {
+    std::string problem;
+    try {
+      problem = rotation_problem(NetShape::student(m, cfg.data.seq_len), cfg.tokens(), p, true);
+      if (problem.empty() && cfg.data.mx_teacher_targets)
+        problem = rotation_problem(NetShape::teacher(m, cfg.teacher, cfg.data.seq_len), cfg.tokens(), p, false);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (!problem.empty()) {
+      *key = "precision.rotation";
+      return problem;
     }
   }
   return emulator_ops_problem(cfg, p, key);
@@ -1191,6 +1262,14 @@ static std::string emulator_ops_text(const PrecisionConfig& p) {
   return s;
 }
 
+// precision.rotation and its block, only where a GEMM's rotation is not none (likewise).
+static std::string rotation_policy_text(const PrecisionConfig& p) {
+  if (p.rotation[0] == Rotation::none && p.rotation[1] == Rotation::none && p.rotation[2] == Rotation::none) return "";
+  std::string r = rotation_text(p);  // one word, or "{fprop: M, dgrad: M, wgrad: M}" written without spaces
+  r.erase(std::remove(r.begin(), r.end(), ' '), r.end());
+  return msg(" rotation=", r, " rotation_block=", p.rotation_block);
+}
+
 std::string describe_policy(const PrecisionConfig& p) {
   using R = PrecisionConfig::Role;
   const bool own_wgrad_mode = p.rounding_of(R::grad_wgrad) != p.rounding_of(R::grad);
@@ -1205,7 +1284,8 @@ std::string describe_policy(const PrecisionConfig& p) {
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p));
+             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p),
+             rotation_policy_text(p));
 }
 
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
@@ -1220,6 +1300,16 @@ void set_config_path(YNode& root, const std::vector<std::string>& path, const YN
         m.kind = YNode::Kind::map;
         m.loc = r->value.loc;
         for (int i = 0; i < kSpelledRoles; ++i) m.map.push_back({kRoundingRoles[i], r->value.loc, r->value});
+        r->value = m;
+      }
+  // precision.rotation.<GEMM> under a one-mode `rotation: M`: the same, per GEMM.
+  if (path.size() == 3 && path[0] == "precision" && path[1] == "rotation" && root.is_map())
+    if (YEntry* prec = root.find("precision"); prec && prec->value.is_map())
+      if (YEntry* r = prec->value.find("rotation"); r && r->value.is_scalar()) {
+        YNode m;
+        m.kind = YNode::Kind::map;
+        m.loc = r->value.loc;
+        for (const char* g : kGemmNames) m.map.push_back({g, r->value.loc, r->value});
         r->value = m;
       }
   yaml_set_path(root, path, value, loc);
@@ -1349,6 +1439,7 @@ std::vector<std::string> config_keys() {
   for (const char* role : kRoundingRoles) v.push_back(std::string("precision.rounding.") + role);
   v.emplace_back("precision.gemm");
   for (const char* g : kGemmNames) v.push_back(std::string("precision.gemm.") + g);
+  for (const char* g : kGemmNames) v.push_back(std::string("precision.rotation.") + g);
   return v;
 }
 

@@ -15,6 +15,7 @@
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
 #include "lab/model/instrument_elementwise.h"
+#include "lab/mx/hadamard.h"
 #include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
 
@@ -74,8 +75,8 @@ class CpuBackend final : public Backend {
   // ---- GEMM ----
   void gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b, float* C, float beta,
             const ElementwiseRound& out) override {
-    prepare_operand(a, M, K, qa_);
-    prepare_operand(b, N, K, qb_);
+    prepare_operand(a, M, K, K, qa_);
+    prepare_operand(b, N, K, K, qb_);
     product_into(M, N, K, qa_.data(), a.k_contiguous, qb_.data(), b.k_contiguous, C, beta, out);
   }
 
@@ -427,8 +428,8 @@ class CpuBackend final : public Backend {
   void gemm_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& a, const GemmOperand& b,
                     float* C, float beta, const ElementwiseRound& out) override {
     // The stacked operands, quantized as one tensor each: [batch*rows x K] or [batch*K x rows].
-    prepare_operand(a, a.k_contiguous ? batch * M : M, a.k_contiguous ? K : batch * K, qa_);
-    prepare_operand(b, b.k_contiguous ? batch * N : N, b.k_contiguous ? K : batch * K, qb_);
+    prepare_operand(a, a.k_contiguous ? batch * M : M, a.k_contiguous ? K : batch * K, K, qa_);
+    prepare_operand(b, b.k_contiguous ? batch * N : N, b.k_contiguous ? K : batch * K, K, qb_);
     for (int64_t i = 0; i < batch; ++i)
       product_into(M, N, K, qa_.data() + i * M * K, a.k_contiguous, qb_.data() + i * N * K, b.k_contiguous,
                    C + i * M * N, beta, out);
@@ -585,14 +586,21 @@ class CpuBackend final : public Backend {
   }
 
   // The quantized copy of one GEMM operand whose logical shape is [rows x K] (stored
-  // [rows x K] when k_contiguous, else [K x rows]): optional bf16 rounding, then Q along K.
-  void prepare_operand(const GemmOperand& op, int64_t rows, int64_t K, std::vector<float>& buf) {
+  // [rows x K] when k_contiguous, else [K x rows]): optional bf16 rounding, the optional
+  // rotation along K (`period`: the GEMM's reduction length, K but for a stacked batched
+  // operand), then Q along K.
+  void prepare_operand(const GemmOperand& op, int64_t rows, int64_t K, int64_t period, std::vector<float>& buf) {
     const size_t n = static_cast<size_t>(rows * K);
     buf.assign(op.p, op.p + n);
     if (op.round_bf16_first)
       for (float& v : buf) v = mxlab::round_bf16(v, op.bf16_mode);
     const int64_t srows = op.k_contiguous ? rows : K, scols = op.k_contiguous ? K : rows;
     const Axis axis = op.k_contiguous ? Axis::contiguous : Axis::strided;
+    if (op.rot.active() && n > 0) {
+      RotationSpec r = op.rot;
+      r.salt = step_.step;
+      hadamard_rotate(buf.data(), buf.data(), srows, scols, axis, period, r);
+    }
     if (op.stats_slot >= 0) {
       QuantSpec sq = op.stats_q;
       sq.seed = sr_seed(sq.seed, op.sr_op);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "lab/core/philox.h"
+#include "lab/mx/hadamard.h"
 #include "lab/mx/quantize.h"
 
 namespace mxlab {
@@ -55,6 +56,10 @@ enum class Act : uint8_t { relu = 0, gelu, gelu_tanh, swiglu, linear, kCount, ge
 // `stats_slot` >= 0 asks the backend to add this operand's last-bin/clamped counts, computed
 // under `stats_q` (an MX spec; equal to q when q is MX, the diagnostic format otherwise), to
 // that statistics slot (see reset_stats / read_stats). Counts are exact integers.
+// `rot` (active: rot.block > 0) rotates the operand along K before all that is counted and
+// quantized, after the bf16 rounding: v -> H D v / sqrt(n) per block of n along K
+// (lab/mx/hadamard.h; random signs with salt = StepScalars.step). The model gives both operands
+// of a GEMM the same `rot`, so the product is A B^T up to rounding (precision.rotation).
 struct GemmOperand {
   const float* p = nullptr;
   bool k_contiguous = true;
@@ -68,6 +73,7 @@ struct GemmOperand {
   // quantization, below), and nothing has written the tensor since: the backend may take the
   // quantized operand that op left instead of quantizing again. Bits are the same either way.
   bool prequantized = false;
+  RotationSpec rot;  // block Hadamard rotation along K (above); rot.salt is ignored: the backend uses the step
 };
 
 // A GEMM operand and its stored shape [rows x cols], handed to Backend::prequantize.

@@ -47,7 +47,8 @@ inline bool same_operand(const GemmOperand& a, const GemmOperand& b) {
   };
   return a.p == b.p && a.k_contiguous == b.k_contiguous && same_q(a.q, b.q) &&
          a.round_bf16_first == b.round_bf16_first && a.bf16_mode == b.bf16_mode && a.stats_slot == b.stats_slot &&
-         same_q(a.stats_q, b.stats_q) && a.sr_op == b.sr_op;
+         same_q(a.stats_q, b.stats_q) && a.sr_op == b.sr_op && a.rot.block == b.rot.block &&
+         a.rot.random_signs == b.rot.random_signs && a.rot.seed == b.rot.seed;
 }
 
 class FusedPlan {

@@ -75,6 +75,12 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
                 "implemented for MLP blocks with layernorm or no norm: leave them at their defaults for this model");
 }
 
+// The pass's rotated GEMMs can run on this network and batch (rotation_problem).
+void check_rotation(const NetShape& s, int64_t tokens, const PrecisionConfig& p, bool backward) {
+  const std::string problem = rotation_problem(s, tokens, p, backward);
+  if (!problem.empty()) throw Error(problem);
+}
+
 void check_model(const char* what, int depth, int width, int hidden_mult, Act act) {
   if (depth < 1) throw Error(msg(what, ".depth must be at least 1 (got ", depth, ")"));
   if (width < 1) throw Error(msg(what, ".width must be at least 1 (got ", width, ")"));
@@ -295,6 +301,39 @@ bool stat_quantized(const PrecisionConfig& p, StatTensor t) {
   return is_mx(stat_role_format(p, t)) && (!grad || p.backward);
 }
 
+std::string rotation_problem(const NetShape& s, int64_t tokens, const PrecisionConfig& p, bool backward) {
+  struct Reduction {
+    Gemm g;
+    int64_t K;
+    const char* what;
+  };
+  const int64_t d = s.d, H = s.hidden, H1 = s.hidden_in;
+  std::vector<Reduction> gemms = {{Gemm::fprop, d, "Fprop of fc1 (h = y W1^T, K = the width d)"},
+                                  {Gemm::fprop, H, "Fprop of fc2 (o = a W2^T, K = the hidden width H)"}};
+  if (s.attention()) gemms.push_back({Gemm::fprop, d, "Fprop of the attention projections (K = the width d)"});
+  if (backward) {
+    gemms.push_back({Gemm::dgrad, d, "Dgrad of fc2 (da = dA W2, K = the width d)"});
+    gemms.push_back({Gemm::dgrad, H1, "Dgrad of fc1 (dy = dh W1, K = W1's rows H1)"});
+    gemms.push_back({Gemm::wgrad, tokens, "Wgrad GEMMs (dW = dY^T X, K = the tokens of a step, data.batch * data.seq_len)"});
+    if (s.attention()) gemms.push_back({Gemm::dgrad, 3 * d, "Dgrad of the QKV projection (K = 3 d)"});
+  }
+  const char* const gemm_name[] = {"fprop", "dgrad", "wgrad"};
+  const bool any = p.rotates(Gemm::fprop) || p.rotates(Gemm::dgrad) || p.rotates(Gemm::wgrad);
+  if (any && !is_rotation_block(p.rotation_block))
+    return msg("precision.rotation_block = ", p.rotation_block, " is not a power of two from ", kMinRotationBlock,
+               " to ", kMaxRotationBlock, ": use e.g. 32");
+  for (const Reduction& r : gemms) {
+    if (!p.rotates(r.g) || r.K % p.rotation_block == 0) continue;
+    const char* name = gemm_name[static_cast<int>(r.g)];
+    return msg("precision.rotation_block = ", p.rotation_block, r.K < p.rotation_block ? " is larger than" : " does not divide",
+               " the reduction length K = ", r.K, " of the ", r.what, ", which precision.rotation rotates",
+               s.is_teacher ? " (in the teacher, under data.mx_teacher_targets)" : "",
+               ": use a power-of-two rotation_block that divides ", r.K, ", or leave ", name,
+               " unrotated (precision.rotation: {", name, ": none})");
+  }
+  return "";
+}
+
 float mxnorm_coefficient(int p, int block) {
   // papers/mxnorm.md appendix F, absmax_scale_factor: RMS(X) / G_p(block absmaxes), Gaussian X.
   struct Entry {
@@ -493,6 +532,7 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
 void forward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
              const PassPolicy& pol) {
   check_pass(s, params, ws, pol);
+  check_rotation(s, ws.batch, pol.p, false);
   MXLAB_ASSERT(x != nullptr, "forward without input");
   const PrecisionConfig& p = pol.p;
   const ElementwiseRound R = policy_round(p);
@@ -598,6 +638,7 @@ void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Works
 void backward(Backend& be, const NetShape& s, const float* params, const float* /*x: the forward saved R(x)*/,
               Workspace& ws, float* grads, const PassPolicy& pol) {
   check_pass(s, params, ws, pol);
+  check_rotation(s, ws.batch, pol.p, true);
   MXLAB_ASSERT(grads != nullptr, "backward without a gradient buffer");
   const PrecisionConfig& p = pol.p;
   // backward: false -> FP32 GEMM operands and no element-wise rounding (statistics are still

@@ -154,6 +154,13 @@ struct Workspace {
   static Workspace make(Backend& be, const NetShape& s, int64_t batch);
 };
 
+// Why policy p's block Hadamard rotation (precision.rotation) cannot run on network s with `tokens`
+// rows per pass, or "": the reduction length K of every GEMM it rotates must be a multiple of
+// p.rotation_block (Fprop: d and H; Dgrad: d and H1, attention also 3d; Wgrad: tokens). `backward`:
+// the dgrad and wgrad GEMMs too (else the forward's only). The passes throw mxlab::Error with it;
+// the configuration check names the key.
+std::string rotation_problem(const NetShape& s, int64_t tokens, const PrecisionConfig& p, bool backward);
+
 // Forward pass: ws.out = net(x). `params` is the flat buffer. For the teacher, policy is FP32.
 void forward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
              const PassPolicy& pol);

@@ -21,6 +21,15 @@ bool PrecisionConfig::rounding_uniform() const {
          rounding_of(Role::grad_wgrad) == w;
 }
 
+bool PrecisionConfig::rotates(Gemm g) const {
+  if (rotation_of(g) == Rotation::none) return false;
+  if (g != Gemm::fprop && !backward) return false;
+  NumFmt a = activation, b = weight;
+  if (g == Gemm::dgrad) a = grad, b = weight_bwd_fmt();
+  if (g == Gemm::wgrad) a = grad_wgrad_fmt(), b = activation_bwd_fmt();
+  return elementwise_bf16 || a != NumFmt::fp32 || b != NumFmt::fp32;
+}
+
 void PrecisionConfig::make_fp32() {
   weight = activation = grad = NumFmt::fp32;
   weight_bwd = NumFmt::fp32;
@@ -36,6 +45,7 @@ void PrecisionConfig::make_fp32() {
   residual = ResidualPrec::elementwise;
   bias = BiasPrec::fp32;
   ln_beta_grad = true;
+  rotation = {Rotation::none, Rotation::none, Rotation::none};
 }
 
 PrecisionConfig PrecisionConfig::fp32() {
@@ -68,7 +78,7 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.elementwise_rounding == b.elementwise_rounding &&
          a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs &&
          a.layernorm == b.layernorm && a.gelu == b.gelu && a.residual == b.residual && a.bias == b.bias &&
-         a.ln_beta_grad == b.ln_beta_grad;
+         a.ln_beta_grad == b.ln_beta_grad && a.rotation == b.rotation && a.rotation_block == b.rotation_block;
 }
 
 }  // namespace mxlab

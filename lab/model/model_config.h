@@ -3,6 +3,7 @@
 // (lab/config/config.h) holds these as its `model`, `teacher`, `loss`/`kl_temperature` and
 // `precision` sections; the model layer never sees the rest of it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -62,6 +63,15 @@ enum class GeluOps : uint8_t { fused = 0, vector, vector_teacher };     // preci
 enum class ResidualPrec : uint8_t { elementwise = 0, fp32 };            // precision.residual
 enum class BiasPrec : uint8_t { fp32 = 0, elementwise };                // precision.bias
 
+// The GEMMs of a linear layer: Fprop Y = X W^T, Dgrad dX = dY W, Wgrad dW = dY^T X (YAML names
+// fprop, dgrad, wgrad: precision.gemm, precision.rotation).
+enum class Gemm : uint8_t { fprop = 0, dgrad, wgrad };
+constexpr int kLinearGemms = 3;
+// precision.rotation (lab/mx/README.md, "Block Hadamard rotation"): a GEMM's two operands
+// rotated along its reduction axis before quantization by a block Hadamard matrix, after a random
+// +-1 diagonal for random_hadamard.
+enum class Rotation : uint8_t { none = 0, hadamard, random_hadamard };
+
 // DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd/
 // grad_wgrad. By GEMM of a linear layer: Fprop Y = X W^T reads (activation, weight), Dgrad
 // dX = dY W reads (grad, weight_bwd), Wgrad dW = dY^T X reads (grad_wgrad, activation_bwd).
@@ -102,6 +112,10 @@ struct PrecisionConfig {
                                           // gradient after its sum (microxcaling's Linear)
   bool ln_beta_grad = true;               // false: the layernorm bias gets no gradient (the paper's copy of
                                           // microxcaling)
+  // Block Hadamard rotation per GEMM of the linear layers, indexed by Gemm (YAML `rotation: M` for all
+  // three, or `rotation: {fprop: M, dgrad: M, wgrad: M}`), with blocks of rotation_block along K.
+  std::array<Rotation, kLinearGemms> rotation = {Rotation::none, Rotation::none, Rotation::none};
+  int rotation_block = 32;
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
@@ -111,8 +125,14 @@ struct PrecisionConfig {
   bool rounding_uniform() const;  // every role (grad_wgrad included) rounds with the same mode
   NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
   NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
-  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops; the block
-  // size, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
+  Rotation rotation_of(Gemm g) const { return rotation[static_cast<size_t>(g)]; }
+  // Whether GEMM g of every linear layer is rotated: its rotation is not none, its pass quantizes
+  // (the dgrad and wgrad GEMMs only under backward: true), and an operand is rounded at all (a
+  // format other than fp32, or bf16 element-wise rounding): rotating two FP32 operands would
+  // only add rounding to an FP32 product.
+  bool rotates(Gemm g) const;
+  // Every role FP32, no bf16 element-wise rounding, the lab's own (fused) ops and no rotation; the
+  // block sizes, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
   void make_fp32();
   // The all-FP32 policy of the reference trajectory and the shadow pass: make_fp32() of the
   // defaults.

@@ -4,6 +4,7 @@
 // helpers. Internal to lab/model; nothing outside includes it.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
@@ -49,6 +50,33 @@ constexpr int kAttnOpsPerLayer = 32;
 constexpr uint64_t kAttnOpBase = uint64_t{1} << 40;
 inline uint64_t op_id(int layer, AttnOp op) {
   return kAttnOpBase + static_cast<uint64_t>(layer) * kAttnOpsPerLayer + static_cast<uint64_t>(op) + 1;
+}
+
+// The linear-layer GEMM an operand belongs to (what precision.rotation names), or none: the norm
+// gains and the attention-internal GEMMs (S = Q K^T, O = P V and their backward GEMMs).
+inline std::optional<Gemm> linear_gemm(OpId op) {
+  switch (op) {
+    case OpId::fc1_x: case OpId::fc1_w: case OpId::fc2_x: case OpId::fc2_w: return Gemm::fprop;
+    case OpId::da_dy: case OpId::da_w: case OpId::dy_dy: case OpId::dy_w: return Gemm::dgrad;
+    case OpId::dw2_dy: case OpId::dw2_x: case OpId::dw1_dy: case OpId::dw1_x: return Gemm::wgrad;
+    case OpId::ln_gamma: case OpId::ln_beta: break;
+  }
+  return std::nullopt;
+}
+inline std::optional<Gemm> linear_gemm(AttnOp op) {
+  switch (op) {
+    case AttnOp::qkv_x: case AttnOp::qkv_w: case AttnOp::out_x: case AttnOp::out_w: return Gemm::fprop;
+    case AttnOp::dctx_dz: case AttnOp::dctx_w: case AttnOp::dy1_dq: case AttnOp::dy1_w: return Gemm::dgrad;
+    case AttnOp::dwo_dz: case AttnOp::dwo_x: case AttnOp::dwqkv_dq: case AttnOp::dwqkv_x: return Gemm::wgrad;
+    default: break;
+  }
+  return std::nullopt;
+}
+// A GEMM's two operands have consecutive op ids, the first even: the first one's id names the GEMM
+// (its rotation's random signs are keyed on it, so both operands get the same signs).
+template <class Op>
+Op gemm_first_operand(Op op) {
+  return static_cast<Op>(static_cast<int>(op) & ~1);
 }
 
 using Role = PrecisionConfig::Role;
@@ -110,6 +138,13 @@ struct OperandRules {
     o.round_bf16_first = quantize && p->elementwise_bf16;
     o.bf16_mode = p->elementwise_rounding;
     o.sr_op = op_id(layer, op);
+    // precision.rotation: both operands of a rotated linear-layer GEMM, the same signs for both
+    // (random_hadamard: keyed on sr_seed(seed, id of the GEMM's first operand), salt = the step).
+    if (const std::optional<Gemm> g = linear_gemm(op); g && quantize && p->rotates(*g)) {
+      o.rot.block = p->rotation_block;
+      o.rot.random_signs = p->rotation_of(*g) == Rotation::random_hadamard;
+      o.rot.seed = sr_seed(seed, op_id(layer, gemm_first_operand(op)));
+    }
     if (collect && slot >= 0) {
       o.stats_slot = stats_base + slot;
       o.stats_q = stats_spec(*p, fmt, role, seed);

@@ -108,6 +108,8 @@ RunConfig every_field_changed() {
   c.precision.rounding = Rounding::stochastic;
   c.precision.elementwise_rounding = Rounding::nearest_away;
   c.precision.diagnostic_format = NumFmt::mxfp6_e3m2;
+  c.precision.rotation = {Rotation::random_hadamard, Rotation::none, Rotation::hadamard};  // printed as a mapping
+  c.precision.rotation_block = 16;  // divides every rotated K here (d = 96, H = 128, the teacher's 96)
   c.log.log_every = 7;
   c.log.bias_every = 14;
   c.log.spike_factor = 50.5f;
@@ -224,8 +226,9 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   const auto dl = dump_leaves(dump_config(d)), cl = dump_leaves(text);
   ASSERT_EQ(dl.size(), cl.size());
   // Every key but the lists `arms`, `interventions`, the 5 per-role roundings (inside the
-  // `rounding` line) and precision.gemm with its 3 GEMMs (no field: it sets roles) is a leaf line.
-  EXPECT_EQ(dl.size(), config_keys().size() - 11);
+  // `rounding` line), precision.gemm with its 3 GEMMs (no field: it sets roles) and the 3 per-GEMM
+  // rotations (inside the `rotation` line) is a leaf line.
+  EXPECT_EQ(dl.size(), config_keys().size() - 14);
   // Keys the attention fixture cannot change (a config error there) are changed below on MLP
   // configs of their own.
   const std::set<std::string> mlp_only = {"log.curvature_every", "precision.layernorm", "precision.gelu",

@@ -2,7 +2,7 @@
 // the paper's policy (experiments/paper/fig4_baseline.yaml) and the variants that take the other
 // branches of lab/model/mlp.cpp and attention.cpp (no norm, RMSNorm, MXNorm with its fused weight,
 // attention blocks, SwiGLU, the paper's emulator ops, `backward: false`, the plain teacher,
-// statistics collected) run on a backend that logs every call it receives with every argument:
+// statistics collected, precision.rotation: the operands' `rot` is printed where it is on) run on a backend that logs every call it receives with every argument:
 // GEMM operands field by field (the producer-side `q_out` and `prequantized` flags and the
 // operands handed to prequantize included: the CUDA backend acts on them, the CPU ignores
 // them), rounding modes, shapes, and each pointer as the allocation it falls in. The log must
@@ -75,7 +75,9 @@ class LoggingBackend final : public Backend {
     o << "[" << ptr(g.p) << (g.k_contiguous ? " kc " : " strided ") << q(g.q) << " bf16first" << g.round_bf16_first
       << "/" << mxlab::name(g.bf16_mode) << " slot" << g.stats_slot;
     if (g.stats_slot >= 0) o << " stats" << q(g.stats_q);
-    o << " sr" << g.sr_op << " preq" << g.prequantized << "]";
+    o << " sr" << g.sr_op << " preq" << g.prequantized;
+    if (g.rot.active()) o << " rot" << g.rot.block << (g.rot.random_signs ? " random seed" : " seed") << g.rot.seed;
+    o << "]";
     return o.str();
   }
   std::string qo(const GemmOperand* g) const { return g ? op(*g) : std::string("q_out=null"); }
@@ -370,6 +372,16 @@ std::vector<Case> cases() {
     c.p.activation = NumFmt::bf16;
   }
   add("plain teacher (fp32)").teacher_plain = true;
+  // precision.rotation: Hadamard on every GEMM; random Hadamard on Wgrad only, with attention
+  // (its projections' GEMMs rotated, the attention-internal ones not).
+  add("rotation hadamard").p.rotation.fill(Rotation::hadamard);
+  {
+    Case& c = add("rotation random_hadamard on wgrad, attention");
+    c.m.block = BlockKind::attention;
+    c.m.heads = 2;
+    c.seq_len = 32;
+    c.p.rotation[static_cast<size_t>(Gemm::wgrad)] = Rotation::random_hadamard;
+  }
   return v;
 }
 

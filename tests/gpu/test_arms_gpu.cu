@@ -121,6 +121,29 @@ TEST(ArmsGpu, PerGemmArmsEqualTheirSingleRuns) {
   }
 }
 
+// precision.rotation as arms on CUDA (CPU twin: RotationArms.EachArmEqualsItsSingleRunAndRotationMatters):
+// each arm bit-identical to its single-arm run, graphs on (the rotation reads the step on the device).
+TEST(ArmsGpu, RotationArmsEqualTheirSingleRuns) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig multi = tiny();
+  multi.steps = 20;
+  multi.arms = {{"mx", "", {}},
+                {"rot_all", "", {{"rotation", "hadamard"}}},
+                {"rand_rot_sr", "", {{"rotation", "random_hadamard"}, {"rounding.grad", "stochastic"}}},
+                {"rot_wgrad", "", {{"rotation.wgrad", "hadamard"}}}};
+  const MemorySink m = run_cuda(multi);
+  for (const ResolvedArm& arm : resolved_arms(multi)) {
+    RunConfig single = tiny();
+    single.steps = 20;
+    single.precision = arm.policy;
+    const MemorySink s = run_cuda(single);
+    expect_same(m, "trajectories/" + arm.name, s, "trajectories/mx");
+    expect_same(m, "trajectories/fp32", s, "trajectories/fp32");
+    if (arm.name != "mx")
+      EXPECT_NE(m.groups.at("trajectories/" + arm.name).loss_all, m.groups.at("trajectories/mx").loss_all) << arm.name;
+  }
+}
+
 // Captured steps are keyed on every trajectory (lab/train/capture_key.h; the CPU test of the
 // key is tests/cpu/test_names.cpp): a branch behind the FP32 trajectory and 30 arms (index 31,
 // beyond the first 28 that an earlier key held) that starts mid-run trains in the unlogged

@@ -266,5 +266,18 @@ TEST(ModelParity, PerGemmPolicyMatchesCpu) {
              kAttnFp32GradRel);
 }
 
+// precision.rotation (the E4 recipes): Hadamard on the three GEMMs, and random Hadamard with
+// stochastic rounding of the gradients; the budgets of the uniform MX policies (the rotated
+// operands themselves, bit for bit: PerGemmGpu.EveryOperandOfARotatedStepEqualsTheCpus).
+TEST(ModelParity, RotatedPoliciesMatchCpu) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig rot = mx_policy(NumFmt::mxfp8_e4m3);
+  rot.rotation.fill(Rotation::hadamard);
+  run_parity(rot, "rotation hadamard");
+  rot.rotation.fill(Rotation::random_hadamard);
+  rot.rounding_grad = Rounding::stochastic;
+  run_parity(rot, "rotation random_hadamard, stochastic gradients");
+}
+
 }  // namespace
 }  // namespace mxlab

@@ -245,5 +245,20 @@ TEST(PerGemmGpu, EveryOperandOfANoiseStepEqualsTheCpus) {
   check_policy(sr, "mx_sr_grad: grad stochastic");
 }
 
+// precision.rotation: every operand of a step whose GEMMs rotate their operands along K (deterministic
+// Hadamard on all three GEMMs; random Hadamard with stochastic rounding of the gradients, the E4
+// recipe) is rotated and quantized by the CUDA GEMM path to exactly the CPU's values.
+TEST(PerGemmGpu, EveryOperandOfARotatedStepEqualsTheCpus) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig p;  // MXFP8 E4M3 everywhere
+  p.rounding = Rounding::nearest_away;
+  p.elementwise_rounding = Rounding::nearest_away;
+  p.rotation.fill(Rotation::hadamard);
+  check_policy(p, "rotation hadamard");
+  p.rotation.fill(Rotation::random_hadamard);
+  p.rounding_grad = Rounding::stochastic;
+  check_policy(p, "rotation random_hadamard, stochastic gradients");
+}
+
 }  // namespace
 }  // namespace mxlab

@@ -355,6 +355,27 @@ TEST(ProducerQuantGpu, PerGemmPolicyIsBitIdenticalWithAndWithout) {
       << "grad_wgrad bf16 trained like the uniform policy";
 }
 
+// precision.rotation: a rotated operand is never taken from a producer or from prequantize() (they
+// hold the unrotated tensor's quantization); the others still are, and the steps are bit-identical
+// with and without. Wgrad rotated: all but the dW1 GEMMs' y (2 of the 17); every GEMM rotated: none.
+TEST(ProducerQuantGpu, RotatedPolicyIsBitIdenticalWithAndWithout) {
+  MXLAB_REQUIRE_GPU();
+  constexpr int kSteps = 5;
+  PrecisionConfig wgrad = mxfp8(Rounding::nearest_away);
+  wgrad.rotation[static_cast<size_t>(Gemm::wgrad)] = Rotation::hadamard;
+  PrecisionConfig all = mxfp8(Rounding::nearest_away);
+  all.rotation.fill(Rotation::random_hadamard);
+  for (const auto& [policy, taken] : {std::make_pair(wgrad, 2 * 3 + 1 + 10 - 2), std::make_pair(all, 0)}) {
+    const TrainResult on = train(true, policy, kSteps, false), off = train(false, policy, kSteps, false);
+    ASSERT_EQ(on.params.size(), off.params.size());
+    EXPECT_EQ(std::memcmp(on.params.data(), off.params.data(), on.params.size() * sizeof(float)), 0)
+        << "parameters differ with producer-side quantization (" << taken << ")";
+    ASSERT_EQ(on.hits.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(on.hits[1] - on.hits[0], taken);
+    EXPECT_EQ(on.hits.back(), on.hits[1]);
+  }
+}
+
 TEST(ProducerQuantGpu, StatisticsAndStochasticPassesKeepTheSeparatePass) {
   MXLAB_REQUIRE_GPU();
   {  // statistics slots on y, a, dh and dA as the forward GEMMs and the da / dy GEMMs read them:
