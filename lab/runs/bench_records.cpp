@@ -190,4 +190,13 @@ std::string utc_now_iso() {
   return buf;
 }
 
+bool bench_arms_were_copies(const BenchRecord& r) {
+  const std::string& c = r.command;
+  for (size_t at = c.find("--arms"); at != std::string::npos; at = c.find("--arms", at + 1)) {
+    const size_t end = at + 6;  // "--arms" followed by a space or '=', at the start of a word
+    if ((at == 0 || c[at - 1] == ' ') && end < c.size() && (c[end] == ' ' || c[end] == '=')) return true;
+  }
+  return false;
+}
+
 }  // namespace mxlab

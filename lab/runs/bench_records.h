@@ -35,6 +35,10 @@ struct BenchRecord {
   std::string measured_at;  // UTC, ISO 8601 (2026-11-28T10:00:00Z)
 };
 
+// Whether the record's trainer step timed K copies of the experiment's base recipe (its command
+// passed `--arms K`) rather than the experiment's own `arms:` (recipe-specific costs).
+bool bench_arms_were_copies(const BenchRecord& r);
+
 // A header line and one CSV line per record (columns: the fields above, in order).
 std::string bench_records_csv(const std::vector<BenchRecord>& records);
 

@@ -88,11 +88,17 @@ CostModel cost_model_from_bench(const BenchCache& cache, const RunConfig& cfg, c
   const double gflop = step_gflop(cfg);
   // The record of `quantity` that fits best (see the header), or null.
   auto find = [&](const char* quantity) -> const BenchRecord* {
-    const BenchRecord* best[3] = {nullptr, nullptr, nullptr};
+    // Tiers: this experiment's own record; a record of the same shape whose arms were copies
+    // of the base recipe (`bench --arms K`) or that timed no arms; one of the same shape that
+    // timed another experiment's own arms (recipe-specific: a rotated or noise arm costs more
+    // than twice a plain MX arm); another shape, scaled by GEMM FLOPs.
+    const BenchRecord* best[4] = {nullptr, nullptr, nullptr, nullptr};
     for (const BenchRecord& r : cache.records) {
       if (r.quantity != quantity || !std::isfinite(r.value) || r.value <= 0) continue;
-      const int tier = r.shape == key ? (!path.empty() && r.config == path ? 0 : 1) : 2;
-      if (tier == 2 && !(r.step_gflop > 0)) continue;  // cannot be scaled
+      const bool own = !path.empty() && r.config == path;
+      const bool generic = r.arms == 0 || bench_arms_were_copies(r);
+      const int tier = r.shape != key ? 3 : own ? 0 : generic ? 1 : 2;
+      if (tier == 3 && !(r.step_gflop > 0)) continue;  // cannot be scaled
       if (!best[tier] || r.measured_at >= best[tier]->measured_at) best[tier] = &r;
     }
     for (const BenchRecord* r : best)

@@ -17,6 +17,9 @@
 // Branches (interventions) add a for each step they train. Not counted: snapshots, checkpoints,
 // the HDF5 file's growth, other runs sharing the GPU (kernels/PERF.md: a second run per GPU gains
 // ~4 %), and what an arm's recipe costs beyond the benched one's (bf16 roles, the emulator's ops).
+// Each constant comes from the best record: the experiment's own bench; else one of the same shape
+// that timed copies of the base recipe (`bench --arms K`) or no arms; else one of the same shape
+// that timed another experiment's own arms; else another shape's; the newest within a tier.
 // Every time is scaled by the ratio of the student's GEMM FLOPs when it was measured at another
 // shape: rough, and a lower bound for a smaller model, whose step is bound by latency, not FLOPs.
 #pragma once

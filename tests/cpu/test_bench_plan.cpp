@@ -244,6 +244,37 @@ TEST(Plan, PredictsFromAGivenBenchFile) {
   EXPECT_NE(out2.find("[stated: H100, fig4_baseline --arms 8, d43e7af, scaled x"), std::string::npos) << out2;
 }
 
+// Among records of the run's shape from other experiments, plan takes the extra arm's cost from a
+// bench of copies of the base recipe (`--arms K`) before a newer one that timed another
+// experiment's own arms (a rotated or noise arm costs more than twice a plain one); with only the
+// latter, it uses that.
+TEST(Plan, PrefersCopiesOfTheBaseRecipeOverAnotherExperimentsOwnArms) {
+  TempDir dir;
+  const std::string exp = dir.write("p.yaml",
+                                    "steps: 100\ndevice: cuda\nmodel: {depth: 2, width: 32, hidden_mult: 2}\n"
+                                    "data: {batch: 16}\narms:\n  - {name: a}\n  - {name: b}\n");
+  const std::string shape = "mlp layernorm L2 d32 H64 tokens16";
+  auto rec = [&](const char* q, double v, int arms, const char* command, const char* config, const char* when) {
+    return msg("{\"quantity\": \"", q, "\", \"value\": ", v, ", \"unit\": \"ms\", \"arms\": ", arms,
+               ", \"shadow_every\": 10, \"device\": \"Test GPU\", \"revision\": \"abc\", \"command\": \"",
+               command, "\", \"config\": \"", config, "\", \"shape\": \"", shape,
+               "\", \"step_gflop\": 0.001572864, \"measured_at\": \"", when, "\"}");
+  };
+  const std::string head = "{\"format\": \"mxlab-bench-cache\", \"version\": 1, \"device\": \"Test GPU\", \"records\": [";
+  const std::string copies = rec("per_extra_arm_ms", 1.25, 8, "mxlab bench /x/base.yaml --arms 8", "/x/base.yaml",
+                                 "2026-01-02T00:00:00Z");
+  const std::string own = rec("per_extra_arm_ms", 2.5, 3, "mxlab bench /x/rot.yaml", "/x/rot.yaml", "2026-01-03T00:00:00Z");
+  const std::string both = dir.write("both.json", head + copies + ", " + own + "]}\n");
+  const auto [rc, out] = run_command(kBin + " plan " + exp + " --bench-file " + both);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("[per_extra_arm_ms: abc, 2026-01-02T00:00:00Z]"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[per_extra_arm_ms: abc, 2026-01-03T00:00:00Z]"), std::string::npos) << out;
+  const std::string only_own = dir.write("own.json", head + own + "]}\n");
+  const auto [rc2, out2] = run_command(kBin + " plan " + exp + " --bench-file " + only_own);
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("[per_extra_arm_ms: abc, 2026-01-03T00:00:00Z]"), std::string::npos) << out2;
+}
+
 // Without a bench of the device, plan says it uses the stated H100 model and predicts from it:
 // the paper's shape, 1 arm, the shadow every 10 steps as measured, 100 steps logged every 10.
 TEST(Plan, WithoutABenchItUsesTheStatedModel) {
