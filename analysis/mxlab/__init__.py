@@ -15,6 +15,19 @@ __version__ = "0.1.0"
 from ._quant import built_with_cuda, cuda_available, quantize, quantize_stats  # noqa: E402,F401
 
 
+def load(path):
+    """A results directory (or one run file) as one long pandas DataFrame: `mxlab.tidy.load`
+    (`mxlab export DIR --long`'s table, row for row)."""
+    from . import tidy
+    return tidy.load(path)
+
+
+def to_xarray(df, metric, dims=None):
+    """One metric of `mxlab.load`'s table as an xarray DataArray: `mxlab.tidy.to_xarray`."""
+    from . import tidy
+    return tidy.to_xarray(df, metric, dims)
+
+
 class AnalysisError(Exception):
     """Bad input the user can fix (missing file, not an mxlab run, unknown key): the CLI
     prints the message on one line and exits non-zero."""

@@ -73,6 +73,17 @@ def test_bad_input_is_an_analysis_error(tmp_path):
             tidy.load(str(tmp_path))
 
 
+def test_top_level_load_and_to_xarray_are_the_tidy_ones(sweep_dir):
+    import mxlab
+    df = mxlab.load(sweep_dir)
+    pd.testing.assert_frame_equal(df, tidy.load(sweep_dir))
+    with pytest.raises(AnalysisError) as top:
+        mxlab.to_xarray(df, "nosuch")
+    with pytest.raises(AnalysisError) as direct:
+        tidy.to_xarray(df, "nosuch")
+    assert str(top.value) == str(direct.value)  # "no rows of metric", or "needs xarray" without it
+
+
 def test_to_xarray(sweep_dir):
     df = tidy.load(sweep_dir)
     try:
