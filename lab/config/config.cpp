@@ -406,6 +406,27 @@ Leaf choice_int_leaf(std::string key, F f, std::vector<int> allowed) {
   return l;
 }
 
+// precision.attention_tile: [Br, Bc], each >= 1 (a patch's `set` hands it over as the scalar
+// text "[Br, Bc]", which is parsed the same way).
+Leaf tile_leaf() {
+  return {"attention_tile",
+          [](RunConfig& c, const YNode& n0, const std::string& k) {
+            const YNode n = n0.is_scalar() && !n0.text.empty() && n0.text.front() == '['
+                                ? yaml_option_value(n0.text, n0.loc)
+                                : n0;
+            if (!n.is_seq() || n.seq.size() != 2)
+              fail(n.loc, msg(k, ": expected [Br, Bc], the query rows and keys of a tile (e.g. [128, 64]), got ",
+                              n.describe()));
+            c.precision.attention_tile_r = parse_int(n.seq[0], k + "[0]");
+            c.precision.attention_tile_c = parse_int(n.seq[1], k + "[1]");
+          },
+          [](const RunConfig& c) { return msg("[", c.precision.attention_tile_r, ", ", c.precision.attention_tile_c, "]"); },
+          [](const RunConfig& c) {
+            const int r = c.precision.attention_tile_r, b = c.precision.attention_tile_c;
+            return r >= 1 && b >= 1 ? std::string() : msg("must hold two sizes >= 1, got [", r, ", ", b, "]");
+          }};
+}
+
 const std::vector<std::string> kBlockNames = {"mlp", "attention"};
 
 bool valid_device(const std::string& d) {
@@ -547,7 +568,20 @@ std::vector<Item> build_schema() {
                                         {"elementwise", "fp32"}, "residual precision")),
        since_v2(enum_leaf<BiasPrec>("bias", [](RunConfig& c) -> BiasPrec& { return c.precision.bias; },
                                     {"fp32", "elementwise"}, "bias precision")),
-       since_v2(bool_leaf("ln_beta_grad", [](RunConfig& c) -> bool& { return c.precision.ln_beta_grad; }))});
+       since_v2(bool_leaf("ln_beta_grad", [](RunConfig& c) -> bool& { return c.precision.ln_beta_grad; })),
+       // Attention numerics (lab/model/README.md, "Flash attention in bf16").
+       since_v2(enum_leaf<AttnImpl>("attention", [](RunConfig& c) -> AttnImpl& { return c.precision.attention; },
+                                    {"exact", "flash_bf16"}, "attention implementation")),
+       since_v2(tile_leaf()),
+       since_v2(enum_leaf<AttnSoftmax>("attention_softmax",
+                                       [](RunConfig& c) -> AttnSoftmax& { return c.precision.attention_softmax; },
+                                       {"standard", "stabilized"}, "attention softmax")),
+       since_v2(float_leaf("attention_beta", [](RunConfig& c) -> float& { return c.precision.attention_beta; },
+                           FRange::above_one)),
+       since_v2(float_leaf("attention_eps", [](RunConfig& c) -> float& { return c.precision.attention_eps; },
+                           FRange::positive)),
+       since_v2(enum_leaf<AttnDelta>("attention_delta", [](RunConfig& c) -> AttnDelta& { return c.precision.attention_delta; },
+                                     {"lp", "hp"}, "attention delta"))});
 
   section("log",
           {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
@@ -619,7 +653,8 @@ std::vector<std::string> precision_keys() {
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
-                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator"};
+                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator",
+                                "flash_bf16",       "stabilized_softmax", "delta_hp"};
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from", "steps"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
@@ -911,6 +946,31 @@ std::string emulator_ops_problem(const RunConfig& cfg, const PrecisionConfig& p,
   return "";
 }
 
+// Why the attention numerics of policy `p` cannot run on `cfg`'s model, or "" (lab/model/README.md,
+// "Flash attention in bf16").
+std::string attention_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
+  if (!p.flash()) {
+    *key = "precision.attention";
+    if (p.attention_softmax != AttnSoftmax::standard)
+      return "precision.attention_softmax: stabilized changes the flash kernel's online softmax: it needs "
+             "precision.attention: flash_bf16 (under exact attention it would change nothing)";
+    if (p.attention_delta != AttnDelta::lp)
+      return "precision.attention_delta: hp chooses the O of the flash kernel's backward delta: it needs "
+             "precision.attention: flash_bf16 (under exact attention it would change nothing)";
+    return "";
+  }
+  *key = "precision.attention";
+  if (cfg.model.block != BlockKind::attention)
+    return "precision.attention: flash_bf16 computes the attention sub-block: it needs model.block: attention";
+  for (const auto& [role, f] : {std::pair<const char*, const std::optional<NumFmt>&>{"attn_logits", p.attn_logits},
+                                {"attn_probs", p.attn_probs}})
+    if (f && *f != NumFmt::bf16)
+      return msg("precision.", role, ": ", name(*f), " names a format for an attention GEMM operand, but under "
+                 "precision.attention: flash_bf16 the flash kernel holds Q, K, P-bar and V in bf16: leave ", role,
+                 " at same (or bf16)");
+  return "";
+}
+
 std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
   const ModelConfig& m = cfg.model;
   const bool student_attn = m.block == BlockKind::attention;
@@ -947,6 +1007,7 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
                  "set both to one of 16, 32, 64");
     }
   }
+  if (std::string prob = attention_problem(cfg, p, key); !prob.empty()) return prob;
   return emulator_ops_problem(cfg, p, key);
 }
 
@@ -1191,6 +1252,18 @@ static std::string emulator_ops_text(const PrecisionConfig& p) {
   return s;
 }
 
+// The attention numerics, only under flash_bf16 (the description of every exact policy is what it
+// was before they existed).
+static std::string attention_text(const PrecisionConfig& p) {
+  if (!p.flash()) return "";
+  std::string s = msg(" attention=flash_bf16 attention_tile=", p.attention_tile_r, "x", p.attention_tile_c);
+  if (p.attention_softmax == AttnSoftmax::stabilized)
+    s += msg(" attention_softmax=stabilized attention_beta=", fmt_float(p.attention_beta),
+             " attention_eps=", fmt_float(p.attention_eps));
+  if (p.attention_delta == AttnDelta::hp) s += " attention_delta=hp";
+  return s;
+}
+
 std::string describe_policy(const PrecisionConfig& p) {
   using R = PrecisionConfig::Role;
   const bool own_wgrad_mode = p.rounding_of(R::grad_wgrad) != p.rounding_of(R::grad);
@@ -1205,7 +1278,7 @@ std::string describe_policy(const PrecisionConfig& p) {
              " ln_affine=", p.ln_affine == NumFmt::fp32 ? "none" : name(p.ln_affine),
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
-             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p));
+             " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p), attention_text(p));
 }
 
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
@@ -1294,6 +1367,12 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
     p.residual = ResidualPrec::fp32;
     p.bias = BiasPrec::elementwise;
     p.ln_beta_grad = false;
+  } else if (a == "flash_bf16" || a == "stabilized_softmax" || a == "delta_hp") {
+    // The flash kernel in bf16 (lab/model/README.md, "Flash attention in bf16"); with the paper's
+    // stabilized softmax (its Algorithm 3), or with delta from the FP32 O (its Section 3.2 test).
+    p.attention = AttnImpl::flash_bf16;
+    if (a == "stabilized_softmax") p.attention_softmax = AttnSoftmax::stabilized;
+    if (a == "delta_hp") p.attention_delta = AttnDelta::hp;
   } else {
     throw Error(msg("intervention '", iv.name, "': unknown preset '", a, "'", hint_with_list(a, intervention_presets())));
   }

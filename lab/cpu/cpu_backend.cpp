@@ -14,6 +14,7 @@
 
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
+#include "lab/model/flash_attention.h"
 #include "lab/model/instrument_elementwise.h"
 #include "lab/mx/quantize.h"
 #include "lab/mx/scalar.h"
@@ -519,6 +520,40 @@ class CpuBackend final : public Backend {
       const float D = static_cast<float>(dot);
       for (int64_t j = 0; j < n; ++j)
         dlogits[i * n + j] = softmax_bwd_elem(probs[i * n + j], dprobs[i * n + j], D, scale, r.bf16, r.mode);
+    }
+  }
+
+  // Flash attention in bf16: the functions of lab/model/flash_attention.h, row by row and key by key.
+  void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                      float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                      const FlashSpec& f) override {
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    for (int64_t b = 0; b < items; ++b) {
+      const int64_t off = b * S * dh;
+      for (int64_t r = 0; r < S; ++r)
+        fa_fwd_row(q + off, k + off, v + off, S, dh, scale, f, r, o + off + r * dh, o_hp + off + r * dh,
+                   lse + b * S + r, rowmax + b * S + r, row_stats + (b * S + r) * kFlashRowStats);
+    }
+  }
+  void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                      const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    std::vector<float> part(static_cast<size_t>(dh));
+    for (int64_t b = 0; b < items; ++b) {
+      const int64_t off = b * S * dh;
+      for (int64_t r = 0; r < S; ++r) {
+        float lp, hp;
+        fa_delta_row(dout + off + r * dh, o + off + r * dh, o_hp + off + r * dh, dh, &lp, &hp);
+        delta[b * S + r] = f.delta_hp ? hp : lp;
+        delta_hp[b * S + r] = hp;
+      }
+      for (int64_t t = 0; t < S; ++t)
+        fa_bwd_key(q + off, k + off, v + off, dout + off, lse + b * S, delta + b * S, S, dh, scale, f, t,
+                   dk + off + t * dh, dv + off + t * dh);
+      for (int64_t r = 0; r < S; ++r)
+        fa_bwd_query(q + off, k + off, v + off, dout + off, lse + b * S, delta + b * S, S, dh, scale, f, r,
+                     dq + off + r * dh, part.data());
     }
   }
 

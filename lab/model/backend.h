@@ -409,6 +409,34 @@ class Backend {
   virtual void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                               const ResidualRound& rr);
 
+  // ==== flash attention in bf16 (precision.attention: flash_bf16; lab/model/README.md "Flash attention in bf16") ====
+  // FlashAttention-2's forward and backward with bf16 tensors, as lab/model/flash_attention.h defines
+  // them element by element (every rounding point is listed there); the CPU reference runs those
+  // functions. The defaults throw (a backend that does not have them cannot run flash_bf16; the
+  // CUDA backend does not yet).
+  struct FlashSpec {
+    int64_t br = 128;         // query rows per tile (Br); changes no bit (flash_attention.h)
+    int64_t bc = 64;          // keys per tile (Bc): the online softmax's blocks
+    bool causal = false;      // query r sees keys t <= r
+    bool stabilized = false;  // the paper's Algorithm 3 (beta, eps)
+    float beta = 2.0f, eps = 1e-3f;
+    bool delta_hp = false;    // backward: delta from the FP32 O (O_hp) instead of the bf16 one
+  };
+  static constexpr int kFlashRowStats = 2;  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
+  // `items` independent (sequence, head) attentions over q, k, v [items x S x dh] (the heads layout):
+  // o [items x S x dh] the bf16 output O_lp, o_hp the FP32 O before that rounding, lse [items*S]
+  // (m + log l), rowmax [items*S] (the largest scaled logit of each row), row_stats
+  // [items*S x kFlashRowStats]. scale: the logit scale (1/sqrt(dh) as a float).
+  virtual void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                              float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                              const FlashSpec& f);
+  // The backward from the forward's o, o_hp, lse and the output gradient dout [items x S x dh]:
+  // dq, dk, dv [items x S x dh] (bf16 values), delta [items*S] the delta it used (delta_lp, or
+  // delta_hp under f.delta_hp) and delta_hp [items*S].
+  virtual void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                              const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                              float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f);
+
  private:
   std::vector<double> deferred_host_;  // the default deferred results (reduce_deferred)
 };

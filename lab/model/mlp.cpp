@@ -70,6 +70,11 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
   const PrecisionConfig& p = pol.p;
   const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
                             p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
+  if (p.flash() && !s.attention())
+    throw Error("precision.attention: flash_bf16 computes the attention sub-block: it needs model.block: attention");
+  if (p.flash() && (p.attention_tile_r < 1 || p.attention_tile_c < 1))
+    throw Error(msg("precision.attention_tile [", p.attention_tile_r, ", ", p.attention_tile_c,
+                    "] must hold two sizes >= 1"));
   if (emulator_ops && (s.attention() || s.norm == NormKind::rmsnorm || s.norm == NormKind::mxnorm))
     throw Error("precision.layernorm / gelu / residual / bias / ln_beta_grad (the paper's emulator's ops) are "
                 "implemented for MLP blocks with layernorm or no norm: leave them at their defaults for this model");
@@ -235,6 +240,41 @@ double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, 
   double m4[4];
   be.moments(ws.rowmax[layer], n, m4);
   return std::isfinite(m4[2]) ? m4[1] : std::numeric_limits<double>::quiet_NaN();
+}
+
+Backend::FlashSpec flash_spec(const PrecisionConfig& p, const NetShape& s) {
+  (void)s;
+  Backend::FlashSpec f;
+  f.br = p.attention_tile_r;
+  f.bc = p.attention_tile_c;
+  f.stabilized = p.attention_softmax == AttnSoftmax::stabilized;
+  f.beta = p.attention_beta;
+  f.eps = p.attention_eps;
+  f.delta_hp = p.attention_delta == AttnDelta::hp;
+  return f;
+}
+
+FlashInstruments flash_instruments(Backend& be, const NetShape& s, const Workspace& ws, int layer) {
+  MXLAB_ASSERT(s.attention() && layer >= 0 && layer < static_cast<int>(ws.fa_stats.size()) &&
+                   ws.attn_flash[static_cast<size_t>(layer)],
+               "flash_instruments on a layer whose last forward did not run the flash kernel");
+  const size_t rows = static_cast<size_t>(ws.batch * s.heads);
+  std::vector<float> stats(rows * Backend::kFlashRowStats), delta(rows), delta_hp(rows);
+  be.download(stats.data(), ws.fa_stats[layer], stats.size());
+  be.download(delta.data(), ws.fa_delta[layer], rows);
+  be.download(delta_hp.data(), ws.fa_delta_hp[layer], rows);
+  FlashInstruments out;
+  size_t multi_max = 0, multi_one = 0;
+  double bias = 0.0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (stats[r * Backend::kFlashRowStats] > 1.0f) ++multi_max;
+    if (stats[r * Backend::kFlashRowStats + 1] > 1.0f) ++multi_one;
+    bias += static_cast<double>(delta[r]) - static_cast<double>(delta_hp[r]);
+  }
+  out.multi_max_frac = static_cast<double>(multi_max) / static_cast<double>(rows);
+  out.multi_one_frac = static_cast<double>(multi_one) / static_cast<double>(rows);
+  out.delta_bias = bias;
+  return out;
 }
 
 const char* name(StatTensor t) {
@@ -479,6 +519,15 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
     ws.d_kh = be.alloc(heads_n);
     ws.d_vh = be.alloc(heads_n);
     ws.d_probs = be.alloc(probs_n);
+    for (int k = 0; k < s.depth; ++k) {
+      ws.fa_o.push_back(be.alloc(heads_n));
+      ws.fa_o_hp.push_back(be.alloc(heads_n));
+      ws.fa_lse.push_back(be.alloc(rows_n));
+      ws.fa_stats.push_back(be.alloc(rows_n * Backend::kFlashRowStats));
+      ws.fa_delta.push_back(be.alloc(rows_n));
+      ws.fa_delta_hp.push_back(be.alloc(rows_n));
+    }
+    ws.attn_flash.assign(static_cast<size_t>(s.depth), 0);
     // The MLP sub-block reads z_k, not A_{k-1}: without a norm its W1 input is z_k itself.
     if (!s.layernorm)
       for (int k = 0; k < s.depth; ++k) ws.ln_y[k] = ws.z[k];

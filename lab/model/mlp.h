@@ -150,6 +150,15 @@ struct Workspace {
   float* d_kh = nullptr;
   float* d_vh = nullptr;
   float* d_probs = nullptr;       // dP, then dS                                [nb*h x S x S]
+  // Flash attention (precision.attention: flash_bf16; rows = nb*h*S query rows), per layer:
+  std::vector<float*> fa_o;       // [L] O_lp, the bf16 output, heads layout    [B x d]
+  std::vector<float*> fa_o_hp;    // [L] O_hp, the FP32 O before its rounding   [B x d]
+  std::vector<float*> fa_lse;     // [L] m + log l per row                      [rows]
+  std::vector<float*> fa_stats;   // [L] per row: keys attaining its max, bf16 P-bar entries equal to 1
+                                  //     [rows x Backend::kFlashRowStats]
+  std::vector<float*> fa_delta;   // [L] the delta the last backward used       [rows]
+  std::vector<float*> fa_delta_hp;  // [L] delta_hp = rowsum(dO o O_hp) of it  [rows]
+  std::vector<char> attn_flash;   // [L] the last forward ran the flash kernel (its backward must too)
   // batch: rows (tokens) of one pass; a multiple of s.seq_len.
   static Workspace make(Backend& be, const NetShape& s, int64_t batch);
 };
@@ -190,5 +199,19 @@ void snap_norm_affine(Backend& be, const NetShape& S, float* params, const PassP
 // The largest scaled attention logit (scale * q.k, the softmax input) of layer `layer` in the
 // last forward pass run on `ws` (attention blocks only; synchronises). NaN when non-finite.
 double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, int layer);
+
+// The flash kernel's settings under policy `p` (precision.attention_tile, _softmax, _beta, _eps,
+// _delta) for network `s`.
+Backend::FlashSpec flash_spec(const PrecisionConfig& p, const NetShape& s);
+
+// The flash instruments of layer `layer` from the last forward and backward on `ws` under
+// precision.attention: flash_bf16 (lab/train/SCHEMA.md; synchronises): the fraction of query rows
+// whose largest scaled logit is attained by more than one key, the fraction of rows with more than
+// one bf16 P-bar entry equal to 1, and sum over every row of (delta - delta_hp) (delta the one the
+// backward used: 0 exactly under attention_delta: hp), a double sum in row order.
+struct FlashInstruments {
+  double multi_max_frac = 0.0, multi_one_frac = 0.0, delta_bias = 0.0;
+};
+FlashInstruments flash_instruments(Backend& be, const NetShape& s, const Workspace& ws, int layer);
 
 }  // namespace mxlab

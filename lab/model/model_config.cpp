@@ -36,6 +36,9 @@ void PrecisionConfig::make_fp32() {
   residual = ResidualPrec::elementwise;
   bias = BiasPrec::fp32;
   ln_beta_grad = true;
+  attention = AttnImpl::exact;
+  attention_softmax = AttnSoftmax::standard;
+  attention_delta = AttnDelta::lp;
 }
 
 PrecisionConfig PrecisionConfig::fp32() {
@@ -68,7 +71,10 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.elementwise_rounding == b.elementwise_rounding &&
          a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs &&
          a.layernorm == b.layernorm && a.gelu == b.gelu && a.residual == b.residual && a.bias == b.bias &&
-         a.ln_beta_grad == b.ln_beta_grad;
+         a.ln_beta_grad == b.ln_beta_grad && a.attention == b.attention && a.attention_tile_r == b.attention_tile_r &&
+         a.attention_tile_c == b.attention_tile_c && a.attention_softmax == b.attention_softmax &&
+         a.attention_beta == b.attention_beta && a.attention_eps == b.attention_eps &&
+         a.attention_delta == b.attention_delta;
 }
 
 }  // namespace mxlab

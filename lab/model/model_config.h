@@ -62,6 +62,15 @@ enum class GeluOps : uint8_t { fused = 0, vector, vector_teacher };     // preci
 enum class ResidualPrec : uint8_t { elementwise = 0, fp32 };            // precision.residual
 enum class BiasPrec : uint8_t { fp32 = 0, elementwise };                // precision.bias
 
+// How the attention sub-block computes softmax(scale Q K^T) V (lab/model/README.md, "Flash
+// attention in bf16"): exact = the lab's two GEMMs and row softmax under the policy's roles;
+// flash_bf16 = a CPU reference of FlashAttention-2's kernel in bf16 (tiles, online softmax, S and
+// P-bar in FP32, P-bar, V, O in bf16), the numerics whose rounding bias the flash-attention paper
+// traces (Qiu & Yao).
+enum class AttnImpl : uint8_t { exact = 0, flash_bf16 };                // precision.attention
+enum class AttnSoftmax : uint8_t { standard = 0, stabilized };          // precision.attention_softmax
+enum class AttnDelta : uint8_t { lp = 0, hp };                          // precision.attention_delta
+
 // DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd/
 // grad_wgrad. By GEMM of a linear layer: Fprop Y = X W^T reads (activation, weight), Dgrad
 // dX = dY W reads (grad, weight_bwd), Wgrad dW = dY^T X reads (grad_wgrad, activation_bwd).
@@ -102,6 +111,14 @@ struct PrecisionConfig {
                                           // gradient after its sum (microxcaling's Linear)
   bool ln_beta_grad = true;               // false: the layernorm bias gets no gradient (the paper's copy of
                                           // microxcaling)
+  // Attention numerics (model.block: attention; lab/model/README.md, "Flash attention in bf16"):
+  AttnImpl attention = AttnImpl::exact;
+  int attention_tile_r = 128;             // flash_bf16: Br (query rows per tile)
+  int attention_tile_c = 64;              // flash_bf16: Bc (keys per tile): the online softmax's blocks
+  AttnSoftmax attention_softmax = AttnSoftmax::standard;  // stabilized: the paper's Algorithm 3
+  float attention_beta = 2.0f;            // Algorithm 3's beta (> 1): m = beta r_m for a repeated positive max
+  float attention_eps = 1e-3f;            // Algorithm 3's epsilon: entries within it of the row max are ties
+  AttnDelta attention_delta = AttnDelta::lp;  // hp: delta = rowsum(dO o O) from the FP32 O, not the bf16 one
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
@@ -111,8 +128,10 @@ struct PrecisionConfig {
   bool rounding_uniform() const;  // every role (grad_wgrad included) rounds with the same mode
   NumFmt attn_logits_fmt() const { return attn_logits.value_or(activation); }
   NumFmt attn_probs_fmt() const { return attn_probs.value_or(activation); }
-  // Every role FP32, no bf16 element-wise rounding, and the lab's own (fused) ops; the block
-  // size, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
+  bool flash() const { return attention == AttnImpl::flash_bf16; }
+  // Every role FP32, no bf16 element-wise rounding, the lab's own (fused) ops and exact attention
+  // (standard softmax, delta from O); the block size, scale rule, roundings and the flash tile,
+  // beta and epsilon are left as they are. The `to_fp32` intervention preset.
   void make_fp32();
   // The all-FP32 policy of the reference trajectory and the shadow pass: make_fp32() of the
   // defaults.
