@@ -329,6 +329,10 @@ NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t) {
 }
 
 bool stat_quantized(const PrecisionConfig& p, StatTensor t) {
+  // Under the flash kernel the attention GEMMs' operands are its bf16 tensors (never counted).
+  if (p.flash() && (t == StatTensor::attn_q || t == StatTensor::attn_k || t == StatTensor::attn_p ||
+                    t == StatTensor::attn_v || t == StatTensor::grad_ctx || t == StatTensor::grad_logits))
+    return false;
   // Gradient operands are quantized only with `backward: true`.
   const bool grad = t == StatTensor::grad_out || t == StatTensor::grad_hidden || t == StatTensor::grad_attn_out ||
                     t == StatTensor::grad_ctx || t == StatTensor::grad_logits || t == StatTensor::grad_qkv;

@@ -102,7 +102,8 @@ const char* name(StatTensor t);
 // lists the first six only, so its files are what they were before attention existed).
 std::vector<StatTensor> stat_tensors(const NetShape& s);
 // Whether policy `p` MX-quantizes tensor `t` (else its statistics are a diagnostic under
-// p.diagnostic_format), and the format of the role it belongs to.
+// p.diagnostic_format, or, for the attention GEMMs' operands under precision.attention:
+// flash_bf16, not counted at all), and the format of the role it belongs to.
 bool stat_quantized(const PrecisionConfig& p, StatTensor t);
 NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t);
 
