@@ -144,8 +144,10 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--causal", a->causal, "query r sees keys t <= r");
   sub->add_option("--softmax", a->softmax, "standard, or stabilized (the paper's Algorithm 3)")->capture_default_str();
-  sub->add_option("--beta", a->beta, "Algorithm 3's beta (> 1)")->capture_default_str();
-  sub->add_option("--eps", a->eps, "Algorithm 3's tie tolerance epsilon (> 0)")->capture_default_str();
+  sub->add_option("--beta", a->beta, "Algorithm 3's beta (> 1)")->capture_default_str()->check(finite_positive());
+  sub->add_option("--eps", a->eps, "Algorithm 3's tie tolerance epsilon (> 0)")
+      ->capture_default_str()
+      ->check(finite_positive());
   sub->add_option("--delta", a->delta, "lp: delta from the bf16 O (the kernel's); hp: from the FP32 O")
       ->capture_default_str();
   sub->add_option("--scale", a->scale, "logit scale (default 1/sqrt(dh))")->check(finite_positive());

@@ -18,6 +18,7 @@
 #include "lab/core/detmath.h"
 #include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
+#include "lab/io/npy.h"
 #include "lab/model/elementwise.h"
 #include "lab/model/flash_attention.h"
 #include "lab/model/mlp.h"
@@ -453,6 +454,36 @@ TEST(FlashConfig, CliRefusesCudaForFlashBeforeAnyWork) {
   EXPECT_NE(b.output.find("is not yet on CUDA"), std::string::npos) << b.output;
   const testutil::Proc ok = testutil::run_mxlab({"run", exp, "--out", dir.str() + "/out", "--device", "cpu", "--quiet"});
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
+TEST(FlashConfig, FlashAttentionCommandRefusesBadInputInOneLine) {
+  test::TempDir dir("mxlab_flash_cmd");
+  const float q[6] = {1, 2, 3, 4, 5, 6};
+  write_npy(dir.str() + "/q.npy", {3, 2}, q);
+  write_npy(dir.str() + "/k3.npy", {2, 3}, q);
+  write_npy(dir.str() + "/r1.npy", {6}, q);
+  const std::string Q = dir.str() + "/q.npy", out = dir.str() + "/out";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--q", Q, "--k", dir.str() + "/k3.npy", "--v", Q}, "--k must have --q's shape"},
+      {{"--q", dir.str() + "/r1.npy", "--k", Q, "--v", Q}, "rank >= 2"},
+      {{"--q", Q, "--k", Q, "--v", Q, "--tile", "0,4"}, "--tile"},
+      {{"--q", Q, "--k", Q, "--v", Q, "--softmax", "soft"}, "--softmax"},
+      {{"--q", Q, "--k", Q, "--v", Q, "--beta", "1"}, "--beta must be > 1"},
+      {{"--q", Q, "--k", Q, "--v", Q, "--eps", "nan"}, "--eps"},
+  };
+  for (const auto& [args, want] : cases) {
+    std::vector<std::string> a = {"flash-attention", "--out", out};
+    a.insert(a.end(), args.begin(), args.end());
+    const testutil::Proc p = testutil::run_mxlab(a);
+    EXPECT_EQ(p.exit_code, 2) << p.output;
+    EXPECT_NE(p.output.find(want), std::string::npos) << p.output;
+    EXPECT_EQ(testutil::count_of(p.output, "\n"), 1) << p.output;
+  }
+  // [S, dh] (one item) runs; the outputs have the input's leading shape.
+  const testutil::Proc ok = testutil::run_mxlab({"flash-attention", "--out", out, "--q", Q, "--k", Q, "--v", Q});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(read_npy(out + "/o.npy").shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(read_npy(out + "/row_stats.npy").shape, (std::vector<int64_t>{3, 2}));
 }
 
 }  // namespace
