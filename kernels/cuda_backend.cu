@@ -570,6 +570,9 @@ class CudaBackend final : public Backend {
     launch_heads_copy(heads, x, nb, S, h, dh, ld, col0, false, cur());
   }
 
+  void mask_causal(float*, int64_t, int64_t) override {
+    throw Error("mask_causal: model.causal: true is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
   // Flash attention in bf16 (precision.attention: flash_bf16) has only its CPU reference so far
   // (lab/model/flash_attention.h); the CLI refuses such configurations on CUDA before they get here.
   void flash_attn_fwd(const float*, const float*, const float*, float*, float*, float*, float*, float*, int64_t,

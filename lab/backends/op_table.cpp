@@ -489,6 +489,13 @@ OpCase make_heads_merge(SZ) {
 }
 void run_heads_merge(RUN) { UNUSED_HOST; be.heads_merge(P(0), P(1), B0, B1, B2, B3, 3 * B2 * B3, B2 * B3); }
 
+OpCase make_mask_causal(SZ) {
+  Builder k(s);
+  k.inout(gauss(V0 * V1 * V1, seed, 1));
+  return k.c;
+}
+void run_mask_causal(RUN) { UNUSED_HOST; be.mask_causal(P(0), B0, B1); }
+
 // ---- flash attention in bf16: items (sequence, head) pairs of S tokens, head dim dh; tiles of
 // 16 keys, causal, stabilized softmax (every branch of lab/model/flash_attention.h at once) ----
 Backend::FlashSpec flash_case_spec() {
@@ -625,6 +632,8 @@ std::vector<OpDesc> build_table() {
        run_layernorm_vec_bwd, nullptr},
       {"residual_add_r", "", "rows,d", rc_test, ln_bench, kExactElem, make_residual_add, nullptr, run_residual_add_r,
        nullptr},
+      {"mask_causal", "", "items,S", sz(5, 37), sz(kSeqs * kHeads, kSeq), kExactCopy, make_mask_causal, nullptr,
+       run_mask_causal, nullptr},
       {"flash_attn_fwd", "", "items,S,dh", sz(5, 37, 24), sz(kSeqs * kHeads, kSeq, kHeadDim), kExactOrdered,
        make_flash_attn_fwd, nullptr, run_flash_attn_fwd, nullptr},
       {"flash_attn_bwd", "", "items,S,dh", sz(5, 37, 24), sz(kSeqs * kHeads, kSeq, kHeadDim), kExactOrdered,
@@ -659,6 +668,7 @@ const std::vector<OpExemption>& op_exemptions() {
 
 const std::vector<OpExemption>& op_cuda_pending() {
   static const std::vector<OpExemption> list = {
+      {"mask_causal", "model.causal: true has only its CPU reference so far (the CUDA backend throws)"},
       {"flash_attn_fwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
       {"flash_attn_bwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
   };

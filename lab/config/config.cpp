@@ -470,7 +470,8 @@ std::vector<Item> build_schema() {
                                         {"layernorm", "rmsnorm", "mxnorm", "none"}, "norm")),
            since_v2(choice_int_leaf("mxnorm_p", [](RunConfig& c) -> int& { return c.model.mxnorm_p; }, {1, 2})),
            since_v2(choice_int_leaf("mxnorm_block", [](RunConfig& c) -> int& { return c.model.mxnorm_block; },
-                                    {16, 32, 64}))});
+                                    {16, 32, 64})),
+           since_v2(bool_leaf("causal", [](RunConfig& c) -> bool& { return c.model.causal; }))});
 
   section("teacher",
           {int_leaf("depth", [](RunConfig& c) -> int& { return c.teacher.depth; }, 0),
@@ -988,6 +989,10 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
                "data.seq_len = ", (cfg.data.seq_len / p.block_size + 1) * p.block_size,
                " or a block_size that divides it");
   }
+  if (m.causal && !student_attn) {
+    *key = "model.causal";
+    return "model.causal: true masks the attention sub-block: it needs model.block: attention";
+  }
   if (!m.layernorm && (m.norm == NormKind::rmsnorm || m.norm == NormKind::mxnorm)) {
     *key = "model.norm";
     return msg("model.norm: ", m.norm == NormKind::rmsnorm ? "rmsnorm" : "mxnorm",
@@ -1234,6 +1239,7 @@ PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv
 }
 
 std::string cuda_pending_setting(const RunConfig& cfg) {
+  if (cfg.model.causal) return "model.causal: true";
   auto of = [](const PrecisionConfig& p) -> std::string { return p.flash() ? "precision.attention: flash_bf16" : ""; };
   if (std::string s = of(cfg.precision); !s.empty()) return s;
   for (const ResolvedArm& a : resolved_arms(cfg))

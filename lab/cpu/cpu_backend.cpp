@@ -523,6 +523,13 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void mask_causal(float* x, int64_t items, int64_t S) override {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < items; ++i)
+      for (int64_t r = 0; r < S; ++r)
+        for (int64_t t = r + 1; t < S; ++t) x[(i * S + r) * S + t] = neg_inf;
+  }
+
   // Flash attention in bf16: the functions of lab/model/flash_attention.h, row by row and key by key.
   void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
                       float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,

@@ -1,5 +1,5 @@
 // The self-attention sub-block of the paper's Eq. 11 (appendix D): z_k = A_{k-1} +
-// SelfAttn(LN_1(A_{k-1})), multi-head, no mask, on sequences of s.seq_len tokens (rows
+// SelfAttn(LN_1(A_{k-1})), multi-head (causal with model.causal), on sequences of s.seq_len tokens (rows
 // b*S .. b*S + S - 1 of a pass form sequence b). Every GEMM quantizes its operands per the
 // policy's roles (lab/model/README.md "Attention" lists the op sequence, roles and statistics);
 // under precision.attention: flash_bf16 the flash kernel in bf16 replaces the two attention GEMMs
@@ -36,7 +36,7 @@ AttnDims dims(const NetShape& s, const Workspace& ws) {
 // quantizing its operands per attn_logits / attn_probs (precision.attention: exact); the heads
 // merged into ws.ctx[k].
 void exact_attention_forward(Backend& be, int k, Workspace& ws, const OperandRules& ops, const AttnDims& a,
-                             NumFmt f_logits, NumFmt f_probs, const ElementwiseRound& R) {
+                             NumFmt f_logits, NumFmt f_probs, const ElementwiseRound& R, bool causal) {
   // Logits [S x S] = Q [S x dh] . K [S x dh]^T per (sequence, head); P = softmax(scale * logits).
   be.gemm_batched(a.bh, a.S, a.S, a.dh,
                   ops.make(ws.qh[k], Layout::k_contiguous, f_logits, Role::activation, k, AttnOp::s_q,
@@ -44,6 +44,8 @@ void exact_attention_forward(Backend& be, int k, Workspace& ws, const OperandRul
                   ops.make(ws.kh[k], Layout::k_contiguous, f_logits, Role::activation, k, AttnOp::s_k,
                            stats_slot(k, StatTensor::attn_k)),
                   ws.probs[k], 0.0f, R);
+  // model.causal: the logits of later keys are -inf, so their P is exactly 0 (and so is their dS).
+  if (causal) be.mask_causal(ws.probs[k], a.bh, a.S);
   be.softmax_fwd(ws.probs[k], ws.probs[k], ws.rowmax[k], a.bh * a.S, a.S, a.scale, R);
   // O [S x dh] = P [S x S] . V: V is stored [S x dh] = [K x N], so its blocks run along the sequence.
   be.gemm_batched(a.bh, a.S, a.dh, a.S,
@@ -110,7 +112,7 @@ void attention_forward(Backend& be, const NetShape& s, const float* params, int 
                       ws.fa_stats[k], a.bh, a.S, a.dh, a.scale, flash_spec(p, s));
     be.heads_merge(ws.fa_o[k], ws.ctx[k], a.nb, a.S, a.h, a.dh, a.d, 0);
   } else {
-    exact_attention_forward(be, k, ws, ops, a, p.attn_logits_fmt(), p.attn_probs_fmt(), R);
+    exact_attention_forward(be, k, ws, ops, a, p.attn_logits_fmt(), p.attn_probs_fmt(), R, s.causal);
   }
   // o [T x d] = ctx . Wo^T; z = A + R(o + bo) (the plain teacher: z = o).
   const ParamGroup* bo = s.find(k, ParamGroup::bo);

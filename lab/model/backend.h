@@ -422,7 +422,11 @@ class Backend {
     float beta = 2.0f, eps = 1e-3f;
     bool delta_hp = false;    // backward: delta from the FP32 O (O_hp) instead of the bf16 one
   };
-  static constexpr int kFlashRowStats = 2;  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
+  static constexpr int kFlashRowStats = 2;
+  // model.causal on the exact path: x [items x S x S] (attention logits) gets -inf where key t > query
+  // r (x[(i*S + r)*S + t]), the rest untouched; softmax_fwd then gives those entries P = 0 exactly.
+  // The default throws; the CUDA backend does not have it yet.
+  virtual void mask_causal(float* x, int64_t items, int64_t S);  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
   // `items` independent (sequence, head) attentions over q, k, v [items x S x dh] (the heads layout):
   // o [items x S x dh] the bf16 output O_lp, o_hp the FP32 O before that rounding, lse [items*S]
   // (m + log l), rowmax [items*S] (the largest scaled logit of each row), row_stats

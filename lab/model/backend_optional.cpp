@@ -55,6 +55,9 @@ void Backend::residual_add_r(float*, const float*, const float*, const float*, i
                   "precision.bias: elementwise)"));
 }
 
+void Backend::mask_causal(float*, int64_t, int64_t) {
+  throw Error(msg("backend '", name(), "' does not implement mask_causal (needed by model.causal: true)"));
+}
 void Backend::flash_attn_fwd(const float*, const float*, const float*, float*, float*, float*, float*, float*, int64_t,
                              int64_t, int64_t, float, const FlashSpec&) {
   throw Error(msg("backend '", name(), "' does not implement flash_attn_fwd (needed by precision.attention: flash_bf16)"));

@@ -243,8 +243,8 @@ double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, 
 }
 
 Backend::FlashSpec flash_spec(const PrecisionConfig& p, const NetShape& s) {
-  (void)s;
   Backend::FlashSpec f;
+  f.causal = s.causal;
   f.br = p.attention_tile_r;
   f.bc = p.attention_tile_c;
   f.stabilized = p.attention_softmax == AttnSoftmax::stabilized;
@@ -363,6 +363,7 @@ NetShape NetShape::student(const ModelConfig& m, int seq_len) {
   s.block = m.block;
   s.heads = m.heads;
   s.seq_len = seq_len;
+  s.causal = m.block == BlockKind::attention && m.causal;
   s.norm = m.effective_norm();
   if (s.norm == NormKind::mxnorm) {
     s.mxnorm_p = m.mxnorm_p;
@@ -395,6 +396,7 @@ NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t, int seq
   s.block = t.block;
   s.heads = m.heads;
   s.seq_len = seq_len;
+  s.causal = t.block == BlockKind::attention && m.causal;  // the teacher's attention is masked alike
   s.norm = NormKind::none;
   s.depth = depth;
   s.d = m.width;

@@ -42,6 +42,7 @@ struct NetShape {
   BlockKind block = BlockKind::mlp;
   int heads = 1;
   int seq_len = 1;        // tokens per sequence (attention mixes the tokens of one sequence)
+  bool causal = false;    // model.causal: attention sees a sequence's earlier tokens and itself only
   std::vector<ParamGroup> groups;
   int64_t num_params = 0;
 

@@ -51,7 +51,7 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.depth == b.depth && a.width == b.width && a.hidden_mult == b.hidden_mult && a.activation == b.activation &&
          a.layernorm == b.layernorm && a.ln_affine == b.ln_affine && a.ln_eps == b.ln_eps && a.fc2_bias == b.fc2_bias &&
          a.init == b.init && a.init_gain == b.init_gain && a.block == b.block && a.heads == b.heads &&
-         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block;
+         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block && a.causal == b.causal;
 }
 
 bool operator==(const TeacherConfig& a, const TeacherConfig& b) {

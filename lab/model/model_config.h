@@ -35,6 +35,7 @@ struct ModelConfig {
   NormKind norm = NormKind::layernorm;  // with layernorm: false there is no norm (see effective_norm)
   int mxnorm_p = 2;            // MXNorm power mean of the block absmaxes: 1 | 2
   int mxnorm_block = 32;       // MXNorm block length along the width (16 | 32 | 64)
+  bool causal = false;         // attention blocks: query r of a sequence sees keys t <= r only
 
   // The norm the model applies: `norm`, or none when `layernorm` is false.
   NormKind effective_norm() const { return layernorm ? norm : NormKind::none; }

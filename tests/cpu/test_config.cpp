@@ -70,6 +70,7 @@ RunConfig every_field_changed() {
   c.model.norm = NormKind::none;  // layernorm: false names no other norm
   c.model.mxnorm_p = 1;
   c.model.mxnorm_block = 64;
+  c.model.causal = true;
   c.teacher.block = BlockKind::attention;
   c.data.seq_len = 16;             // a multiple of block_size (attention)
   c.precision.attn_logits = NumFmt::bf16;  // the flash kernel's (flash_bf16 takes same or bf16)

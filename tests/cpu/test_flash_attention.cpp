@@ -246,6 +246,77 @@ TEST(FlashModel, DeltaHpZeroesTheDeltaBiasAndChangesOnlyWhatReadsDelta) {
   }
 }
 
+TEST(FlashModel, CausalOutputsOfEarlierTokensIgnoreLaterOnes) {
+  // model.causal, exact and flash: changing the last token of every sequence changes no output of
+  // the tokens before it (and does change the last one's); without the mask it changes them all.
+  for (const bool flash : {false, true})
+    for (const bool causal : {true, false}) {
+      ModelConfig m = attn_model();
+      m.causal = causal;
+      const int S = 16;
+      const int64_t T = 3 * S;
+      const NetShape s = NetShape::student(m, S);
+      auto be = make_cpu_backend();
+      std::vector<float> P = init_params(s, InitKind::pytorch, 1.0f, 5, Stream::init);
+      std::vector<float> X = noise(static_cast<size_t>(T * s.d), 8, 2.0f);
+      Workspace ws = Workspace::make(*be, s, T);
+      PassPolicy pol;
+      pol.p.attention = flash ? AttnImpl::flash_bf16 : AttnImpl::exact;
+      forward(*be, s, P.data(), X.data(), ws, pol);
+      const std::vector<float> a(ws.out, ws.out + T * s.d);
+      for (int64_t b = 0; b < 3; ++b)
+        for (int64_t c = 0; c < s.d; ++c) X[((b + 1) * S - 1) * s.d + c] += 1.0f;
+      forward(*be, s, P.data(), X.data(), ws, pol);
+      int64_t earlier_changed = 0, last_changed = 0;
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t c = 0; c < s.d; ++c)
+          if (ws.out[r * s.d + c] != a[static_cast<size_t>(r * s.d + c)]) ++(r % S == S - 1 ? last_changed : earlier_changed);
+      EXPECT_GT(last_changed, 0) << flash << causal;
+      if (causal) {
+        EXPECT_EQ(earlier_changed, 0) << "flash " << flash;
+      } else {
+        EXPECT_GT(earlier_changed, 0) << "flash " << flash;
+      }
+    }
+}
+
+TEST(FlashModel, CausalGradientsMatchFiniteDifferences) {
+  // FP32, exact attention with the mask: the gradient of Wqkv (which the mask's backward reaches
+  // through dQ and dK) against central differences of the loss.
+  ModelConfig m = attn_model(1);
+  m.causal = true;
+  const int S = 8;
+  const int64_t T = 2 * S;
+  const NetShape s = NetShape::student(m, S);
+  auto be = make_cpu_backend();
+  const std::vector<float> init = init_params(s, InitKind::pytorch, 1.0f, 5, Stream::init);
+  std::vector<float> X = noise(static_cast<size_t>(T * s.d), 8, 2.0f), Y = noise(static_cast<size_t>(T * s.d), 9, 0.5f);
+  std::vector<float> G(init.size());
+  Workspace ws = Workspace::make(*be, s, T);
+  PassPolicy pol;
+  pol.p = PrecisionConfig::fp32();
+  auto loss_at = [&](std::vector<float> p) {
+    forward(*be, s, p.data(), X.data(), ws, pol);
+    loss_and_grad(*be, LossSpec{}, Y.data(), ws, pol, nullptr);
+    return static_cast<double>(be->read_scalar(ws.loss));
+  };
+  std::vector<float> P = init;
+  loss_at(P);
+  backward(*be, s, P.data(), X.data(), ws, G.data(), pol);
+  const ParamGroup& g = *s.find(0, ParamGroup::wqkv);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < g.size(); i += 7) {  // a spread subset of Q, K and V rows
+    std::vector<float> up = init, dn = init;
+    up[g.offset + i] += 1e-2f;
+    dn[g.offset + i] -= 1e-2f;
+    const double fd = (loss_at(up) - loss_at(dn)) / (static_cast<double>(up[g.offset + i]) - dn[g.offset + i]);
+    num += (G[g.offset + i] - fd) * (G[g.offset + i] - fd);
+    den += fd * fd;
+  }
+  ASSERT_GT(den, 0.0);
+  EXPECT_LT(std::sqrt(num / den), 2e-2);
+}
+
 TEST(FlashModel, StatisticsOfTheKernelsOperandsAreNotCounted) {
   PrecisionConfig p;
   p.attention = AttnImpl::flash_bf16;
