@@ -489,12 +489,64 @@ OpCase make_heads_merge(SZ) {
 }
 void run_heads_merge(RUN) { UNUSED_HOST; be.heads_merge(P(0), P(1), B0, B1, B2, B3, 3 * B2 * B3, B2 * B3); }
 
-OpCase make_mask_causal(SZ) {
+// ---- token networks: rows, d (or vocab) ----
+std::vector<float> token_ids(int64_t n, int64_t vocab, uint64_t seed, uint32_t tag) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] =
+        static_cast<float>(philox(seed, Stream::validation, tag, static_cast<uint64_t>(i)).v[0] % vocab);
+  return v;
+}
+constexpr int64_t kOpVocab = 50;  // the vocabulary of the embedding cases
+OpCase make_token_batch(SZ) {
+  (void)seed;
   Builder k(s);
-  k.inout(gauss(V0 * V1 * V1, seed, 1));
+  k.out(V0 * V1);  // ids
+  k.out(V0 * V1);  // targets
   return k.c;
 }
-void run_mask_causal(RUN) { UNUSED_HOST; be.mask_causal(P(0), B0, B1); }
+void run_token_batch(RUN) { UNUSED_HOST; be.token_batch(P(0), P(1), B0, B1, kOpVocab, 17, Stream::data); }
+OpCase make_embed_fwd(SZ) {
+  Builder k(s);
+  k.in(token_ids(V0, kOpVocab, seed, 1));
+  k.in(gauss(kOpVocab * V1, seed, 2));
+  k.out(V0 * V1);
+  return k.c;
+}
+void run_embed_fwd(RUN) { UNUSED_HOST; be.embed_fwd(P(0), P(1), P(2), B0, B1, kOpVocab, kBf16Away); }
+OpCase make_embed_bwd(SZ) {
+  Builder k(s);
+  k.in(token_ids(V0, kOpVocab, seed, 1));
+  k.in(gauss(V0 * V1, seed, 2));
+  k.out(kOpVocab * V1);
+  return k.c;
+}
+void run_embed_bwd(RUN) { UNUSED_HOST; be.embed_bwd(P(0), P(1), P(2), B0, B1, kOpVocab); }
+OpCase make_loss_xent(SZ) {
+  Builder k(s);
+  k.in(gauss(V0 * V1, seed, 1, 2.0f));
+  k.in(token_ids(V0, V1, seed, 2));
+  k.out(V0 * V1);
+  k.out(1);
+  return k.c;
+}
+void run_loss_xent(RUN) { UNUSED_HOST; be.loss_xent(P(0), P(1), P(2), P(3), nullptr, B0, B1, kFp32); }
+
+// The mask and the softmax after it (as the model runs them): every output finite, P = 0 above
+// the diagonal.
+OpCase make_mask_causal(SZ) {
+  Builder k(s);
+  k.in(gauss(V0 * V1 * V1, seed, 1, 3.0f));
+  k.out(V0 * V1 * V1);  // P
+  k.out(V0 * V1);       // row maxima
+  return k.c;
+}
+void run_mask_causal(RUN) {
+  UNUSED_HOST;
+  be.copy(P(1), P(0), static_cast<size_t>(B0 * B1 * B1));
+  be.mask_causal(P(1), B0, B1);
+  be.softmax_fwd(P(1), P(1), P(2), B0 * B1, B1, 0.125f, kFp32);
+}
 
 // ---- flash attention in bf16: items (sequence, head) pairs of S tokens, head dim dh; tiles of
 // 16 keys, causal, stabilized softmax (every branch of lab/model/flash_attention.h at once) ----
@@ -632,7 +684,13 @@ std::vector<OpDesc> build_table() {
        run_layernorm_vec_bwd, nullptr},
       {"residual_add_r", "", "rows,d", rc_test, ln_bench, kExactElem, make_residual_add, nullptr, run_residual_add_r,
        nullptr},
-      {"mask_causal", "", "items,S", sz(5, 37), sz(kSeqs * kHeads, kSeq), kExactCopy, make_mask_causal, nullptr,
+      {"token_batch", "", "sequences,S", sz(5, 37), sz(kSeqs, kSeq), kExactRng, make_token_batch, nullptr,
+       run_token_batch, nullptr},
+      {"embed_fwd", "", "rows,d", rc_test, ln_bench, kExactElem, make_embed_fwd, nullptr, run_embed_fwd, nullptr},
+      {"embed_bwd", "", "rows,d", rc_test, ln_bench, kDoubleSum, make_embed_bwd, nullptr, run_embed_bwd, nullptr},
+      {"loss_xent", "", "rows,vocab", rc_test, sz(kB, 512), kRowStats, make_loss_xent, nullptr, run_loss_xent, nullptr},
+      {"mask_causal", "copy softmax_fwd", "items,S", sz(5, 37), sz(kSeqs * kHeads, kSeq), kRowStats, make_mask_causal,
+       nullptr,
        run_mask_causal, nullptr},
       {"flash_attn_fwd", "", "items,S,dh", sz(5, 37, 24), sz(kSeqs * kHeads, kSeq, kHeadDim), kExactOrdered,
        make_flash_attn_fwd, nullptr, run_flash_attn_fwd, nullptr},
@@ -668,6 +726,10 @@ const std::vector<OpExemption>& op_exemptions() {
 
 const std::vector<OpExemption>& op_cuda_pending() {
   static const std::vector<OpExemption> list = {
+      {"token_batch", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
+      {"embed_fwd", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
+      {"embed_bwd", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
+      {"loss_xent", "loss: xent has only its CPU reference so far (the CUDA backend throws)"},
       {"mask_causal", "model.causal: true has only its CPU reference so far (the CUDA backend throws)"},
       {"flash_attn_fwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
       {"flash_attn_bwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},

@@ -172,7 +172,7 @@ Setup make_setup(const Args& a) {
   if (s.graphs && s.warmup < 3)
     throw Error(msg("--warmup ", s.warmup, " is too short with CUDA graphs (the first pass of a step runs eagerly, "
                     "the second records): use --warmup 3 or more, or --no-graphs"));
-  s.S = NetShape::student(s.cfg.model, s.cfg.data.seq_len);
+  s.S = NetShape::student(s.cfg.model, s.cfg.data.seq_len, s.cfg.vocab());
   s.T = NetShape::teacher(s.cfg.model, s.cfg.teacher, s.cfg.data.seq_len);
   s.B = s.cfg.tokens();
 #ifdef MXLAB_HAVE_CUDA

@@ -493,9 +493,12 @@ std::vector<Item> build_schema() {
   section("data", {int_leaf("batch", [](RunConfig& c) -> int& { return c.data.batch; }, 1),
                    float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative),
                    since_v2(int_leaf("seq_len", [](RunConfig& c) -> int& { return c.data.seq_len; }, 1)),
-                   since_v2(bool_leaf("mx_teacher_targets", [](RunConfig& c) -> bool& { return c.data.mx_teacher_targets; }))});
+                   since_v2(bool_leaf("mx_teacher_targets", [](RunConfig& c) -> bool& { return c.data.mx_teacher_targets; })),
+                   since_v2(enum_leaf<DataKind>("kind", [](RunConfig& c) -> DataKind& { return c.data.kind; },
+                                                {"gaussian", "tokens"}, "data kind")),
+                   since_v2(int_leaf("vocab", [](RunConfig& c) -> int& { return c.data.vocab; }, 2))});
 
-  top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl"}, "loss"));
+  top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl", "xent"}, "loss"));
   top(float_leaf("kl_temperature", [](RunConfig& c) -> float& { return c.kl_temperature; }, FRange::positive));
 
   section("optimizer",
@@ -972,6 +975,30 @@ std::string attention_problem(const RunConfig& cfg, const PrecisionConfig& p, st
   return "";
 }
 
+// Why data.kind, the loss and the data keys do not go together, or "".
+std::string data_problem(const RunConfig& cfg, std::string* key) {
+  const bool tokens = cfg.data.kind == DataKind::tokens;
+  if (tokens && cfg.loss != LossKind::xent) {
+    *key = "loss";
+    return "data.kind: tokens trains on the next token: it needs loss: xent";
+  }
+  if (!tokens && cfg.loss == LossKind::xent) {
+    *key = "loss";
+    return "loss: xent is the next-token cross-entropy: it needs data.kind: tokens (use mse or kl for the teacher's "
+           "targets)";
+  }
+  if (tokens && cfg.data.mx_teacher_targets) {
+    *key = "data.mx_teacher_targets";
+    return "data.mx_teacher_targets: token data has no teacher: drop it or use data.kind: gaussian";
+  }
+  if (tokens && cfg.log.curvature_every > 0) {
+    *key = "log.curvature_every";
+    return "log.curvature_every: the curvature instrument has no embedding or cross-entropy (data.kind: tokens): set "
+           "log.curvature_every: 0";
+  }
+  return "";
+}
+
 std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
   const ModelConfig& m = cfg.model;
   const bool student_attn = m.block == BlockKind::attention;
@@ -989,6 +1016,7 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
                "data.seq_len = ", (cfg.data.seq_len / p.block_size + 1) * p.block_size,
                " or a block_size that divides it");
   }
+  if (std::string prob = data_problem(cfg, key); !prob.empty()) return prob;
   if (m.causal && !student_attn) {
     *key = "model.causal";
     return "model.causal: true masks the attention sub-block: it needs model.block: attention";
@@ -1239,6 +1267,7 @@ PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv
 }
 
 std::string cuda_pending_setting(const RunConfig& cfg) {
+  if (cfg.data.kind == DataKind::tokens) return "data.kind: tokens";
   if (cfg.model.causal) return "model.causal: true";
   auto of = [](const PrecisionConfig& p) -> std::string { return p.flash() ? "precision.attention: flash_bf16" : ""; };
   if (std::string s = of(cfg.precision); !s.empty()) return s;
@@ -1526,7 +1555,7 @@ std::string config_hash(const RunConfig& cfg) {
 
 bool operator==(const DataConfig& a, const DataConfig& b) {
   return a.batch == b.batch && a.label_noise == b.label_noise && a.seq_len == b.seq_len &&
-         a.mx_teacher_targets == b.mx_teacher_targets;
+         a.mx_teacher_targets == b.mx_teacher_targets && a.kind == b.kind && a.vocab == b.vocab;
 }
 bool operator==(const OptimizerConfig& a, const OptimizerConfig& b) {
   return a.name == b.name && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&

@@ -20,6 +20,7 @@ enum class Stream : uint32_t {
   probe = 7,        // the fixed probe batch of the curvature instrument and snapshots (x, then noise)
   curvature = 8,    // start vectors of the curvature eigensolver (lab/model/curvature.h)
   mx_label_noise = 9,  // the fresh label noise of the MX targets (data.mx_teacher_targets)
+  token_chain = 10,    // the fixed Markov chain of data.kind: tokens (lab/train/batch.h)
 };
 
 struct U32x4 {

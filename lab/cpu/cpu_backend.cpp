@@ -523,6 +523,59 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // Token networks.
+  void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                   Stream stream) override {
+    for (int64_t b = 0; b < sequences; ++b) {
+      int64_t x = 0;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t r = b * S + i;
+        ids[r] = static_cast<float>(x);
+        x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step_.step, static_cast<uint64_t>(r)).v[0]));
+        targets[r] = static_cast<float>(x);
+      }
+    }
+  }
+  static int64_t token_id(float v, int64_t vocab, int64_t row) {
+    if (!(v >= 0.0f && v < static_cast<float>(vocab)) || v != static_cast<float>(static_cast<int64_t>(v)))
+      throw Error(msg("token id ", v, " of row ", row, " is not an integer in [0, ", vocab, ")"));
+    return static_cast<int64_t>(v);
+  }
+  void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                 const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* e = E + token_id(ids[i], vocab, i) * d;
+      for (int64_t c = 0; c < d; ++c) out[i * d + c] = ew_round(e[c], r.bf16, r.mode);
+    }
+  }
+  void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab) override {
+    std::vector<double> acc(static_cast<size_t>(vocab * d), 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t v = token_id(ids[i], vocab, i);
+      for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(v * d + c)] += static_cast<double>(dout[i * d + c]);
+    }
+    for (size_t j = 0; j < acc.size(); ++j) dE[j] = static_cast<float>(acc[j]);
+  }
+  void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out, float* loss_history,
+                 int64_t rows, int64_t vocab, const ElementwiseRound& r) override {
+    const float scale = kl_grad_scale(1.0f, rows);
+    std::vector<float> e(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* l = logits + i * vocab;
+      const int64_t t = token_id(target[i], vocab, i);
+      float m = l[0];
+      for (int64_t j = 1; j < vocab; ++j) m = l[j] > m ? l[j] : m;
+      double S = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) S += static_cast<double>(e[static_cast<size_t>(j)] = kl_exp(l[j], m));
+      const float ls = det_log(static_cast<float>(S));
+      total += -static_cast<double>(kl_logprob(l[t], m, ls));
+      for (int64_t j = 0; j < vocab; ++j)
+        dlogits[i * vocab + j] = xent_grad_elem(kl_prob(e[static_cast<size_t>(j)], S), j == t, scale, r.bf16, r.mode);
+    }
+    store_loss(mean_from_sum(total, rows), loss_out, loss_history);
+  }
+
   void mask_causal(float* x, int64_t items, int64_t S) override {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < items; ++i)

@@ -409,6 +409,28 @@ class Backend {
   virtual void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                               const ResidualRound& rr);
 
+  // ==== token networks (data.kind: tokens; lab/model/README.md "Token networks") ====
+  // ids [rows] hold token ids as floats (integers in [0, vocab)); an id outside is an mxlab::Error.
+  // The defaults throw; the CUDA backend does not have these yet.
+  // The token batch of the step (StepScalars.step): `sequences` sequences of S tokens of the fixed
+  // chain (token_successor, lab/model/elementwise.h). Sequence b: x = 0 (the BOS); for i in 0 .. S-1:
+  // ids[b*S + i] = x, x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step,
+  // b*S + i).v[0])), targets[b*S + i] = x (the next token).
+  virtual void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                           Stream stream);
+  // out[r, c] = R(E[ids[r], c]): the embedding lookup (E [vocab x d]).
+  virtual void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                         const ElementwiseRound& r);
+  // dE[v, c] = (float) double sum over the rows r with ids[r] = v, in row order, of dout[r, c] (0 for a
+  // token no row holds); written, not accumulated.
+  virtual void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab);
+  // Next-token cross-entropy of logits [rows x vocab] against target ids [rows]: per row m = max l,
+  // e_j = det_exp(l_j - m), S = double sum e_j, log p_t = (l_t - m) - det_log((float)S); loss = mean
+  // over rows of -log p_t (double sums); dlogits_j = R((e_j / S - [j == t]) / rows) (xent_grad_elem).
+  // The loss value as loss_kl writes it.
+  virtual void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out,
+                         float* loss_history, int64_t rows, int64_t vocab, const ElementwiseRound& r);
+
   // ==== flash attention in bf16 (precision.attention: flash_bf16; lab/model/README.md "Flash attention in bf16") ====
   // FlashAttention-2's forward and backward with bf16 tensors, as lab/model/flash_attention.h defines
   // them element by element (every rounding point is listed there); the CPU reference runs those

@@ -55,6 +55,18 @@ void Backend::residual_add_r(float*, const float*, const float*, const float*, i
                   "precision.bias: elementwise)"));
 }
 
+void Backend::token_batch(float*, float*, int64_t, int64_t, int64_t, uint64_t, Stream) {
+  throw Error(msg("backend '", name(), "' does not implement token_batch (needed by data.kind: tokens)"));
+}
+void Backend::embed_fwd(const float*, const float*, float*, int64_t, int64_t, int64_t, const ElementwiseRound&) {
+  throw Error(msg("backend '", name(), "' does not implement embed_fwd (needed by data.kind: tokens)"));
+}
+void Backend::embed_bwd(const float*, const float*, float*, int64_t, int64_t, int64_t) {
+  throw Error(msg("backend '", name(), "' does not implement embed_bwd (needed by data.kind: tokens)"));
+}
+void Backend::loss_xent(const float*, const float*, float*, float*, float*, int64_t, int64_t, const ElementwiseRound&) {
+  throw Error(msg("backend '", name(), "' does not implement loss_xent (needed by loss: xent)"));
+}
 void Backend::mask_causal(float*, int64_t, int64_t) {
   throw Error(msg("backend '", name(), "' does not implement mask_causal (needed by model.causal: true)"));
 }

@@ -18,7 +18,8 @@ namespace mxlab {
 struct ParamGroup {
   std::string name;  // "layer0.gamma", "layer0.beta", "layer0.W1", "layer0.W2", "layer0.b2"; attention
                      // blocks also "layer0.attn_gamma", "layer0.attn_beta", "layer0.Wqkv", "layer0.Wo", "layer0.bo"
-  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2, attn_gamma, attn_beta, wqkv, wo, bo } kind;
+  // Token networks (vocab > 0) add "embed" [V x d] (first) and "unembed" [V x d] (last).
+  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2, attn_gamma, attn_beta, wqkv, wo, bo, embed, unembed } kind;
   int layer = 0;
   int64_t offset = 0;  // in floats
   int64_t rows = 0, cols = 0;  // W1: [H1 x d], W2: [d x H], Wqkv: [3d x d] (rows Q | K | V), Wo: [d x d],
@@ -43,14 +44,19 @@ struct NetShape {
   int heads = 1;
   int seq_len = 1;        // tokens per sequence (attention mixes the tokens of one sequence)
   bool causal = false;    // model.causal: attention sees a sequence's earlier tokens and itself only
+  int vocab = 0;          // > 0: a token network (data.kind: tokens): ids in, token embedding E [V x d],
+                          // the blocks, unembedding logits = A_L U^T [rows x V], cross-entropy loss
   std::vector<ParamGroup> groups;
   int64_t num_params = 0;
 
-  // seq_len: data.seq_len (matters for attention blocks only; an MLP treats every token alone).
-  static NetShape student(const ModelConfig& m, int seq_len = 1);
+  // seq_len: data.seq_len (matters for attention blocks only; an MLP treats every token alone);
+  // vocab: RunConfig::vocab() (0: the regression student of Gaussian data).
+  static NetShape student(const ModelConfig& m, int seq_len = 1, int vocab = 0);
   static NetShape teacher(const ModelConfig& m, const TeacherConfig& t, int seq_len = 1);
   const ParamGroup* find(int layer, ParamGroup::Kind kind) const;  // null when absent
   bool attention() const { return block == BlockKind::attention; }
+  bool tokens() const { return vocab > 0; }
+  int out_width() const { return tokens() ? vocab : d; }  // columns of the output (logits) and the loss
   int head_dim() const { return d / heads; }
 };
 
@@ -122,8 +128,11 @@ struct Workspace {
   // backward under another policy still reads h as that forward left it.
   ElementwiseRound h_round;
   std::vector<float*> a;      // [L] activation                          [B x H]
-  float* out = nullptr;       // network output                          [B x d]
-  float* dout = nullptr;      // loss gradient / residual-stream gradient [B x d]
+  float* out = nullptr;       // network output                          [B x d] (token networks: logits [B x V])
+  float* dout = nullptr;      // loss gradient / residual-stream gradient [B x d] (token networks: [B x V])
+  // Token networks: the residual stream leaving the last block and its gradient [B x d] (else null).
+  float* a_final = nullptr;
+  float* d_final = nullptr;
   float* d_ln = nullptr;      // gradient scratch                        [B x d]
   float* d_a = nullptr;       //                                         [B x H]
   float* d_h = nullptr;       //                                         [B x H1]
@@ -166,11 +175,12 @@ struct Workspace {
 };
 
 // Forward pass: ws.out = net(x). `params` is the flat buffer. For the teacher, policy is FP32.
+// A token network reads x as token ids [B] (floats holding integers in [0, V)) and writes logits.
 void forward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
              const PassPolicy& pol);
 
 // Loss of ws.out against target, its gradient into ws.dout (loss value into ws.loss[0] and,
-// when loss_history != null, loss_history[step]).
+// when loss_history != null, loss_history[step]). xent: target holds the next token ids [B].
 void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Workspace& ws, const PassPolicy& pol,
                    float* loss_history);
 

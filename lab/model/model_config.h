@@ -11,7 +11,7 @@
 
 namespace mxlab {
 
-enum class LossKind : uint8_t { mse = 0, kl };
+enum class LossKind : uint8_t { mse = 0, kl, xent };  // xent: next-token cross-entropy (data.kind: tokens)
 enum class InitKind : uint8_t { pytorch = 0, xavier_normal };
 // Residual block of the student (and, with teacher.block, of the teacher): the paper's Eq. 1
 // MLP block, or Eq. 11's self-attention sub-block followed by the MLP sub-block (appendix D).

@@ -51,6 +51,16 @@ inline uint64_t op_id(int layer, AttnOp op) {
   return kAttnOpBase + static_cast<uint64_t>(layer) * kAttnOpsPerLayer + static_cast<uint64_t>(op) + 1;
 }
 
+// The unembedding GEMM of a token network (logits = A_L U^T) and its backward, above every
+// layer's ids.
+enum class UnembedOp : int {
+  x = 0, w,     // forward logits = A_L U^T
+  dw_dy, dw_x,  // wgrad dU = dlogits^T A_L
+  dx_dy, dx_w,  // dgrad dA_L = dlogits U
+};
+constexpr uint64_t kUnembedOpBase = uint64_t{1} << 41;
+inline uint64_t op_id(int /*layer*/, UnembedOp op) { return kUnembedOpBase + static_cast<uint64_t>(op) + 1; }
+
 using Role = PrecisionConfig::Role;
 
 // The QuantSpec of a role with format f under policy p. MX formats round elements with the

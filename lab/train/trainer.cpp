@@ -37,7 +37,7 @@ bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant &&
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg), be_(be), sink_(sink) {
-  shape_ = NetShape::student(cfg_.model, cfg_.data.seq_len);
+  shape_ = NetShape::student(cfg_.model, cfg_.data.seq_len, cfg_.vocab());
   teacher_shape_ = NetShape::teacher(cfg_.model, cfg_.teacher, cfg_.data.seq_len);
   bias_every_ = cfg_.log.bias_every > 0 ? cfg_.log.bias_every : cfg_.log.log_every;
   const int64_t B = cfg_.tokens();
@@ -967,7 +967,7 @@ void Trainer::open_output() {
     if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
   // The probe batch, once (the same for every trajectory and step), when snapshots are taken.
   if (probe_x_ && (cfg_.log.snapshot_every > 0 || !cfg_.log.snapshot_steps.empty())) {
-    const int64_t d = cfg_.model.width;
+    const int64_t d = cfg_.vocab() > 0 ? 1 : cfg_.model.width;  // token ids: one column
     sink_.write_array("snapshots/probe_x", probe_rows_, d, download(probe_x_, static_cast<size_t>(probe_rows_ * d)));
     sink_.write_array("snapshots/probe_y", probe_rows_, d, download(probe_y_, static_cast<size_t>(probe_rows_ * d)));
   }

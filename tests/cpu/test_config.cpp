@@ -237,7 +237,9 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   // Keys the attention fixture cannot change (a config error there) are changed below on MLP
   // configs of their own.
   const std::set<std::string> mlp_only = {"log.curvature_every", "precision.layernorm", "precision.gelu",
-                                          "precision.residual", "precision.bias", "precision.ln_beta_grad"};
+                                          "precision.residual", "precision.bias", "precision.ln_beta_grad",
+                                          // token data (no teacher: the fixture's mx_teacher_targets and KL loss)
+                                          "data.kind", "data.vocab"};
   for (const auto& [k, v] : dl) {
     if (!mlp_only.count(k)) {
       EXPECT_NE(v, cl.at(k)) << k << " is unchanged in every_field_changed()";
@@ -258,6 +260,13 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   RunConfig bad_emu = c;
   bad_emu.precision.layernorm = LnOps::vector;
   EXPECT_THROW(validate_config(bad_emu), Error);  // attention: the emulator's ops are MLP-only
+  RunConfig tok;  // token data: next-token cross-entropy
+  tok.data.kind = DataKind::tokens;
+  tok.data.vocab = 100;
+  tok.loss = LossKind::xent;
+  const auto tl = dump_leaves(dump_config(tok));
+  for (const char* k : {"data.kind", "data.vocab"}) EXPECT_NE(tl.at(k), dl.at(k)) << k;
+  EXPECT_TRUE(config_from_yaml_string(dump_config(tok), "dump.yaml") == tok);
   RunConfig curv;
   curv.log.curvature_every = 50;
   const std::string ct = dump_config(curv);
