@@ -108,6 +108,27 @@ TEST(FlashKernel, StabilizedSoftmaxShiftsARepeatedMaximumAsAlgorithm3Says) {
   EXPECT_EQ(st[3], 1.0f);
 }
 
+TEST(FlashKernel, NearTiesOutsideEpsStillRoundToOneInBf16) {
+  // Algorithm 3 with the paper's eps = 1e-3: a key within 2^-9 of the maximum but more than eps below
+  // it is no tie, so nothing is shifted, and bf16(exp(-(m - z))) rounds to 1 all the same (bf16's
+  // spacing below 1 is 2^-8). z = (2, 2 - 2^-10 - 2^-11), both from bf16 q and k (dh = 2).
+  const float kb1 = std::ldexp(1.0f, -7) - std::ldexp(1.0f, -10) - std::ldexp(1.0f, -11);
+  ASSERT_EQ(fa_bf16(kb1), kb1);
+  std::vector<float> q = {1.0f, 1.0f, 1.0f, 1.0f}, k = {2.0f, 0.0f, 2.0f - std::ldexp(1.0f, -7), kb1},
+                     v = {-3.0f, 0.0f, -5.0f, 0.0f}, o(4), ohp(4), lse(2), rm(2), st(4);
+  Backend::FlashSpec f;
+  f.stabilized = true;  // eps 1e-3
+  auto be = make_cpu_backend();
+  be->flash_attn_fwd(q.data(), k.data(), v.data(), o.data(), ohp.data(), lse.data(), rm.data(), st.data(), 1, 2, 2,
+                     1.0f, f);
+  EXPECT_EQ(st[2], 1.0f);  // row 1: one key attains the maximum
+  EXPECT_EQ(st[3], 2.0f);  // and two bf16 P-bar are 1
+  f.eps = std::ldexp(1.0f, -9);  // eps at bf16's rounding window: a tie, shifted, no P-bar = 1
+  be->flash_attn_fwd(q.data(), k.data(), v.data(), o.data(), ohp.data(), lse.data(), rm.data(), st.data(), 1, 2, 2,
+                     1.0f, f);
+  EXPECT_EQ(st[3], 0.0f);
+}
+
 TEST(FlashKernel, CausalRowsSeeOnlyEarlierKeys) {
   // Row 0 sees key 0 only: O = v_0 exactly; a later key with a huge logit changes nothing there.
   const int64_t S = 3, dh = 2;
