@@ -570,6 +570,36 @@ class CudaBackend final : public Backend {
     launch_heads_copy(heads, x, nb, S, h, dh, ld, col0, false, cur());
   }
 
+  void token_batch(float*, float*, int64_t, int64_t, int64_t, uint64_t, Stream) override {
+    throw Error("token_batch: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
+  void embed_fwd(const float*, const float*, float*, int64_t, int64_t, int64_t, const ElementwiseRound&) override {
+    throw Error("embed_fwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
+  void embed_bwd(const float*, const float*, float*, int64_t, int64_t, int64_t) override {
+    throw Error("embed_bwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
+  void loss_xent(const float*, const float*, float*, float*, float*, int64_t, int64_t,
+                 const ElementwiseRound&) override {
+    throw Error("loss_xent: loss: xent is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
+  void mask_causal(float*, int64_t, int64_t) override {
+    throw Error("mask_causal: model.causal: true is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  }
+  // Flash attention in bf16 (precision.attention: flash_bf16) has only its CPU reference so far
+  // (lab/model/flash_attention.h); the CLI refuses such configurations on CUDA before they get here.
+  void flash_attn_fwd(const float*, const float*, const float*, float*, float*, float*, float*, float*, int64_t,
+                      int64_t, int64_t, float, const FlashSpec&) override {
+    throw Error("flash_attn_fwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
+                "run with --device cpu");
+  }
+  void flash_attn_bwd(const float*, const float*, const float*, const float*, const float*, const float*,
+                      const float*, float*, float*, float*, float*, float*, int64_t, int64_t, int64_t, float,
+                      const FlashSpec&) override {
+    throw Error("flash_attn_bwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
+                "run with --device cpu");
+  }
+
   std::vector<QuantStats> read_stats() override {
     ctx();
     refuse_in_capture("read_stats");

@@ -82,8 +82,15 @@ DS_LOSS_ALL = "loss_all"  # [steps run]: every step's loss, not one row per logg
 ATTN_LASTBIN_TENSORS = ("attn_ln_out", "attn_q", "attn_k", "attn_p", "attn_v", "attn_ctx", "grad_attn_out",
                         "grad_ctx", "grad_logits", "grad_qkv", "attn_gamma", "attn_beta")
 DS_ATTN_LOGIT_MAX = "attn_logit_max"
+# precision.attention: flash_bf16 (NaN for a trajectory whose attention is exact at that step): the
+# rows whose maximum is attained more than once, the rows with several bf16 P-bar = 1, and the delta
+# bias sum(delta - delta_hp) of the flash backward with its running sum, per layer.
+DS_ATTN_MULTI_MAX_FRAC = "attn_multi_max_frac"
+DS_ATTN_MULTI_ONE_FRAC = "attn_multi_one_frac"
+DS_ATTN_DELTA_BIAS = "attn_delta_bias"
+DS_ATTN_DELTA_BIAS_CUMSUM = "attn_delta_bias_cumsum"
 ATTN_DATASETS = tuple(lastbin_name(t, s) for t in ATTN_LASTBIN_TENSORS for s in LASTBIN_SUFFIXES) + \
-    (DS_ATTN_LOGIT_MAX,)
+    (DS_ATTN_LOGIT_MAX, DS_ATTN_MULTI_MAX_FRAC, DS_ATTN_MULTI_ONE_FRAC, DS_ATTN_DELTA_BIAS, DS_ATTN_DELTA_BIAS_CUMSUM)
 
 # MX trajectory and branches only; NaN on rows where the shadow pass did not run.
 DS_BIAS_RATIO = "bias_ratio"

@@ -56,6 +56,7 @@
 #include "lab/backends/backends.h"
 #include "lab/backends/op_table.h"
 #include "lab/cli/commands.h"
+#include "lab/cli/device_checks.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
@@ -172,8 +173,10 @@ Setup make_setup(const Args& a) {
   }
   if (s.only == kOnlyCurvature && !curvature_supported(s.cfg.model))
     throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
+  refuse_cuda_if_pending(s.cfg, a.device, "bench");
   s.be = make_backend(a.device);
   s.is_cuda = s.be->name().rfind("cuda", 0) == 0;
+  refuse_cuda_if_pending(s.cfg, s.be->name(), "bench");
   check_run_fits_memory(s.cfg, !s.is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
                         static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
   s.steps = a.steps > 0 ? a.steps : (s.is_cuda ? kCudaSteps : kCpuSteps);
@@ -182,7 +185,7 @@ Setup make_setup(const Args& a) {
   if (s.graphs && s.warmup < 3)
     throw Error(msg("--warmup ", s.warmup, " is too short with CUDA graphs (the first pass of a step runs eagerly, "
                     "the second records): use --warmup 3 or more, or --no-graphs"));
-  s.S = NetShape::student(s.cfg.model, s.cfg.data.seq_len);
+  s.S = NetShape::student(s.cfg.model, s.cfg.data.seq_len, s.cfg.vocab());
   s.T = NetShape::teacher(s.cfg.model, s.cfg.teacher, s.cfg.data.seq_len);
   s.B = s.cfg.tokens();
 #ifdef MXLAB_HAVE_CUDA
@@ -908,6 +911,10 @@ void run_op_bench(const Args& a, const std::vector<std::string>& names) {
               "configuration\n\n", warmup, steps);
   std::printf("  %-24s %-36s %12s\n", "op", "size", "ms/call");
   for (const OpDesc* d : ops) {
+    if (const OpExemption* pending = is_cuda ? find_cuda_pending(d->name) : nullptr) {
+      std::printf("  %-24s %-36s %12s  (%s)\n", d->name, op_size_text(*d, d->bench).c_str(), "-", pending->why);
+      continue;
+    }
     std::unique_ptr<Backend> be = make_backend(a.device);  // its buffers go with it
     const OpCase c = d->make(d->bench, 1);
     const OpBufs b = op_place(*be, *d, c);

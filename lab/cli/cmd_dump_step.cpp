@@ -7,8 +7,9 @@
 //   student.<group>.npy         initial student parameters, one file per group of lab/model
 //                               (e.g. student.layer0.W1.npy [H1, d], student.layer0.gamma.npy [d])
 //   teacher.<group>.npy         the teacher's parameters
-//   x.npy, target.npy           the batch of step N [batch, seq_len, d] (target = teacher(x) + noise)
-//   out.npy                     the student's output [batch, seq_len, d]
+//   x.npy, target.npy           the batch of step N [batch, seq_len, d] (target = teacher(x) + noise);
+//                               data.kind: tokens: the token ids and the next tokens [batch, seq_len]
+//   out.npy                     the student's output [batch, seq_len, d] (tokens: logits [.., vocab])
 //   loss.npy                    [1]
 //   grad.<group>.npy            the gradient of the loss, one file per student group
 //   updated.<group>.npy         the parameters after the trainer's optimizer update of step N
@@ -98,7 +99,7 @@ void dump_step(const Args& a) {
   std::filesystem::create_directories(a.out, ec);
   if (ec) throw Error(msg("--out ", a.out, ": cannot create the directory (", ec.message(), ")"));
 
-  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len);
+  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len, cfg.vocab());
   const NetShape T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
   const int64_t rows = cfg.tokens(), d = cfg.model.width;
   const size_t n = static_cast<size_t>(rows * d);
@@ -138,14 +139,19 @@ void dump_step(const Args& a) {
   const std::vector<float> grads = host(*be, G, sp.size());
   optimizer_step(*be, cfg, P, G, M, V, sp.size());
 
-  const std::vector<int64_t> batch_shape = {cfg.data.batch, cfg.data.seq_len, d};
+  // Token data: x and target are the ids [batch, seq_len], out the logits [batch, seq_len, vocab].
+  const bool tokens = cfg.vocab() > 0;
+  const std::vector<int64_t> batch_shape =
+      tokens ? std::vector<int64_t>{cfg.data.batch, cfg.data.seq_len} : std::vector<int64_t>{cfg.data.batch, cfg.data.seq_len, d};
+  const std::vector<int64_t> out_shape = {cfg.data.batch, cfg.data.seq_len, S.out_width()};
+  const size_t n_in = tokens ? static_cast<size_t>(rows) : n, n_out = static_cast<size_t>(rows * S.out_width());
   write_groups(a.out, "student", S, sp);
   write_groups(a.out, "teacher", T, tp);
   write_groups(a.out, "grad", S, grads);
   write_groups(a.out, "updated", S, host(*be, P, sp.size()));
-  write_npy(a.out + "/x.npy", batch_shape, host(*be, x, n).data());
-  write_npy(a.out + "/target.npy", batch_shape, host(*be, target, n).data());
-  write_npy(a.out + "/out.npy", batch_shape, host(*be, ws.out, n).data());
+  write_npy(a.out + "/x.npy", batch_shape, host(*be, x, n_in).data());
+  write_npy(a.out + "/target.npy", batch_shape, host(*be, target, n_in).data());
+  write_npy(a.out + "/out.npy", out_shape, host(*be, ws.out, n_out).data());
   const float loss = be->read_scalar(ws.loss);
   write_npy(a.out + "/loss.npy", {1}, &loss);
   std::vector<float> table(65536 * 4);

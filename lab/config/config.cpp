@@ -438,6 +438,27 @@ Leaf choice_int_leaf(std::string key, F f, std::vector<int> allowed) {
   return l;
 }
 
+// precision.attention_tile: [Br, Bc], each >= 1 (a patch's `set` hands it over as the scalar
+// text "[Br, Bc]", which is parsed the same way).
+Leaf tile_leaf() {
+  return {"attention_tile",
+          [](RunConfig& c, const YNode& n0, const std::string& k) {
+            const YNode n = n0.is_scalar() && !n0.text.empty() && n0.text.front() == '['
+                                ? yaml_option_value(n0.text, n0.loc)
+                                : n0;
+            if (!n.is_seq() || n.seq.size() != 2)
+              fail(n.loc, msg(k, ": expected [Br, Bc], the query rows and keys of a tile (e.g. [128, 64]), got ",
+                              n.describe()));
+            c.precision.attention_tile_r = parse_int(n.seq[0], k + "[0]");
+            c.precision.attention_tile_c = parse_int(n.seq[1], k + "[1]");
+          },
+          [](const RunConfig& c) { return msg("[", c.precision.attention_tile_r, ", ", c.precision.attention_tile_c, "]"); },
+          [](const RunConfig& c) {
+            const int r = c.precision.attention_tile_r, b = c.precision.attention_tile_c;
+            return r >= 1 && b >= 1 ? std::string() : msg("must hold two sizes >= 1, got [", r, ", ", b, "]");
+          }};
+}
+
 const std::vector<std::string> kBlockNames = {"mlp", "attention"};
 
 bool valid_device(const std::string& d) {
@@ -481,7 +502,8 @@ std::vector<Item> build_schema() {
                                         {"layernorm", "rmsnorm", "mxnorm", "none"}, "norm")),
            since_v2(choice_int_leaf("mxnorm_p", [](RunConfig& c) -> int& { return c.model.mxnorm_p; }, {1, 2})),
            since_v2(choice_int_leaf("mxnorm_block", [](RunConfig& c) -> int& { return c.model.mxnorm_block; },
-                                    {16, 32, 64}))});
+                                    {16, 32, 64})),
+           since_v2(bool_leaf("causal", [](RunConfig& c) -> bool& { return c.model.causal; }))});
 
   section("teacher",
           {int_leaf("depth", [](RunConfig& c) -> int& { return c.teacher.depth; }, 0),
@@ -503,9 +525,12 @@ std::vector<Item> build_schema() {
   section("data", {int_leaf("batch", [](RunConfig& c) -> int& { return c.data.batch; }, 1),
                    float_leaf("label_noise", [](RunConfig& c) -> float& { return c.data.label_noise; }, FRange::nonnegative),
                    since_v2(int_leaf("seq_len", [](RunConfig& c) -> int& { return c.data.seq_len; }, 1)),
-                   since_v2(bool_leaf("mx_teacher_targets", [](RunConfig& c) -> bool& { return c.data.mx_teacher_targets; }))});
+                   since_v2(bool_leaf("mx_teacher_targets", [](RunConfig& c) -> bool& { return c.data.mx_teacher_targets; })),
+                   since_v2(enum_leaf<DataKind>("kind", [](RunConfig& c) -> DataKind& { return c.data.kind; },
+                                                {"gaussian", "tokens"}, "data kind")),
+                   since_v2(int_leaf("vocab", [](RunConfig& c) -> int& { return c.data.vocab; }, 2))});
 
-  top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl"}, "loss"));
+  top(enum_leaf<LossKind>("loss", [](RunConfig& c) -> LossKind& { return c.loss; }, {"mse", "kl", "xent"}, "loss"));
   top(float_leaf("kl_temperature", [](RunConfig& c) -> float& { return c.kl_temperature; }, FRange::positive));
 
   section("optimizer",
@@ -591,7 +616,20 @@ std::vector<Item> build_schema() {
                    return is_rotation_block(v) ? std::string()
                                                : msg("must be a power of two from ", kMinRotationBlock, " to ",
                                                      kMaxRotationBlock, " (the Hadamard block), got ", v);
-                 }})});
+                 }}),
+       // Attention numerics (lab/model/README.md, "Flash attention in bf16").
+       since_v2(enum_leaf<AttnImpl>("attention", [](RunConfig& c) -> AttnImpl& { return c.precision.attention; },
+                                    {"exact", "flash_bf16"}, "attention implementation")),
+       since_v2(tile_leaf()),
+       since_v2(enum_leaf<AttnSoftmax>("attention_softmax",
+                                       [](RunConfig& c) -> AttnSoftmax& { return c.precision.attention_softmax; },
+                                       {"standard", "stabilized"}, "attention softmax")),
+       since_v2(float_leaf("attention_beta", [](RunConfig& c) -> float& { return c.precision.attention_beta; },
+                           FRange::above_one)),
+       since_v2(float_leaf("attention_eps", [](RunConfig& c) -> float& { return c.precision.attention_eps; },
+                           FRange::positive)),
+       since_v2(enum_leaf<AttnDelta>("attention_delta", [](RunConfig& c) -> AttnDelta& { return c.precision.attention_delta; },
+                                     {"lp", "hp"}, "attention delta"))});
 
   section("log",
           {int_leaf("log_every", [](RunConfig& c) -> int& { return c.log.log_every; }, 1),
@@ -663,7 +701,8 @@ std::vector<std::string> precision_keys() {
 
 const char* const kPresets[] = {"to_fp32",          "skip_ln_quant",    "bump_exponent", "bump_exponent_always",
                                 "forward_only",     "bf16_activations", "bf16_weights",  "bf16_fwd_activations",
-                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator"};
+                                "to_fp32_keep_gamma_q", "snap_gamma", "reset_adam_v", "paper_emulator",
+                                "flash_bf16",       "stabilized_softmax", "delta_hp"};
 const char* const kInterventionKeys[] = {"name", "at", "apply", "set", "from", "steps"};
 const char* const kArmKeys[] = {"name", "apply", "set"};
 
@@ -965,6 +1004,55 @@ std::string emulator_ops_problem(const RunConfig& cfg, const PrecisionConfig& p,
   return "";
 }
 
+// Why the attention numerics of policy `p` cannot run on `cfg`'s model, or "" (lab/model/README.md,
+// "Flash attention in bf16").
+std::string attention_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
+  if (!p.flash()) {
+    *key = "precision.attention";
+    if (p.attention_softmax != AttnSoftmax::standard)
+      return "precision.attention_softmax: stabilized changes the flash kernel's online softmax: it needs "
+             "precision.attention: flash_bf16 (under exact attention it would change nothing)";
+    if (p.attention_delta != AttnDelta::lp)
+      return "precision.attention_delta: hp chooses the O of the flash kernel's backward delta: it needs "
+             "precision.attention: flash_bf16 (under exact attention it would change nothing)";
+    return "";
+  }
+  *key = "precision.attention";
+  if (cfg.model.block != BlockKind::attention)
+    return "precision.attention: flash_bf16 computes the attention sub-block: it needs model.block: attention";
+  for (const auto& [role, f] : {std::pair<const char*, const std::optional<NumFmt>&>{"attn_logits", p.attn_logits},
+                                {"attn_probs", p.attn_probs}})
+    if (f && *f != NumFmt::bf16)
+      return msg("precision.", role, ": ", name(*f), " names a format for an attention GEMM operand, but under "
+                 "precision.attention: flash_bf16 the flash kernel holds Q, K, P-bar and V in bf16: leave ", role,
+                 " at same (or bf16)");
+  return "";
+}
+
+// Why data.kind, the loss and the data keys do not go together, or "".
+std::string data_problem(const RunConfig& cfg, std::string* key) {
+  const bool tokens = cfg.data.kind == DataKind::tokens;
+  if (tokens && cfg.loss != LossKind::xent) {
+    *key = "loss";
+    return "data.kind: tokens trains on the next token: it needs loss: xent";
+  }
+  if (!tokens && cfg.loss == LossKind::xent) {
+    *key = "loss";
+    return "loss: xent is the next-token cross-entropy: it needs data.kind: tokens (use mse or kl for the teacher's "
+           "targets)";
+  }
+  if (tokens && cfg.data.mx_teacher_targets) {
+    *key = "data.mx_teacher_targets";
+    return "data.mx_teacher_targets: token data has no teacher: drop it or use data.kind: gaussian";
+  }
+  if (tokens && cfg.log.curvature_every > 0) {
+    *key = "log.curvature_every";
+    return "log.curvature_every: the curvature instrument has no embedding or cross-entropy (data.kind: tokens): set "
+           "log.curvature_every: 0";
+  }
+  return "";
+}
+
 std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::string* key) {
   const ModelConfig& m = cfg.model;
   const bool student_attn = m.block == BlockKind::attention;
@@ -981,6 +1069,11 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
                ", which model.block: attention needs (MX blocks of the attention GEMMs run along the sequence): use "
                "data.seq_len = ", (cfg.data.seq_len / p.block_size + 1) * p.block_size,
                " or a block_size that divides it");
+  }
+  if (std::string prob = data_problem(cfg, key); !prob.empty()) return prob;
+  if (m.causal && !student_attn) {
+    *key = "model.causal";
+    return "model.causal: true masks the attention sub-block: it needs model.block: attention";
   }
   if (!m.layernorm && (m.norm == NormKind::rmsnorm || m.norm == NormKind::mxnorm)) {
     *key = "model.norm";
@@ -1018,6 +1111,7 @@ std::string model_problem(const RunConfig& cfg, const PrecisionConfig& p, std::s
       return problem;
     }
   }
+  if (std::string prob = attention_problem(cfg, p, key); !prob.empty()) return prob;
   return emulator_ops_problem(cfg, p, key);
 }
 
@@ -1243,6 +1337,18 @@ PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv
   throw Error(msg("intervention '", iv.name, "' forks from '", iv.from, "', which is neither an arm nor ", kFp32Name));
 }
 
+std::string cuda_pending_setting(const RunConfig& cfg) {
+  if (cfg.data.kind == DataKind::tokens) return "data.kind: tokens";
+  if (cfg.model.causal) return "model.causal: true";
+  auto of = [](const PrecisionConfig& p) -> std::string { return p.flash() ? "precision.attention: flash_bf16" : ""; };
+  if (std::string s = of(cfg.precision); !s.empty()) return s;
+  for (const ResolvedArm& a : resolved_arms(cfg))
+    if (std::string s = of(a.policy); !s.empty()) return msg(s, " (arm '", a.name, "')");
+  for (const InterventionConfig& iv : cfg.interventions)
+    if (std::string s = of(branch_policy(cfg, iv)); !s.empty()) return msg(s, " (intervention '", iv.name, "')");
+  return "";
+}
+
 std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
   if (cfg.arms.empty()) return {{kDefaultArmName, cfg.precision}};
   std::vector<ResolvedArm> v;
@@ -1270,6 +1376,18 @@ static std::string rotation_policy_text(const PrecisionConfig& p) {
   return msg(" rotation=", r, " rotation_block=", p.rotation_block);
 }
 
+// The attention numerics, only under flash_bf16 (the description of every exact policy is what it
+// was before they existed).
+static std::string attention_text(const PrecisionConfig& p) {
+  if (!p.flash()) return "";
+  std::string s = msg(" attention=flash_bf16 attention_tile=", p.attention_tile_r, "x", p.attention_tile_c);
+  if (p.attention_softmax == AttnSoftmax::stabilized)
+    s += msg(" attention_softmax=stabilized attention_beta=", fmt_float(p.attention_beta),
+             " attention_eps=", fmt_float(p.attention_eps));
+  if (p.attention_delta == AttnDelta::hp) s += " attention_delta=hp";
+  return s;
+}
+
 std::string describe_policy(const PrecisionConfig& p) {
   using R = PrecisionConfig::Role;
   const bool own_wgrad_mode = p.rounding_of(R::grad_wgrad) != p.rounding_of(R::grad);
@@ -1285,7 +1403,7 @@ std::string describe_policy(const PrecisionConfig& p) {
              " elementwise=", p.elementwise_bf16 ? "bf16" : "fp32", " backward=", p.backward ? "true" : "false",
              " block_size=", p.block_size, " scale_rule=", name(p.scale_rule), " bump=", name(p.bump),
              " rounding=", rounding, " elementwise_rounding=", name(p.elementwise_rounding), emulator_ops_text(p),
-             rotation_policy_text(p));
+             rotation_policy_text(p), attention_text(p));
 }
 
 std::string describe_patch(const ArmConfig& arm) { return describe_patch(InterventionConfig{arm.name, 0, arm.apply, arm.set}); }
@@ -1384,6 +1502,12 @@ void apply_preset(PrecisionConfig& p, const std::string& a, const InterventionCo
     p.residual = ResidualPrec::fp32;
     p.bias = BiasPrec::elementwise;
     p.ln_beta_grad = false;
+  } else if (a == "flash_bf16" || a == "stabilized_softmax" || a == "delta_hp") {
+    // The flash kernel in bf16 (lab/model/README.md, "Flash attention in bf16"); with the paper's
+    // stabilized softmax (its Algorithm 3), or with delta from the FP32 O (its Section 3.2 test).
+    p.attention = AttnImpl::flash_bf16;
+    if (a == "stabilized_softmax") p.attention_softmax = AttnSoftmax::stabilized;
+    if (a == "delta_hp") p.attention_delta = AttnDelta::hp;
   } else {
     throw Error(msg("intervention '", iv.name, "': unknown preset '", a, "'", hint_with_list(a, intervention_presets())));
   }
@@ -1522,7 +1646,7 @@ std::string config_hash(const RunConfig& cfg) {
 
 bool operator==(const DataConfig& a, const DataConfig& b) {
   return a.batch == b.batch && a.label_noise == b.label_noise && a.seq_len == b.seq_len &&
-         a.mx_teacher_targets == b.mx_teacher_targets;
+         a.mx_teacher_targets == b.mx_teacher_targets && a.kind == b.kind && a.vocab == b.vocab;
 }
 bool operator==(const OptimizerConfig& a, const OptimizerConfig& b) {
   return a.name == b.name && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&

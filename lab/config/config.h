@@ -15,6 +15,9 @@ namespace mxlab {
 enum class OptKind : uint8_t { adam = 0, adamw, sgd };
 enum class SchedKind : uint8_t { constant = 0, cosine };
 enum class OnNonfinite : uint8_t { stop = 0, cont };  // YAML: stop | continue
+// What a step trains on (lab/train/README.md, "Data"): Gaussian inputs and the teacher's targets,
+// or token sequences of a fixed random Markov chain with the next token as the target.
+enum class DataKind : uint8_t { gaussian = 0, tokens };
 
 struct DataConfig {
   int batch = 2048;            // sequences per step (with seq_len 1: tokens per step)
@@ -24,6 +27,8 @@ struct DataConfig {
   // teacher(x) computed under its own precision policy plus fresh label noise (its own stream);
   // false (default): every trajectory trains on the same FP32 targets.
   bool mx_teacher_targets = false;
+  DataKind kind = DataKind::gaussian;
+  int vocab = 64;              // tokens: token ids 0 .. vocab - 1, 0 the BOS at position 0
 };
 
 struct OptimizerConfig {
@@ -104,6 +109,8 @@ struct RunConfig {
   LossSpec loss_spec() const { return LossSpec{loss, kl_temperature}; }
   // Rows of one step's batch: data.batch sequences of data.seq_len tokens.
   int64_t tokens() const { return static_cast<int64_t>(data.batch) * data.seq_len; }
+  // The student's vocabulary: data.vocab with data.kind: tokens (embedding and unembedding), else 0.
+  int vocab() const { return data.kind == DataKind::tokens ? data.vocab : 0; }
 };
 
 // An arm resolved: its name and policy (precision with its patch applied).
@@ -118,5 +125,9 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg);
 // the FP32 trajectory's state; `precision` is the MX recipe, whatever the arms patch). Throws
 // mxlab::Error when `from` names neither.
 PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv);
+// The first setting of `cfg` (its arms and branches included) that only the CPU reference
+// implements so far, e.g. "precision.attention: flash_bf16 (arm 'flash')", or "" when the CUDA
+// backend runs everything the configuration asks for.
+std::string cuda_pending_setting(const RunConfig& cfg);
 
 }  // namespace mxlab

@@ -47,7 +47,8 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 // Presets and what each sets (nothing else changes):
 //   to_fp32              every role fp32 (weight_bwd, activation_bwd, attn_logits, attn_probs too), ln_affine
 //                        none, elementwise fp32; layernorm, gelu, residual, bias, ln_beta_grad at their
-//                        defaults (the lab's FP32 ops)
+//                        defaults (the lab's FP32 ops); attention exact, attention_softmax standard,
+//                        attention_delta lp (attention_tile, _beta, _eps kept)
 //   skip_ln_quant        ln_affine none
 //   bump_exponent        scale_rule floor_bump, bump clamp
 //   bump_exponent_always scale_rule floor_bump, bump always
@@ -60,6 +61,9 @@ std::string canonical_config_text(const RunConfig& cfg);  // the text config_has
 //                        nearest_away (every role), elementwise bf16 nearest_away, ln_affine bf16,
 //                        layernorm vector, gelu vector_teacher, residual fp32, bias elementwise,
 //                        ln_beta_grad false; formats, block_size and backward as they were
+//   flash_bf16           attention flash_bf16 (lab/model/README.md, "Flash attention in bf16")
+//   stabilized_softmax   attention flash_bf16, attention_softmax stabilized (the paper's Algorithm 3)
+//   delta_hp             attention flash_bf16, attention_delta hp (delta from the FP32 O)
 // (to_fp32 also sets grad_wgrad fp32.) Then `set:` applies precision fields (same names and
 // values as the precision section): first the GEMM fields gemm.fprop / gemm.dgrad / gemm.wgrad
 // (YAML `set: {gemm: {wgrad: F}}`), each setting its GEMM's two operand roles (fprop: weight,

@@ -22,6 +22,7 @@ enum class Stream : uint32_t {
   mx_label_noise = 9,  // the fresh label noise of the MX targets (data.mx_teacher_targets)
   mx_noise = 10,       // the u of precision.rounding: noise (lab/mx/README.md, "Noise instead of rounding")
   rotation_sign = 11,  // the random signs of precision.rotation: random_hadamard (lab/mx/hadamard.h)
+  token_chain = 12,    // the fixed Markov chain of data.kind: tokens (lab/train/batch.h)
 };
 
 struct U32x4 {

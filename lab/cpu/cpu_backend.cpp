@@ -14,6 +14,7 @@
 
 #include "lab/core/error.h"
 #include "lab/model/elementwise.h"
+#include "lab/model/flash_attention.h"
 #include "lab/model/instrument_elementwise.h"
 #include "lab/mx/hadamard.h"
 #include "lab/mx/quantize.h"
@@ -520,6 +521,100 @@ class CpuBackend final : public Backend {
       const float D = static_cast<float>(dot);
       for (int64_t j = 0; j < n; ++j)
         dlogits[i * n + j] = softmax_bwd_elem(probs[i * n + j], dprobs[i * n + j], D, scale, r.bf16, r.mode);
+    }
+  }
+
+  // Token networks.
+  void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                   Stream stream) override {
+    for (int64_t b = 0; b < sequences; ++b) {
+      int64_t x = 0;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t r = b * S + i;
+        ids[r] = static_cast<float>(x);
+        x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step_.step, static_cast<uint64_t>(r)).v[0]));
+        targets[r] = static_cast<float>(x);
+      }
+    }
+  }
+  static int64_t token_id(float v, int64_t vocab, int64_t row) {
+    if (!(v >= 0.0f && v < static_cast<float>(vocab)) || v != static_cast<float>(static_cast<int64_t>(v)))
+      throw Error(msg("token id ", v, " of row ", row, " is not an integer in [0, ", vocab, ")"));
+    return static_cast<int64_t>(v);
+  }
+  void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                 const ElementwiseRound& r) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* e = E + token_id(ids[i], vocab, i) * d;
+      for (int64_t c = 0; c < d; ++c) out[i * d + c] = ew_round(e[c], r.bf16, r.mode);
+    }
+  }
+  void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab) override {
+    std::vector<double> acc(static_cast<size_t>(vocab * d), 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t v = token_id(ids[i], vocab, i);
+      for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(v * d + c)] += static_cast<double>(dout[i * d + c]);
+    }
+    for (size_t j = 0; j < acc.size(); ++j) dE[j] = static_cast<float>(acc[j]);
+  }
+  void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out, float* loss_history,
+                 int64_t rows, int64_t vocab, const ElementwiseRound& r) override {
+    const float scale = kl_grad_scale(1.0f, rows);
+    std::vector<float> e(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* l = logits + i * vocab;
+      const int64_t t = token_id(target[i], vocab, i);
+      float m = l[0];
+      for (int64_t j = 1; j < vocab; ++j) m = l[j] > m ? l[j] : m;
+      double S = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) S += static_cast<double>(e[static_cast<size_t>(j)] = kl_exp(l[j], m));
+      const float ls = det_log(static_cast<float>(S));
+      total += -static_cast<double>(kl_logprob(l[t], m, ls));
+      for (int64_t j = 0; j < vocab; ++j)
+        dlogits[i * vocab + j] = xent_grad_elem(kl_prob(e[static_cast<size_t>(j)], S), j == t, scale, r.bf16, r.mode);
+    }
+    store_loss(mean_from_sum(total, rows), loss_out, loss_history);
+  }
+
+  void mask_causal(float* x, int64_t items, int64_t S) override {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < items; ++i)
+      for (int64_t r = 0; r < S; ++r)
+        for (int64_t t = r + 1; t < S; ++t) x[(i * S + r) * S + t] = neg_inf;
+  }
+
+  // Flash attention in bf16: the functions of lab/model/flash_attention.h, row by row and key by key.
+  void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                      float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                      const FlashSpec& f) override {
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    for (int64_t b = 0; b < items; ++b) {
+      const int64_t off = b * S * dh;
+      for (int64_t r = 0; r < S; ++r)
+        fa_fwd_row(q + off, k + off, v + off, S, dh, scale, f, r, o + off + r * dh, o_hp + off + r * dh,
+                   lse + b * S + r, rowmax + b * S + r, row_stats + (b * S + r) * kFlashRowStats);
+    }
+  }
+  void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                      const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    std::vector<float> part(static_cast<size_t>(dh));
+    for (int64_t b = 0; b < items; ++b) {
+      const int64_t off = b * S * dh;
+      for (int64_t r = 0; r < S; ++r) {
+        float lp, hp;
+        fa_delta_row(dout + off + r * dh, o + off + r * dh, o_hp + off + r * dh, dh, &lp, &hp);
+        delta[b * S + r] = f.delta_hp ? hp : lp;
+        delta_hp[b * S + r] = hp;
+      }
+      for (int64_t t = 0; t < S; ++t)
+        fa_bwd_key(q + off, k + off, v + off, dout + off, lse + b * S, delta + b * S, S, dh, scale, f, t,
+                   dk + off + t * dh, dv + off + t * dh);
+      for (int64_t r = 0; r < S; ++r)
+        fa_bwd_query(q + off, k + off, v + off, dout + off, lse + b * S, delta + b * S, S, dh, scale, f, r,
+                     dq + off + r * dh, part.data());
     }
   }
 

@@ -415,6 +415,60 @@ class Backend {
   virtual void residual_add_r(float* out, const float* x, const float* y, const float* bias, int64_t rows, int64_t d,
                               const ResidualRound& rr);
 
+  // ==== token networks (data.kind: tokens; lab/model/README.md "Token networks") ====
+  // ids [rows] hold token ids as floats (integers in [0, vocab)); an id outside is an mxlab::Error.
+  // The defaults throw; the CUDA backend does not have these yet.
+  // The token batch of the step (StepScalars.step): `sequences` sequences of S tokens of the fixed
+  // chain (token_successor, lab/model/elementwise.h). Sequence b: x = 0 (the BOS); for i in 0 .. S-1:
+  // ids[b*S + i] = x, x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step,
+  // b*S + i).v[0])), targets[b*S + i] = x (the next token).
+  virtual void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                           Stream stream);
+  // out[r, c] = R(E[ids[r], c]): the embedding lookup (E [vocab x d]).
+  virtual void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                         const ElementwiseRound& r);
+  // dE[v, c] = (float) double sum over the rows r with ids[r] = v, in row order, of dout[r, c] (0 for a
+  // token no row holds); written, not accumulated.
+  virtual void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab);
+  // Next-token cross-entropy of logits [rows x vocab] against target ids [rows]: per row m = max l,
+  // e_j = det_exp(l_j - m), S = double sum e_j, log p_t = (l_t - m) - det_log((float)S); loss = mean
+  // over rows of -log p_t (double sums); dlogits_j = R((e_j / S - [j == t]) / rows) (xent_grad_elem).
+  // The loss value as loss_kl writes it.
+  virtual void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out,
+                         float* loss_history, int64_t rows, int64_t vocab, const ElementwiseRound& r);
+
+  // ==== flash attention in bf16 (precision.attention: flash_bf16; lab/model/README.md "Flash attention in bf16") ====
+  // FlashAttention-2's forward and backward with bf16 tensors, as lab/model/flash_attention.h defines
+  // them element by element (every rounding point is listed there); the CPU reference runs those
+  // functions. The defaults throw (a backend that does not have them cannot run flash_bf16; the
+  // CUDA backend does not yet).
+  struct FlashSpec {
+    int64_t br = 128;         // query rows per tile (Br); changes no bit (flash_attention.h)
+    int64_t bc = 64;          // keys per tile (Bc): the online softmax's blocks
+    bool causal = false;      // query r sees keys t <= r
+    bool stabilized = false;  // the paper's Algorithm 3 (beta, eps)
+    float beta = 2.0f, eps = 1e-3f;
+    bool delta_hp = false;    // backward: delta from the FP32 O (O_hp) instead of the bf16 one
+  };
+  static constexpr int kFlashRowStats = 2;
+  // model.causal on the exact path: x [items x S x S] (attention logits) gets -inf where key t > query
+  // r (x[(i*S + r)*S + t]), the rest untouched; softmax_fwd then gives those entries P = 0 exactly.
+  // The default throws; the CUDA backend does not have it yet.
+  virtual void mask_causal(float* x, int64_t items, int64_t S);  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
+  // `items` independent (sequence, head) attentions over q, k, v [items x S x dh] (the heads layout):
+  // o [items x S x dh] the bf16 output O_lp, o_hp the FP32 O before that rounding, lse [items*S]
+  // (m + log l), rowmax [items*S] (the largest scaled logit of each row), row_stats
+  // [items*S x kFlashRowStats]. scale: the logit scale (1/sqrt(dh) as a float).
+  virtual void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                              float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                              const FlashSpec& f);
+  // The backward from the forward's o, o_hp, lse and the output gradient dout [items x S x dh]:
+  // dq, dk, dv [items x S x dh] (bf16 values), delta [items*S] the delta it used (delta_lp, or
+  // delta_hp under f.delta_hp) and delta_hp [items*S].
+  virtual void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                              const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                              float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f);
+
  private:
   std::vector<double> deferred_host_;  // the default deferred results (reduce_deferred)
 };

@@ -305,6 +305,24 @@ MXLAB_HD float kl_grad_elem(float q, float p, float scale, bool rb, Rounding rm)
   return ew_round((q - p) * scale, rb, rm);
 }
 
+// The fixed random Markov chain of data.kind: tokens (Backend::token_batch): token v has
+// kTokenSuccessors successors succ(v, j) = 1 + philox(seed, token_chain, 0, v * K + j).v[0] % (V - 1)
+// (never the BOS 0), taken for a uniform u in [0, 1) with probabilities 8/15, 4/15, 2/15, 1/15
+// (u < 8/15: j = 0; < 12/15: 1; < 14/15: 2; else 3). Sparse and skewed, so that tokens and whole
+// n-grams repeat within a sequence.
+constexpr int kTokenSuccessors = 4;
+MXLAB_HD int64_t token_successor(uint64_t seed, int64_t vocab, int64_t v, float u) {
+  const int j = u < 8.0f / 15.0f ? 0 : u < 12.0f / 15.0f ? 1 : u < 14.0f / 15.0f ? 2 : 3;
+  const uint32_t w = philox(seed, Stream::token_chain, 0, static_cast<uint64_t>(v * kTokenSuccessors + j)).v[0];
+  return 1 + static_cast<int64_t>(w % static_cast<uint32_t>(vocab - 1));
+}
+
+// Next-token cross-entropy (loss_xent): dlogit = R((q - onehot) * scale), scale = 1 / rows rounded
+// to float once (kl_grad_scale(1, rows)), q = kl_prob(e, S).
+MXLAB_HD float xent_grad_elem(float q, bool is_target, float scale, bool rb, Rounding rm) {
+  return ew_round((q - (is_target ? 1.0f : 0.0f)) * scale, rb, rm);
+}
+
 // ---- RMSNorm / MXNorm, softmax, products (attention blocks; lab/model/README.md) -------------
 
 // R(a * b): the RMSNorm gain (y = xhat * gamma), scale_cols.

@@ -70,6 +70,11 @@ void check_pass(const NetShape& s, const float* params, const Workspace& ws, con
   const PrecisionConfig& p = pol.p;
   const bool emulator_ops = p.layernorm != LnOps::fused || p.gelu != GeluOps::fused ||
                             p.residual != ResidualPrec::elementwise || p.bias != BiasPrec::fp32 || !p.ln_beta_grad;
+  if (p.flash() && !s.attention())
+    throw Error("precision.attention: flash_bf16 computes the attention sub-block: it needs model.block: attention");
+  if (p.flash() && (p.attention_tile_r < 1 || p.attention_tile_c < 1))
+    throw Error(msg("precision.attention_tile [", p.attention_tile_r, ", ", p.attention_tile_c,
+                    "] must hold two sizes >= 1"));
   if (emulator_ops && (s.attention() || s.norm == NormKind::rmsnorm || s.norm == NormKind::mxnorm))
     throw Error("precision.layernorm / gelu / residual / bias / ln_beta_grad (the paper's emulator's ops) are "
                 "implemented for MLP blocks with layernorm or no norm: leave them at their defaults for this model");
@@ -113,6 +118,10 @@ void layout(NetShape& s) {
   };
   // Gains for every norm with ln_affine; a bias (beta) for layernorm only.
   const bool gain = s.layernorm && s.ln_affine, bias = gain && s.norm == NormKind::layernorm;
+  if (s.tokens()) {
+    push("embed", ParamGroup::embed, 0, s.vocab, s.d);
+    s.groups.back().name = "embed";
+  }
   for (int k = 0; k < s.depth; ++k) {
     if (s.attention()) {
       if (gain) push("attn_gamma", ParamGroup::attn_gamma, k, 1, s.d);
@@ -126,6 +135,10 @@ void layout(NetShape& s) {
     push("W1", ParamGroup::w1, k, s.hidden_in, s.d);
     push("W2", ParamGroup::w2, k, s.d, s.hidden);
     if (s.fc2_bias) push("b2", ParamGroup::b2, k, 1, s.d);
+  }
+  if (s.tokens()) {
+    push("unembed", ParamGroup::unembed, s.depth - 1, s.vocab, s.d);
+    s.groups.back().name = "unembed";
   }
   s.num_params = off;
 }
@@ -243,6 +256,41 @@ double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, 
   return std::isfinite(m4[2]) ? m4[1] : std::numeric_limits<double>::quiet_NaN();
 }
 
+Backend::FlashSpec flash_spec(const PrecisionConfig& p, const NetShape& s) {
+  Backend::FlashSpec f;
+  f.causal = s.causal;
+  f.br = p.attention_tile_r;
+  f.bc = p.attention_tile_c;
+  f.stabilized = p.attention_softmax == AttnSoftmax::stabilized;
+  f.beta = p.attention_beta;
+  f.eps = p.attention_eps;
+  f.delta_hp = p.attention_delta == AttnDelta::hp;
+  return f;
+}
+
+FlashInstruments flash_instruments(Backend& be, const NetShape& s, const Workspace& ws, int layer) {
+  MXLAB_ASSERT(s.attention() && layer >= 0 && layer < static_cast<int>(ws.fa_stats.size()) &&
+                   ws.attn_flash[static_cast<size_t>(layer)],
+               "flash_instruments on a layer whose last forward did not run the flash kernel");
+  const size_t rows = static_cast<size_t>(ws.batch * s.heads);
+  std::vector<float> stats(rows * Backend::kFlashRowStats), delta(rows), delta_hp(rows);
+  be.download(stats.data(), ws.fa_stats[layer], stats.size());
+  be.download(delta.data(), ws.fa_delta[layer], rows);
+  be.download(delta_hp.data(), ws.fa_delta_hp[layer], rows);
+  FlashInstruments out;
+  size_t multi_max = 0, multi_one = 0;
+  double bias = 0.0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (stats[r * Backend::kFlashRowStats] > 1.0f) ++multi_max;
+    if (stats[r * Backend::kFlashRowStats + 1] > 1.0f) ++multi_one;
+    bias += static_cast<double>(delta[r]) - static_cast<double>(delta_hp[r]);
+  }
+  out.multi_max_frac = static_cast<double>(multi_max) / static_cast<double>(rows);
+  out.multi_one_frac = static_cast<double>(multi_one) / static_cast<double>(rows);
+  out.delta_bias = bias;
+  return out;
+}
+
 const char* name(StatTensor t) {
   switch (t) {
     case StatTensor::ln_out: return "ln_out";
@@ -295,6 +343,10 @@ NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t) {
 }
 
 bool stat_quantized(const PrecisionConfig& p, StatTensor t) {
+  // Under the flash kernel the attention GEMMs' operands are its bf16 tensors (never counted).
+  if (p.flash() && (t == StatTensor::attn_q || t == StatTensor::attn_k || t == StatTensor::attn_p ||
+                    t == StatTensor::attn_v || t == StatTensor::grad_ctx || t == StatTensor::grad_logits))
+    return false;
   // Gradient operands are quantized only with `backward: true`.
   const bool grad = t == StatTensor::grad_out || t == StatTensor::grad_hidden || t == StatTensor::grad_attn_out ||
                     t == StatTensor::grad_ctx || t == StatTensor::grad_logits || t == StatTensor::grad_qkv;
@@ -348,7 +400,8 @@ float mxnorm_coefficient(int p, int block) {
                   " (the paper tabulates p in {1, 2} and block in {16, 32, 64})"));
 }
 
-NetShape NetShape::student(const ModelConfig& m, int seq_len) {
+NetShape NetShape::student(const ModelConfig& m, int seq_len, int vocab) {
+  if (vocab < 0 || vocab == 1) throw Error(msg("data.vocab must be at least 2 (got ", vocab, ")"));
   check_model("model", m.depth, m.width, m.hidden_mult, m.activation);
   if (m.layernorm && !(m.ln_eps > 0.0f)) throw Error(msg("model.ln_eps must be positive (got ", m.ln_eps, ")"));
   if (!m.layernorm && (m.norm == NormKind::rmsnorm || m.norm == NormKind::mxnorm))
@@ -358,6 +411,8 @@ NetShape NetShape::student(const ModelConfig& m, int seq_len) {
   s.block = m.block;
   s.heads = m.heads;
   s.seq_len = seq_len;
+  s.causal = m.block == BlockKind::attention && m.causal;
+  s.vocab = vocab;
   s.norm = m.effective_norm();
   if (s.norm == NormKind::mxnorm) {
     s.mxnorm_p = m.mxnorm_p;
@@ -390,6 +445,7 @@ NetShape NetShape::teacher(const ModelConfig& m, const TeacherConfig& t, int seq
   s.block = t.block;
   s.heads = m.heads;
   s.seq_len = seq_len;
+  s.causal = t.block == BlockKind::attention && m.causal;  // the teacher's attention is masked alike
   s.norm = NormKind::none;
   s.depth = depth;
   s.d = m.width;
@@ -432,11 +488,19 @@ std::vector<float> init_params(const NetShape& s, InitKind init, float gain, uin
       case ParamGroup::beta:
       case ParamGroup::attn_beta:
         break;  // zeros
+      case ParamGroup::embed:
+        // nn.Embedding: N(0, 1); xavier_normal: gain * sqrt(2 / (V + d)).
+        for (int64_t i = 0; i < g.size(); ++i) {
+          const float sd = init == InitKind::pytorch ? 1.0f : gain * sqrtf_ieee(2.0f / static_cast<float>(g.rows + g.cols));
+          dst[i] = sd * randn_elem(seed, stream, step, static_cast<uint64_t>(i));
+        }
+        break;
       case ParamGroup::w1:
       case ParamGroup::w2:
       case ParamGroup::b2:
       case ParamGroup::wqkv:
       case ParamGroup::wo:
+      case ParamGroup::unembed:
       case ParamGroup::bo: {
         const bool weight = g.kind != ParamGroup::b2 && g.kind != ParamGroup::bo;
         if (init == InitKind::pytorch) {
@@ -470,7 +534,6 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
   const size_t bh1 = static_cast<size_t>(batch * s.hidden_in);
   Workspace ws;
   ws.batch = batch;
-  ws.width = s.d;
   for (int k = 0; k < s.depth; ++k) {
     ws.a_in.push_back(be.alloc(bd));
     // Without LN the W1 input is the residual stream itself: alias it, keep no xhat/rstd.
@@ -480,8 +543,14 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
     ws.h.push_back(be.alloc(bh1));
     ws.a.push_back(be.alloc(bh));
   }
-  ws.out = be.alloc(bd);
-  ws.dout = be.alloc(bd);
+  const size_t bo_n = static_cast<size_t>(batch * s.out_width());
+  ws.width = s.out_width();
+  ws.out = be.alloc(bo_n);
+  ws.dout = be.alloc(bo_n);
+  if (s.tokens()) {
+    ws.a_final = be.alloc(bd);
+    ws.d_final = be.alloc(bd);
+  }
   ws.d_ln = be.alloc(bd);
   ws.d_a = be.alloc(bh);
   ws.d_h = be.alloc(bh1);
@@ -518,6 +587,15 @@ Workspace Workspace::make(Backend& be, const NetShape& s, int64_t batch) {
     ws.d_kh = be.alloc(heads_n);
     ws.d_vh = be.alloc(heads_n);
     ws.d_probs = be.alloc(probs_n);
+    for (int k = 0; k < s.depth; ++k) {
+      ws.fa_o.push_back(be.alloc(heads_n));
+      ws.fa_o_hp.push_back(be.alloc(heads_n));
+      ws.fa_lse.push_back(be.alloc(rows_n));
+      ws.fa_stats.push_back(be.alloc(rows_n * Backend::kFlashRowStats));
+      ws.fa_delta.push_back(be.alloc(rows_n));
+      ws.fa_delta_hp.push_back(be.alloc(rows_n));
+    }
+    ws.attn_flash.assign(static_cast<size_t>(s.depth), 0);
     // The MLP sub-block reads z_k, not A_{k-1}: without a norm its W1 input is z_k itself.
     if (!s.layernorm)
       for (int k = 0; k < s.depth; ++k) ws.ln_y[k] = ws.z[k];
@@ -573,12 +651,16 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
   const OutputRounding h_round = output_rounding(R, OutputReader::one_op);
   ws.h_round = h_round.by_reader;
 
-  // A_0 = R(x) (x itself under residual: fp32)
-  be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
-  if (Rres.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), Rres.mode);
+  // A_0 = R(x) (x itself under residual: fp32); a token network: A_0 = R(E[x]), x the token ids
+  if (s.tokens()) {
+    be.embed_fwd(x, weight(0, ParamGroup::embed), ws.a_in[0], B, d, s.vocab, Rres);
+  } else {
+    be.copy(ws.a_in[0], x, static_cast<size_t>(B * d));
+    if (Rres.bf16) be.round_bf16(ws.a_in[0], static_cast<size_t>(B * d), Rres.mode);
+  }
   for (int k = 0; k < s.depth; ++k) {
     const float* A = ws.a_in[k];
-    float* next = k + 1 < s.depth ? ws.a_in[k + 1] : ws.out;
+    float* next = k + 1 < s.depth ? ws.a_in[k + 1] : (s.tokens() ? ws.a_final : ws.out);
     if (s.attention()) {  // Eq. 11: z_k = A_{k-1} + SelfAttn(LN_1(A_{k-1})); the MLP sub-block reads z_k
       attention_forward(be, s, params, k, A, ws, pol);
       A = ws.z[k];
@@ -609,6 +691,13 @@ void forward(Backend& be, const NetShape& s, const float* params, const float* x
         be.residual_add(next, A, ws.y, bias, B, d, R, o_round.by_reader);
     }
   }
+  // A token network's logits [B x V] = A_L [B x d] . U [V x d]^T (a linear layer under the roles).
+  if (s.tokens())
+    be.gemm(B, s.vocab, d,
+            ops.make(ws.a_final, Layout::k_contiguous, p.activation, Role::activation, 0, UnembedOp::x),
+            ops.make(weight(s.depth - 1, ParamGroup::unembed), Layout::k_contiguous, p.weight, Role::weight, 0,
+                     UnembedOp::w),
+            ws.out, 0.0f, R);
 }
 
 void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Workspace& ws, const PassPolicy& pol,
@@ -619,7 +708,13 @@ void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Works
   const ElementwiseRound R =
       pol.p.backward ? residual_round(pass_ops(pol.p), policy_round(pol.p)) : ElementwiseRound{};
   const int64_t B = ws.batch, d = ws.width;
+  if ((loss.kind == LossKind::xent) != (ws.a_final != nullptr))
+    throw Error(ws.a_final ? "a token network (data.kind: tokens) trains with loss: xent"
+                           : "loss: xent needs a token network (data.kind: tokens)");
   switch (loss.kind) {
+    case LossKind::xent:
+      be.loss_xent(ws.out, target, ws.dout, ws.loss, loss_history, B, d, R);
+      break;
     case LossKind::mse:
       be.loss_mse(ws.out, target, ws.dout, ws.loss, loss_history, B, d, R);
       break;
@@ -635,8 +730,8 @@ void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Works
 //   db2 = sum dA;  dW2 = dA^T a;  da = dA W2;  dh = da * act'(h);  dW1 = dh^T y;  dy = dh W1;
 //   dA = dA + LN'(dy)
 // then the attention sub-block's backward under Eq. 11. The fused plan as in forward().
-void backward(Backend& be, const NetShape& s, const float* params, const float* /*x: the forward saved R(x)*/,
-              Workspace& ws, float* grads, const PassPolicy& pol) {
+void backward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws, float* grads,
+              const PassPolicy& pol) {
   check_pass(s, params, ws, pol);
   check_rotation(s, ws.batch, pol.p, true);
   MXLAB_ASSERT(grads != nullptr, "backward without a gradient buffer");
@@ -655,6 +750,17 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
   auto weight = [&](int k, ParamGroup::Kind kind) { return params + group(s, k, kind).offset; };
 
   float* dA = ws.dout;  // gradient of the residual stream leaving block k (consumed in place)
+  if (s.tokens()) {
+    // The unembedding: dU [V x d] = dlogits^T A_L (over the batch), dA_L [B x d] = dlogits U (over V).
+    const ParamGroup& gu = group(s, s.depth - 1, ParamGroup::unembed);
+    be.gemm(s.vocab, d, B, ops.make(ws.dout, Layout::k_strided, g_wgrad, Role::grad_wgrad, 0, UnembedOp::dw_dy),
+            ops.make(ws.a_final, Layout::k_strided, x_bwd, Role::activation, 0, UnembedOp::dw_x), grads + gu.offset,
+            0.0f, R);
+    be.gemm(B, d, s.vocab, ops.make(ws.dout, Layout::k_contiguous, p.grad, Role::grad, 0, UnembedOp::dx_dy),
+            ops.make(params + gu.offset, Layout::k_strided, w_bwd, Role::weight, 0, UnembedOp::dx_w), ws.d_final, 0.0f,
+            residual_round(po, R));
+    dA = ws.d_final;
+  }
   // The block's GEMM operands, named by their GEMM (wgrad GEMMs reduce over the batch, dgrad GEMMs
   // over the output axis of the forward GEMM).
   auto dw2_dy = [&](int k) { return ops.make(dA, Layout::k_strided, g_wgrad, Role::grad_wgrad, k, OpId::dw2_dy); };
@@ -733,6 +839,8 @@ void backward(Backend& be, const NetShape& s, const float* params, const float* 
                                 dy_round.by_reader, dA_q, po);
     if (s.attention()) attention_backward(be, s, params, k, dA, ws, grads, pol);
   }
+  // A token network's embedding: dE[v] = sum over the rows r with x_r = v of dA_0[r] (dA is A_0's gradient now).
+  if (s.tokens()) be.embed_bwd(x, dA, grads + group(s, 0, ParamGroup::embed).offset, B, d, s.vocab);
 }
 
 ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {

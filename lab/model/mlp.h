@@ -18,7 +18,8 @@ namespace mxlab {
 struct ParamGroup {
   std::string name;  // "layer0.gamma", "layer0.beta", "layer0.W1", "layer0.W2", "layer0.b2"; attention
                      // blocks also "layer0.attn_gamma", "layer0.attn_beta", "layer0.Wqkv", "layer0.Wo", "layer0.bo"
-  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2, attn_gamma, attn_beta, wqkv, wo, bo } kind;
+  // Token networks (vocab > 0) add "embed" [V x d] (first) and "unembed" [V x d] (last).
+  enum Kind : uint8_t { gamma = 0, beta, w1, w2, b2, attn_gamma, attn_beta, wqkv, wo, bo, embed, unembed } kind;
   int layer = 0;
   int64_t offset = 0;  // in floats
   int64_t rows = 0, cols = 0;  // W1: [H1 x d], W2: [d x H], Wqkv: [3d x d] (rows Q | K | V), Wo: [d x d],
@@ -42,14 +43,20 @@ struct NetShape {
   BlockKind block = BlockKind::mlp;
   int heads = 1;
   int seq_len = 1;        // tokens per sequence (attention mixes the tokens of one sequence)
+  bool causal = false;    // model.causal: attention sees a sequence's earlier tokens and itself only
+  int vocab = 0;          // > 0: a token network (data.kind: tokens): ids in, token embedding E [V x d],
+                          // the blocks, unembedding logits = A_L U^T [rows x V], cross-entropy loss
   std::vector<ParamGroup> groups;
   int64_t num_params = 0;
 
-  // seq_len: data.seq_len (matters for attention blocks only; an MLP treats every token alone).
-  static NetShape student(const ModelConfig& m, int seq_len = 1);
+  // seq_len: data.seq_len (matters for attention blocks only; an MLP treats every token alone);
+  // vocab: RunConfig::vocab() (0: the regression student of Gaussian data).
+  static NetShape student(const ModelConfig& m, int seq_len = 1, int vocab = 0);
   static NetShape teacher(const ModelConfig& m, const TeacherConfig& t, int seq_len = 1);
   const ParamGroup* find(int layer, ParamGroup::Kind kind) const;  // null when absent
   bool attention() const { return block == BlockKind::attention; }
+  bool tokens() const { return vocab > 0; }
+  int out_width() const { return tokens() ? vocab : d; }  // columns of the output (logits) and the loss
   int head_dim() const { return d / heads; }
 };
 
@@ -102,7 +109,8 @@ const char* name(StatTensor t);
 // lists the first six only, so its files are what they were before attention existed).
 std::vector<StatTensor> stat_tensors(const NetShape& s);
 // Whether policy `p` MX-quantizes tensor `t` (else its statistics are a diagnostic under
-// p.diagnostic_format), and the format of the role it belongs to.
+// p.diagnostic_format, or, for the attention GEMMs' operands under precision.attention:
+// flash_bf16, not counted at all), and the format of the role it belongs to.
 bool stat_quantized(const PrecisionConfig& p, StatTensor t);
 NumFmt stat_role_format(const PrecisionConfig& p, StatTensor t);
 
@@ -120,8 +128,11 @@ struct Workspace {
   // backward under another policy still reads h as that forward left it.
   ElementwiseRound h_round;
   std::vector<float*> a;      // [L] activation                          [B x H]
-  float* out = nullptr;       // network output                          [B x d]
-  float* dout = nullptr;      // loss gradient / residual-stream gradient [B x d]
+  float* out = nullptr;       // network output                          [B x d] (token networks: logits [B x V])
+  float* dout = nullptr;      // loss gradient / residual-stream gradient [B x d] (token networks: [B x V])
+  // Token networks: the residual stream leaving the last block and its gradient [B x d] (else null).
+  float* a_final = nullptr;
+  float* d_final = nullptr;
   float* d_ln = nullptr;      // gradient scratch                        [B x d]
   float* d_a = nullptr;       //                                         [B x H]
   float* d_h = nullptr;       //                                         [B x H1]
@@ -150,6 +161,15 @@ struct Workspace {
   float* d_kh = nullptr;
   float* d_vh = nullptr;
   float* d_probs = nullptr;       // dP, then dS                                [nb*h x S x S]
+  // Flash attention (precision.attention: flash_bf16; rows = nb*h*S query rows), per layer:
+  std::vector<float*> fa_o;       // [L] O_lp, the bf16 output, heads layout    [B x d]
+  std::vector<float*> fa_o_hp;    // [L] O_hp, the FP32 O before its rounding   [B x d]
+  std::vector<float*> fa_lse;     // [L] m + log l per row                      [rows]
+  std::vector<float*> fa_stats;   // [L] per row: keys attaining its max, bf16 P-bar entries equal to 1
+                                  //     [rows x Backend::kFlashRowStats]
+  std::vector<float*> fa_delta;   // [L] the delta the last backward used       [rows]
+  std::vector<float*> fa_delta_hp;  // [L] delta_hp = rowsum(dO o O_hp) of it  [rows]
+  std::vector<char> attn_flash;   // [L] the last forward ran the flash kernel (its backward must too)
   // batch: rows (tokens) of one pass; a multiple of s.seq_len.
   static Workspace make(Backend& be, const NetShape& s, int64_t batch);
 };
@@ -162,11 +182,12 @@ struct Workspace {
 std::string rotation_problem(const NetShape& s, int64_t tokens, const PrecisionConfig& p, bool backward);
 
 // Forward pass: ws.out = net(x). `params` is the flat buffer. For the teacher, policy is FP32.
+// A token network reads x as token ids [B] (floats holding integers in [0, V)) and writes logits.
 void forward(Backend& be, const NetShape& s, const float* params, const float* x, Workspace& ws,
              const PassPolicy& pol);
 
 // Loss of ws.out against target, its gradient into ws.dout (loss value into ws.loss[0] and,
-// when loss_history != null, loss_history[step]).
+// when loss_history != null, loss_history[step]). xent: target holds the next token ids [B].
 void loss_and_grad(Backend& be, const LossSpec& loss, const float* target, Workspace& ws, const PassPolicy& pol,
                    float* loss_history);
 
@@ -197,5 +218,19 @@ void snap_norm_affine(Backend& be, const NetShape& S, float* params, const PassP
 // The largest scaled attention logit (scale * q.k, the softmax input) of layer `layer` in the
 // last forward pass run on `ws` (attention blocks only; synchronises). NaN when non-finite.
 double attention_logit_max(Backend& be, const NetShape& s, const Workspace& ws, int layer);
+
+// The flash kernel's settings under policy `p` (precision.attention_tile, _softmax, _beta, _eps,
+// _delta) for network `s`.
+Backend::FlashSpec flash_spec(const PrecisionConfig& p, const NetShape& s);
+
+// The flash instruments of layer `layer` from the last forward and backward on `ws` under
+// precision.attention: flash_bf16 (lab/train/SCHEMA.md; synchronises): the fraction of query rows
+// whose largest scaled logit is attained by more than one key, the fraction of rows with more than
+// one bf16 P-bar entry equal to 1, and sum over every row of (delta - delta_hp) (delta the one the
+// backward used: 0 exactly under attention_delta: hp), a double sum in row order.
+struct FlashInstruments {
+  double multi_max_frac = 0.0, multi_one_frac = 0.0, delta_bias = 0.0;
+};
+FlashInstruments flash_instruments(Backend& be, const NetShape& s, const Workspace& ws, int layer);
 
 }  // namespace mxlab

@@ -46,6 +46,9 @@ void PrecisionConfig::make_fp32() {
   bias = BiasPrec::fp32;
   ln_beta_grad = true;
   rotation = {Rotation::none, Rotation::none, Rotation::none};
+  attention = AttnImpl::exact;
+  attention_softmax = AttnSoftmax::standard;
+  attention_delta = AttnDelta::lp;
 }
 
 PrecisionConfig PrecisionConfig::fp32() {
@@ -58,7 +61,7 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.depth == b.depth && a.width == b.width && a.hidden_mult == b.hidden_mult && a.activation == b.activation &&
          a.layernorm == b.layernorm && a.ln_affine == b.ln_affine && a.ln_eps == b.ln_eps && a.fc2_bias == b.fc2_bias &&
          a.init == b.init && a.init_gain == b.init_gain && a.block == b.block && a.heads == b.heads &&
-         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block;
+         a.norm == b.norm && a.mxnorm_p == b.mxnorm_p && a.mxnorm_block == b.mxnorm_block && a.causal == b.causal;
 }
 
 bool operator==(const TeacherConfig& a, const TeacherConfig& b) {
@@ -78,7 +81,11 @@ bool operator==(const PrecisionConfig& a, const PrecisionConfig& b) {
          a.elementwise_rounding == b.elementwise_rounding &&
          a.diagnostic_format == b.diagnostic_format && a.attn_logits == b.attn_logits && a.attn_probs == b.attn_probs &&
          a.layernorm == b.layernorm && a.gelu == b.gelu && a.residual == b.residual && a.bias == b.bias &&
-         a.ln_beta_grad == b.ln_beta_grad && a.rotation == b.rotation && a.rotation_block == b.rotation_block;
+         a.ln_beta_grad == b.ln_beta_grad && a.rotation == b.rotation && a.rotation_block == b.rotation_block &&
+         a.attention == b.attention && a.attention_tile_r == b.attention_tile_r &&
+         a.attention_tile_c == b.attention_tile_c && a.attention_softmax == b.attention_softmax &&
+         a.attention_beta == b.attention_beta && a.attention_eps == b.attention_eps &&
+         a.attention_delta == b.attention_delta;
 }
 
 }  // namespace mxlab

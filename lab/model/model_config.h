@@ -12,7 +12,7 @@
 
 namespace mxlab {
 
-enum class LossKind : uint8_t { mse = 0, kl };
+enum class LossKind : uint8_t { mse = 0, kl, xent };  // xent: next-token cross-entropy (data.kind: tokens)
 enum class InitKind : uint8_t { pytorch = 0, xavier_normal };
 // Residual block of the student (and, with teacher.block, of the teacher): the paper's Eq. 1
 // MLP block, or Eq. 11's self-attention sub-block followed by the MLP sub-block (appendix D).
@@ -36,6 +36,7 @@ struct ModelConfig {
   NormKind norm = NormKind::layernorm;  // with layernorm: false there is no norm (see effective_norm)
   int mxnorm_p = 2;            // MXNorm power mean of the block absmaxes: 1 | 2
   int mxnorm_block = 32;       // MXNorm block length along the width (16 | 32 | 64)
+  bool causal = false;         // attention blocks: query r of a sequence sees keys t <= r only
 
   // The norm the model applies: `norm`, or none when `layernorm` is false.
   NormKind effective_norm() const { return layernorm ? norm : NormKind::none; }
@@ -71,6 +72,14 @@ constexpr int kLinearGemms = 3;
 // rotated along its reduction axis before quantization by a block Hadamard matrix, after a random
 // +-1 diagonal for random_hadamard.
 enum class Rotation : uint8_t { none = 0, hadamard, random_hadamard };
+// How the attention sub-block computes softmax(scale Q K^T) V (lab/model/README.md, "Flash
+// attention in bf16"): exact = the lab's two GEMMs and row softmax under the policy's roles;
+// flash_bf16 = a CPU reference of FlashAttention-2's kernel in bf16 (tiles, online softmax, S and
+// P-bar in FP32, P-bar, V, O in bf16), the numerics whose rounding bias the flash-attention paper
+// traces (Qiu & Yao).
+enum class AttnImpl : uint8_t { exact = 0, flash_bf16 };                // precision.attention
+enum class AttnSoftmax : uint8_t { standard = 0, stabilized };          // precision.attention_softmax
+enum class AttnDelta : uint8_t { lp = 0, hp };                          // precision.attention_delta
 
 // DESIGN.md section 4. Roles name a NumFmt; `same` in YAML resolves weight_bwd/activation_bwd/
 // grad_wgrad. By GEMM of a linear layer: Fprop Y = X W^T reads (activation, weight), Dgrad
@@ -116,6 +125,14 @@ struct PrecisionConfig {
   // three, or `rotation: {fprop: M, dgrad: M, wgrad: M}`), with blocks of rotation_block along K.
   std::array<Rotation, kLinearGemms> rotation = {Rotation::none, Rotation::none, Rotation::none};
   int rotation_block = 32;
+  // Attention numerics (model.block: attention; lab/model/README.md, "Flash attention in bf16"):
+  AttnImpl attention = AttnImpl::exact;
+  int attention_tile_r = 128;             // flash_bf16: Br (query rows per tile)
+  int attention_tile_c = 64;              // flash_bf16: Bc (keys per tile): the online softmax's blocks
+  AttnSoftmax attention_softmax = AttnSoftmax::standard;  // stabilized: the paper's Algorithm 3
+  float attention_beta = 2.0f;            // Algorithm 3's beta (> 1): m = beta r_m for a repeated positive max
+  float attention_eps = 1e-3f;            // Algorithm 3's epsilon: entries within it of the row max are ties
+  AttnDelta attention_delta = AttnDelta::lp;  // hp: delta = rowsum(dO o O) from the FP32 O, not the bf16 one
 
   NumFmt weight_bwd_fmt() const { return weight_bwd.value_or(weight); }
   NumFmt activation_bwd_fmt() const { return activation_bwd.value_or(activation); }
@@ -131,8 +148,10 @@ struct PrecisionConfig {
   // format other than fp32, or bf16 element-wise rounding): rotating two FP32 operands would
   // only add rounding to an FP32 product.
   bool rotates(Gemm g) const;
-  // Every role FP32, no bf16 element-wise rounding, the lab's own (fused) ops and no rotation; the
-  // block sizes, scale rule and roundings are left as they are. The `to_fp32` intervention preset.
+  bool flash() const { return attention == AttnImpl::flash_bf16; }
+  // Every role FP32, no bf16 element-wise rounding, the lab's own (fused) ops, no rotation and exact
+  // attention (standard softmax, delta from O); the block sizes, scale rule, roundings and the flash
+  // tile, beta and epsilon are left as they are. The `to_fp32` intervention preset.
   void make_fp32();
   // The all-FP32 policy of the reference trajectory and the shadow pass: make_fp32() of the
   // defaults.

@@ -78,6 +78,18 @@ template <class Op>
 Op gemm_first_operand(Op op) {
   return static_cast<Op>(static_cast<int>(op) & ~1);
 }
+// The unembedding GEMM of a token network (logits = A_L U^T) and its backward, above every
+// layer's ids.
+enum class UnembedOp : int {
+  x = 0, w,     // forward logits = A_L U^T
+  dw_dy, dw_x,  // wgrad dU = dlogits^T A_L
+  dx_dy, dx_w,  // dgrad dA_L = dlogits U
+};
+constexpr uint64_t kUnembedOpBase = uint64_t{1} << 41;
+inline uint64_t op_id(int /*layer*/, UnembedOp op) { return kUnembedOpBase + static_cast<uint64_t>(op) + 1; }
+// The token network's unembedding is not one of the layers' linear GEMMs precision.rotation names:
+// never rotated (its Dgrad reduces over the vocabulary, which need not be a multiple of the block).
+inline std::optional<Gemm> linear_gemm(UnembedOp) { return std::nullopt; }
 
 using Role = PrecisionConfig::Role;
 

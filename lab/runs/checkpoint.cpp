@@ -162,6 +162,11 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
       << "\n" << k << "cross_sq_avg_weight=" << hexfloat(t.cross_sq_avg_weight) << "\n" << k << "rows_logged=" << t.rows_logged
       << "\n" << k << "last_loss=" << hexfloat(t.last_loss) << "\n" << k << "max_bias_ratio="
       << hexfloat(t.max_bias_ratio) << "\n" << k << "max_gamma_lastbin=" << hexfloat(t.max_gamma_lastbin) << "\n";
+    if (!t.delta_bias_cumsum.empty()) {  // added later: absent while empty
+      h << k << "delta_bias_cumsum=";
+      for (size_t l = 0; l < t.delta_bias_cumsum.size(); ++l) h << (l ? "," : "") << hexfloat(t.delta_bias_cumsum[l]);
+      h << "\n";
+    }
     h << k << "group=" << t.h5_group << "\n";  // what load_checkpoint matches (kind and name)
   }
   const std::string header = h.str();
@@ -242,6 +247,15 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     t.last_loss = std::strtod(h[k + "last_loss"].c_str(), nullptr);
     t.max_bias_ratio = std::strtod(h[k + "max_bias_ratio"].c_str(), nullptr);
     t.max_gamma_lastbin = std::strtod(h[k + "max_gamma_lastbin"].c_str(), nullptr);
+    t.delta_bias_cumsum.clear();
+    if (h.count(k + "delta_bias_cumsum")) {
+      const std::string& list = h[k + "delta_bias_cumsum"];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        t.delta_bias_cumsum.push_back(std::strtod(list.substr(at, comma - at).c_str(), nullptr));
+        at = comma + 1;
+      }
+    }
     tr.upload(t.params, take(np));
     tr.upload(t.m, take(np));
     tr.upload(t.v, take(np));

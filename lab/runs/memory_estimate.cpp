@@ -38,7 +38,7 @@ LD student_params(const RunConfig& cfg) {
   const LD d = m.width;
   LD per_layer = (h + h1) * d;
   if (m.block == BlockKind::attention) per_layer += 4 * d * d;
-  return per_layer * static_cast<LD>(m.depth);
+  return per_layer * static_cast<LD>(m.depth) + 2 * static_cast<LD>(cfg.vocab()) * d;  // + embedding, unembedding
 }
 
 // Teacher parameters: at least one [width x d] matrix per block.
@@ -59,7 +59,7 @@ LD pass_activations(const RunConfig& cfg) {
   LD per_layer = rows * (static_cast<LD>(m.width) + h + h1);
   if (m.block == BlockKind::attention)
     per_layer += static_cast<LD>(cfg.data.batch) * m.heads * static_cast<LD>(cfg.data.seq_len) * cfg.data.seq_len;
-  return per_layer * static_cast<LD>(m.depth);
+  return per_layer * static_cast<LD>(m.depth) + 2 * rows * static_cast<LD>(cfg.vocab());  // + logits, their gradient
 }
 
 // MX arms of a run (no `arms:` is the one arm `mx`); `arms` > 0 overrides.

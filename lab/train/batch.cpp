@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lab/core/error.h"
+
 namespace mxlab {
 
 namespace {
@@ -21,6 +23,10 @@ std::vector<float> teacher_params_host(const RunConfig& cfg, const NetShape& tea
 
 void make_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params, float* x,
                 Workspace& teacher_ws) {
+  if (cfg.data.kind == DataKind::tokens) {  // no teacher: the next tokens are the targets
+    be.token_batch(x, teacher_ws.out, cfg.data.batch, cfg.data.seq_len, cfg.data.vocab, cfg.seed, Stream::data);
+    return;
+  }
   const size_t n = static_cast<size_t>(teacher_ws.batch * cfg.model.width);
   be.randn(x, n, cfg.seed, Stream::data, 1.0f);
   forward(be, teacher, teacher_params, x, teacher_ws, fp32_policy(cfg));
@@ -40,10 +46,18 @@ void make_mx_targets(Backend& be, const RunConfig& cfg, const NetShape& teacher,
 void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
                       int64_t rows, float* x, float* y) {
   const size_t n = static_cast<size_t>(rows * cfg.model.width);
-  Workspace tws = Workspace::make(be, teacher, rows);
   StepScalars s;
   s.step = 0;
   be.set_step(s);
+  if (cfg.data.kind == DataKind::tokens) {
+    if (rows % cfg.data.seq_len != 0)
+      throw Error(msg("log.probe_batch = ", rows, " is not a whole number of sequences of data.seq_len = ",
+                      cfg.data.seq_len));
+    be.token_batch(x, y, rows / cfg.data.seq_len, cfg.data.seq_len, cfg.data.vocab, cfg.seed, Stream::probe);
+    be.synchronize();
+    return;
+  }
+  Workspace tws = Workspace::make(be, teacher, rows);
   be.randn(x, n, cfg.seed, Stream::probe, 1.0f);
   forward(be, teacher, teacher_params, x, tws, fp32_policy(cfg));
   be.copy(y, tws.out, n);

@@ -16,7 +16,9 @@ std::vector<float> teacher_params_host(const RunConfig& cfg, const NetShape& tea
 
 // The batch of the current step (StepScalars.step must already be the step): x = N(0, 1) from
 // (seed, data, step) into `x` [B x d]; target = teacher(x) + label_noise * N(0, 1) from (seed,
-// label_noise, step) into teacher_ws.out.
+// label_noise, step) into teacher_ws.out. data.kind: tokens: Backend::token_batch from (seed, data,
+// step): the token ids into x [B], the next tokens into teacher_ws.out [B] (the teacher is not run;
+// there is no label noise).
 void make_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params, float* x,
                 Workspace& teacher_ws);
 
@@ -27,7 +29,8 @@ void make_mx_targets(Backend& be, const RunConfig& cfg, const NetShape& teacher,
                      const float* x, Workspace& teacher_ws, const PassPolicy& pol, float* target);
 
 // The probe batch of `rows` rows: x from (seed, probe) with counter word 0, y = teacher(x) +
-// label noise from word 1. Sets StepScalars (to words 0 and 1) and synchronises.
+// label noise from word 1. Sets StepScalars (to words 0 and 1) and synchronises. data.kind: tokens:
+// token_batch from (seed, probe, 0), ids into x [rows], next tokens into y [rows].
 void make_probe_batch(Backend& be, const RunConfig& cfg, const NetShape& teacher, const float* teacher_params,
                       int64_t rows, float* x, float* y);
 

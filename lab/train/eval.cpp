@@ -48,7 +48,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
   if (!f.is_group(dir))
     throw Error(msg(run_file, " has no snapshot of '", trajectory, "' at step ", step,
                     " (mxlab export --snapshot lists none? run with log.snapshot_steps: [", step, "])"));
-  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len);
+  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len, cfg.vocab());
   const NetShape T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
   std::vector<float> params(static_cast<size_t>(S.num_params));
   for (const ParamGroup& g : S.groups) {
@@ -64,7 +64,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
     if (!f.is_dataset("snapshots/probe_x")) throw Error(msg(run_file, " holds no probe batch (snapshots/probe_x)"));
     px = read_floats(f, "snapshots/probe_x");
     py = read_floats(f, "snapshots/probe_y");
-    rows = static_cast<int64_t>(px.size()) / d;
+    rows = static_cast<int64_t>(px.size()) / (cfg.vocab() > 0 ? 1 : d);  // token ids: one per row
   }
 
   float* p = be.alloc(params.size());
@@ -84,7 +84,7 @@ std::vector<EvalRow> eval_snapshot(Backend& be, const std::string& run_file, con
       // The MX trajectory's own targets (the teacher under its policy, fresh noise).
       make_mx_targets(be, cfg, T, tpd, x, tws, PassPolicy{own, cfg.seed}, y);
     } else {
-      be.copy(y, tws.out, static_cast<size_t>(rows * d));
+      be.copy(y, tws.out, static_cast<size_t>(rows * (cfg.vocab() > 0 ? 1 : d)));
     }
   } else {
     be.upload(x, px.data(), px.size());

@@ -96,6 +96,16 @@ inline constexpr Metric clamped{"{tensor}_clamped", S::per_layer, R::logged, H::
                                 "fraction of the tensor's elements clamped by the quantizer"};
 inline constexpr Metric attn_logit_max{"attn_logit_max", S::per_layer, R::logged, H::all, W::attention, F::none,
                                        "largest scaled attention logit of each layer on the step's batch"};
+// The flash kernel's instruments (precision.attention: flash_bf16; NaN for a trajectory whose
+// attention is exact at that step).
+inline constexpr Metric attn_multi_max_frac{"attn_multi_max_frac", S::per_layer, R::logged, H::all, W::attention,
+                                            F::none, "fraction of rows of S whose maximum is attained more than once"};
+inline constexpr Metric attn_multi_one_frac{"attn_multi_one_frac", S::per_layer, R::logged, H::all, W::attention,
+                                            F::none, "fraction of rows with more than one bf16 P-bar entry equal to 1"};
+inline constexpr Metric attn_delta_bias{"attn_delta_bias", S::per_layer, R::logged, H::all, W::attention, F::none,
+                                        "sum over the rows of delta - delta_hp (the flash backward's delta bias)"};
+inline constexpr Metric attn_delta_bias_cumsum{"attn_delta_bias_cumsum", S::per_layer, R::logged, H::all,
+                                               W::attention, F::none, "running sum of attn_delta_bias over the rows"};
 // Clamp debt: the stored FP32 parameters the step's forward pass used against what it made of them.
 inline constexpr Metric gap_mean{"{tensor}_gap_mean", S::per_layer, R::logged, H::all, W::norm_gain, F::norm_gain,
                                  "mean over the layer's elements of |x - Q(x)| / |x|"};
@@ -199,7 +209,7 @@ inline constexpr const Metric* kAll[] = {
     &bias_ratio, &cosine, &bias_ratio_avg, &bias_ratio_group, &cosine_group, &eps_norm, &gbar_norm, &gtilde_norm,
     &eps_norm_group, &gbar_norm_group, &gtilde_norm_group, &eps_par, &eps_perp, &shadow_loss, &cross_ratio,
     &cross_cosine, &cross_ratio_sq, &cross_ratio_sq_avg, &weight_distance,
-    &attn_logit_max,
+    &attn_logit_max, &attn_multi_max_frac, &attn_multi_one_frac, &attn_delta_bias, &attn_delta_bias_cumsum,
     &gap_mean, &gap_max, &above_frac, &weight_gap_mean, &weight_above_frac,
     &shadow_step, &shadow_bias_ratio, &shadow_cosine, &shadow_cross_ratio, &shadow_cross_ratio_sq, &shadow_eps_norm,
     &shadow_gbar_norm, &shadow_gtilde_norm, &shadow_eps_par, &shadow_eps_perp, &shadow_fp32_loss,

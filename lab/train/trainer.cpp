@@ -37,7 +37,7 @@ bool live(const Trajectory& t) { return t.started && !t.stopped && !t.dormant &&
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Backend& be, MetricSink& sink) : cfg_(cfg), be_(be), sink_(sink) {
-  shape_ = NetShape::student(cfg_.model, cfg_.data.seq_len);
+  shape_ = NetShape::student(cfg_.model, cfg_.data.seq_len, cfg_.vocab());
   teacher_shape_ = NetShape::teacher(cfg_.model, cfg_.teacher, cfg_.data.seq_len);
   bias_every_ = cfg_.log.bias_every > 0 ? cfg_.log.bias_every : cfg_.log.log_every;
   const int64_t B = cfg_.tokens();
@@ -192,6 +192,7 @@ void Trainer::start_branches() {
     br.bias_avg_weight = base.bias_avg_weight;
     br.cross_sq_avg = base.cross_sq_avg;
     br.cross_sq_avg_weight = base.cross_sq_avg_weight;
+    br.delta_bias_cumsum = base.delta_bias_cumsum;
     if (br.snap_gamma) {
       // Stored gamma/beta := the values the arm's forward pass used (under the arm's policy, the
       // step's stochastic stream); the branch's gradient buffer is free scratch here.
@@ -633,10 +634,27 @@ void Trainer::add_quant_stat_metrics(Trajectory& tr, int index, const std::vecto
   }
 }
 
-void Trainer::add_attention_metrics(const Trajectory& tr, MetricRow& row) {
-  std::vector<double> logit_max(cfg_.model.depth);
-  for (int l = 0; l < cfg_.model.depth; ++l) logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
+// The attention logits' maxima and, for layers whose last forward ran the flash kernel, its
+// instruments (NaN elsewhere); the running sum of the delta bias goes on across logged rows.
+void Trainer::add_attention_metrics(Trajectory& tr, MetricRow& row) {
+  const int layers = cfg_.model.depth;
+  std::vector<double> logit_max(layers), multi_max(layers, kNaN), multi_one(layers, kNaN), bias(layers, kNaN),
+      cumsum(layers, kNaN);
+  tr.delta_bias_cumsum.resize(static_cast<size_t>(layers), 0.0);
+  for (int l = 0; l < layers; ++l) {
+    logit_max[l] = attention_logit_max(be_, shape_, tr.ws, l);
+    if (!tr.ws.attn_flash[static_cast<size_t>(l)]) continue;
+    const FlashInstruments f = flash_instruments(be_, shape_, tr.ws, l);
+    multi_max[l] = f.multi_max_frac;
+    multi_one[l] = f.multi_one_frac;
+    bias[l] = f.delta_bias;
+    cumsum[l] = tr.delta_bias_cumsum[static_cast<size_t>(l)] += f.delta_bias;
+  }
   row.add(metric::attn_logit_max, std::move(logit_max));
+  row.add(metric::attn_multi_max_frac, std::move(multi_max));
+  row.add(metric::attn_multi_one_frac, std::move(multi_one));
+  row.add(metric::attn_delta_bias, std::move(bias));
+  row.add(metric::attn_delta_bias_cumsum, std::move(cumsum));
 }
 
 Trainer::WeightSums Trainer::reduce_weights() {
@@ -949,7 +967,7 @@ void Trainer::open_output() {
     if (!t->muted) sink_.open_group(t->h5_group, group_attrs(*t), dataset_attrs(*t));
   // The probe batch, once (the same for every trajectory and step), when snapshots are taken.
   if (probe_x_ && (cfg_.log.snapshot_every > 0 || !cfg_.log.snapshot_steps.empty())) {
-    const int64_t d = cfg_.model.width;
+    const int64_t d = cfg_.vocab() > 0 ? 1 : cfg_.model.width;  // token ids: one column
     sink_.write_array("snapshots/probe_x", probe_rows_, d, download(probe_x_, static_cast<size_t>(probe_rows_ * d)));
     sink_.write_array("snapshots/probe_y", probe_rows_, d, download(probe_y_, static_cast<size_t>(probe_rows_ * d)));
   }

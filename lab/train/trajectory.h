@@ -65,6 +65,8 @@ struct Trajectory {
   // Largest logged bias_ratio and gamma last-bin fraction (summary attributes; NaN = none yet).
   double max_bias_ratio = std::numeric_limits<double>::quiet_NaN();
   double max_gamma_lastbin = std::numeric_limits<double>::quiet_NaN();
+  // Per layer: the running sum of the logged attn_delta_bias (flash attention; empty until set).
+  std::vector<double> delta_bias_cumsum;
 };
 
 }  // namespace mxlab

@@ -70,10 +70,18 @@ RunConfig every_field_changed() {
   c.model.norm = NormKind::none;  // layernorm: false names no other norm
   c.model.mxnorm_p = 1;
   c.model.mxnorm_block = 64;
+  c.model.causal = true;
   c.teacher.block = BlockKind::attention;
   c.data.seq_len = 16;             // a multiple of block_size (attention)
-  c.precision.attn_logits = NumFmt::mxfp8_e5m2;
+  c.precision.attn_logits = NumFmt::bf16;  // the flash kernel's (flash_bf16 takes same or bf16)
   c.precision.attn_probs = NumFmt::bf16;
+  c.precision.attention = AttnImpl::flash_bf16;
+  c.precision.attention_tile_r = 16;
+  c.precision.attention_tile_c = 8;
+  c.precision.attention_softmax = AttnSoftmax::stabilized;
+  c.precision.attention_beta = 4.0f;
+  c.precision.attention_eps = 0.0625f;
+  c.precision.attention_delta = AttnDelta::hp;
   c.teacher.depth = 2;
   c.teacher.width = 48;
   c.teacher.activation = Act::relu;
@@ -232,7 +240,9 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   // Keys the attention fixture cannot change (a config error there) are changed below on MLP
   // configs of their own.
   const std::set<std::string> mlp_only = {"log.curvature_every", "precision.layernorm", "precision.gelu",
-                                          "precision.residual", "precision.bias", "precision.ln_beta_grad"};
+                                          "precision.residual", "precision.bias", "precision.ln_beta_grad",
+                                          // token data (no teacher: the fixture's mx_teacher_targets and KL loss)
+                                          "data.kind", "data.vocab"};
   for (const auto& [k, v] : dl) {
     if (!mlp_only.count(k)) {
       EXPECT_NE(v, cl.at(k)) << k << " is unchanged in every_field_changed()";
@@ -253,6 +263,13 @@ TEST(Config, DumpThenLoadGivesTheSameStruct) {
   RunConfig bad_emu = c;
   bad_emu.precision.layernorm = LnOps::vector;
   EXPECT_THROW(validate_config(bad_emu), Error);  // attention: the emulator's ops are MLP-only
+  RunConfig tok;  // token data: next-token cross-entropy
+  tok.data.kind = DataKind::tokens;
+  tok.data.vocab = 100;
+  tok.loss = LossKind::xent;
+  const auto tl = dump_leaves(dump_config(tok));
+  for (const char* k : {"data.kind", "data.vocab"}) EXPECT_NE(tl.at(k), dl.at(k)) << k;
+  EXPECT_TRUE(config_from_yaml_string(dump_config(tok), "dump.yaml") == tok);
   RunConfig curv;
   curv.log.curvature_every = 50;
   const std::string ct = dump_config(curv);
@@ -492,6 +509,13 @@ std::vector<std::string> changed_fields(const PrecisionConfig& a, const Precisio
   if (a.residual != b.residual) d.push_back("residual");
   if (a.bias != b.bias) d.push_back("bias");
   if (a.ln_beta_grad != b.ln_beta_grad) d.push_back("ln_beta_grad");
+  if (a.attention != b.attention) d.push_back("attention");
+  if (a.attention_tile_r != b.attention_tile_r || a.attention_tile_c != b.attention_tile_c)
+    d.push_back("attention_tile");
+  if (a.attention_softmax != b.attention_softmax) d.push_back("attention_softmax");
+  if (a.attention_beta != b.attention_beta) d.push_back("attention_beta");
+  if (a.attention_eps != b.attention_eps) d.push_back("attention_eps");
+  if (a.attention_delta != b.attention_delta) d.push_back("attention_delta");
   return d;
 }
 
@@ -541,6 +565,10 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
       {"paper_emulator",
        {"ln_affine", "bump", "rounding", "elementwise_rounding", "layernorm", "gelu", "residual", "bias",
         "ln_beta_grad"}},
+      // The flash kernel in bf16, with the stabilized softmax or delta from the FP32 O.
+      {"flash_bf16", {"attention"}},
+      {"stabilized_softmax", {"attention", "attention_softmax"}},
+      {"delta_hp", {"attention", "attention_delta"}},
   };
   for (const Expect& e : table) EXPECT_EQ(changed_fields(base, apply(base, e.preset)), e.changed) << e.preset;
   PrecisionConfig clamp_base = base;
@@ -574,6 +602,17 @@ TEST(Interventions, EachPresetChangesExactlyTheFieldsItNames) {
   EXPECT_EQ(apply(explicit_attn, "bf16_activations").attn_logits_fmt(), NumFmt::mxfp8_e5m2);
   EXPECT_EQ(apply(explicit_attn, "bf16_activations").attn_probs_fmt(), NumFmt::bf16);
   EXPECT_EQ(apply(explicit_attn, "to_fp32").attn_logits_fmt(), NumFmt::fp32);
+  // to_fp32 of a flash policy: exact attention, standard softmax, delta from O; the flash kernel's
+  // parameters (read only under flash_bf16) stay.
+  PrecisionConfig flash = apply(base, "stabilized_softmax+delta_hp");
+  flash.attention_tile_r = 32;
+  flash.attention_beta = 8.0f;
+  EXPECT_EQ(changed_fields(flash, apply(flash, "to_fp32")),
+            (std::vector<std::string>{"weight", "activation", "grad", "weight_bwd", "activation_bwd", "grad_wgrad",
+                                      "ln_affine", "elementwise", "attn_logits", "attn_probs", "attention",
+                                      "attention_softmax", "attention_delta"}));
+  EXPECT_EQ(apply(flash, "to_fp32").attention_tile_r, 32);
+  EXPECT_EQ(apply(flash, "to_fp32").attention_beta, 8.0f);
 }
 
 TEST(Interventions, SetAppliesAfterThePreset) {

@@ -292,6 +292,27 @@ class LoggingBackend final : public Backend {
         << "\n";
     in->residual_add_r(o, x, y, b, rows, d, rr);
   }
+  static std::string fs(const FlashSpec& f) {
+    std::ostringstream o;
+    o << "{tile " << f.br << "x" << f.bc << (f.causal ? " causal" : "") << (f.stabilized ? " stabilized " : " standard ")
+      << hexf(f.beta) << " " << hexf(f.eps) << (f.delta_hp ? " delta_hp}" : " delta_lp}");
+    return o.str();
+  }
+  void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* ohp, float* lse, float* rm,
+                      float* st, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    log << "flash_attn_fwd " << ptr(q) << " " << ptr(k) << " " << ptr(v) << " " << ptr(o) << " " << ptr(ohp) << " "
+        << ptr(lse) << " " << ptr(rm) << " " << ptr(st) << " " << items << "x" << S << "x" << dh << " " << hexf(scale)
+        << " " << fs(f) << "\n";
+    in->flash_attn_fwd(q, k, v, o, ohp, lse, rm, st, items, S, dh, scale, f);
+  }
+  void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* ohp,
+                      const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    log << "flash_attn_bwd " << ptr(q) << " " << ptr(k) << " " << ptr(v) << " " << ptr(o) << " " << ptr(ohp) << " "
+        << ptr(dout) << " " << ptr(lse) << " " << ptr(dq) << " " << ptr(dk) << " " << ptr(dv) << " " << ptr(delta)
+        << " " << ptr(delta_hp) << " " << items << "x" << S << "x" << dh << " " << hexf(scale) << " " << fs(f) << "\n";
+    in->flash_attn_bwd(q, k, v, o, ohp, dout, lse, dq, dk, dv, delta, delta_hp, items, S, dh, scale, f);
+  }
 
  private:
   std::vector<std::pair<const float*, size_t>> allocs_;
@@ -381,6 +402,17 @@ std::vector<Case> cases() {
     c.m.heads = 2;
     c.seq_len = 32;
     c.p.rotation[static_cast<size_t>(Gemm::wgrad)] = Rotation::random_hadamard;
+  }
+  {
+    Case& c = add("attention, flash_bf16 (stabilized, delta hp), statistics collected");
+    c.m.block = BlockKind::attention;
+    c.m.heads = 2;
+    c.seq_len = 8;
+    c.collect = true;
+    c.p.attention = AttnImpl::flash_bf16;
+    c.p.attention_tile_c = 4;
+    c.p.attention_softmax = AttnSoftmax::stabilized;
+    c.p.attention_delta = AttnDelta::hp;
   }
   return v;
 }

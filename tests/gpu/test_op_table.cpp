@@ -10,6 +10,7 @@
 
 #include "kernels/cuda_backend.h"
 #include "lab/backends/op_table.h"
+#include "lab/core/error.h"
 #include "lab/cpu/cpu_backend.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -23,6 +24,11 @@ TEST_P(OpTableTwin, CudaMatchesCpu) {
   const OpDesc& d = op_table()[GetParam()];
   const OpCase c = d.make(d.test, 2024);
   std::unique_ptr<Backend> cpu = make_cpu_backend(), gpu = make_cuda_backend(0);
+  if (const OpExemption* pending = find_cuda_pending(d.name)) {
+    // Not on CUDA yet: the backend must say so (mxlab::Error), never return wrong numbers.
+    EXPECT_THROW(op_run(*gpu, d, c, op_place(*gpu, d, c)), Error) << d.name << ": " << pending->why;
+    return;
+  }
   const OpResult ref = op_run(*cpu, d, c, op_place(*cpu, d, c));
   const OpResult got = op_run(*gpu, d, c, op_place(*gpu, d, c));
   EXPECT_EQ(op_compare(d.rule, ref, got), "")

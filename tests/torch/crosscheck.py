@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch cross-check of mxlab's FP32 forward and backward.
 
-For every block x norm x activation x loss combination, `mxlab dump-step` writes one FP32 CPU
-step of a small network (weights, batch, loss, every parameter gradient; lab/cli/cmd_dump_step.cpp).
+For every block x norm x activation x loss combination (and causal attention, and token data with
+its embedding, unembedding and cross-entropy), `mxlab dump-step` writes one FP32 CPU step of a
+small network (weights, batch, loss, every parameter gradient; lab/cli/cmd_dump_step.cpp).
 This script rebuilds the same network in PyTorch from the resolved configuration alone - the
 paper's Eq. 1 MLP block and Eq. 11 attention block, layernorm / RMSNorm / MXNorm as
 papers/mxnorm.md defines them (MXNorm's gradient through its appendix-F straight-through
@@ -131,8 +132,9 @@ def norm_then_weight(kind, x, gamma, beta, weight, eps, mx):
     raise ValueError(kind)
 
 
-def self_attention(y, wqkv, wo, bo, nb, seq, heads):
-    """Multi-head self-attention without mask over sequences of `seq` tokens (Eq. 11)."""
+def self_attention(y, wqkv, wo, bo, nb, seq, heads, causal=False):
+    """Multi-head self-attention over sequences of `seq` tokens (Eq. 11); with `causal` (model.causal)
+    query r sees keys t <= r only."""
     d = y.shape[-1]
     dh = d // heads
     q, k, v = (y @ wqkv.T).split(d, dim=-1)
@@ -141,6 +143,8 @@ def self_attention(y, wqkv, wo, bo, nb, seq, heads):
         return t.reshape(nb, seq, heads, dh).transpose(1, 2)  # [nb, h, S, dh]
 
     att = (split(q) @ split(k).transpose(-1, -2)) * (1.0 / math.sqrt(dh))
+    if causal:
+        att = att.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
     o = (torch.softmax(att, dim=-1) @ split(v)).transpose(1, 2).reshape(nb * seq, d)
     o = o @ wo.T
     return o + bo if bo is not None else o
@@ -169,6 +173,7 @@ class Net:
             if t["activation"] != "same":
                 self.act = t["activation"]
         self.mx = (m["mxnorm_block"], m["mxnorm_p"])
+        self.causal = bool(m.get("causal", False))
 
     def g(self, k, name):
         return self.p.get(f"layer{k}.{name}")
@@ -181,7 +186,8 @@ class Net:
             if self.block == "attention":
                 y1, wqkv = norm_then_weight(self.norm, a, self.g(k, "attn_gamma"), self.g(k, "attn_beta"),
                                             self.g(k, "Wqkv"), self.eps, self.mx)
-                att = self_attention(y1, wqkv, self.g(k, "Wo"), self.g(k, "bo"), nb, self.seq, self.heads)
+                att = self_attention(y1, wqkv, self.g(k, "Wo"), self.g(k, "bo"), nb, self.seq, self.heads,
+                                     self.causal)
                 z = a + att if self.residual else att
             y2, w1 = norm_then_weight(self.norm, z, self.g(k, "gamma"), self.g(k, "beta"), self.g(k, "W1"),
                                       self.eps, self.mx)
@@ -211,7 +217,13 @@ def expected_groups(cfg, student):
             layer += ["attn_gamma"] * gain + ["attn_beta"] * bias_ln + ["Wqkv", "Wo"] + ["bo"] * fc2
         layer += ["gamma"] * gain + ["beta"] * bias_ln + ["W1", "W2"] + ["b2"] * fc2
         names += [f"layer{k}.{n}" for n in layer]
+    if student and tokens(cfg):  # the token network's embedding and unembedding
+        names = ["embed"] + names + ["unembed"]
     return names
+
+
+def tokens(cfg):
+    return cfg["data"].get("kind", "gaussian") == "tokens"
 
 
 def load(dirpath, prefix, names, dtype):
@@ -222,6 +234,8 @@ def load(dirpath, prefix, names, dtype):
 
 
 def loss_fn(cfg, out, target):
+    if cfg["loss"] == "xent":  # next-token cross-entropy, the targets are token ids
+        return F.cross_entropy(out, target.long())
     if cfg["loss"] == "mse":
         return ((out - target) ** 2).mean()
     temp = cfg["kl_temperature"]
@@ -238,6 +252,15 @@ def twin(dirpath, cfg, dtype):
     for v in sp.values():
         v.requires_grad_(True)
     d = cfg["model"]["width"]
+    if tokens(cfg):  # ids in, the embedding, the blocks, the unembedding; no teacher runs
+        ids = torch.tensor(np.load(os.path.join(dirpath, "x.npy"))).reshape(-1).long()
+        target = torch.tensor(np.load(os.path.join(dirpath, "target.npy"))).reshape(-1)
+        teacher_out = torch.zeros(1, dtype=dtype)
+        out = Net(cfg, sp, True)(sp["embed"][ids]) @ sp["unembed"].T
+        loss = loss_fn(cfg, out, target)
+        loss.backward()
+        grads = {n: sp[n].grad.detach().double().numpy() for n in snames}
+        return float(loss), out.detach().double().numpy(), teacher_out.double().numpy(), grads
     x = torch.tensor(np.load(os.path.join(dirpath, "x.npy")), dtype=dtype).reshape(-1, d)
     target = torch.tensor(np.load(os.path.join(dirpath, "target.npy")), dtype=dtype).reshape(-1, d)
     with torch.no_grad():
@@ -256,10 +279,10 @@ def tolerance(cfg):
     hidden = (2 * m["hidden_mult"] * d + 1) // 3 if m["activation"] == "swiglu" else m["hidden_mult"] * d
     h1 = 2 * hidden if m["activation"] == "swiglu" else hidden
     tokens = data["batch"] * data["seq_len"]
-    k_max = max(d, 3 * d, h1, tokens, data["seq_len"])
+    k_max = max(d, 3 * d, h1, tokens, data["seq_len"], data.get("vocab", 0) if data.get("kind") == "tokens" else 0)
     per_block = 7 + (13 if m["block"] == "attention" else 0)  # norm(2)+2 GEMMs fwd, 3 bwd; attention 7 + 6
     teacher = 2 * (m["depth"]) * (2 + (5 if cfg["teacher"]["block"] == "attention" else 0))
-    stages = L * per_block + teacher + 2  # + loss (forward sum, gradient)
+    stages = L * per_block + teacher + 2 + 4  # + loss (forward sum, gradient), + the unembedding GEMMs
     return 2.0 * stages * k_max * U
 
 
@@ -274,14 +297,16 @@ def check_one(mxlab, workdir, sets):
     with open(os.path.join(workdir, "config.yaml"), encoding="utf-8") as f:
         cfg = yamlcfg.parse(f.read())
     ref_loss = float(np.load(os.path.join(workdir, "loss.npy"))[0])
-    ref_out = np.load(os.path.join(workdir, "out.npy")).reshape(-1, cfg["model"]["width"])
-    target = np.load(os.path.join(workdir, "target.npy")).reshape(-1, cfg["model"]["width"])
+    width = cfg["data"]["vocab"] if tokens(cfg) else cfg["model"]["width"]
+    ref_out = np.load(os.path.join(workdir, "out.npy")).reshape(-1, width)
     l32, o32, t32, g32 = twin(workdir, cfg, torch.float32)
     l64, o64, t64, g64 = twin(workdir, cfg, torch.float64)
     tol = tolerance(cfg)
     rows = [("loss", rel(ref_loss, l32, l64), rel(ref_loss, l64, l64)),
-            ("output", rel(ref_out, o32, o64), rel(ref_out, o64, o64)),
-            ("teacher", rel(target, t32, t64), rel(target, t64, t64))]
+            ("output", rel(ref_out, o32, o64), rel(ref_out, o64, o64))]
+    if not tokens(cfg):  # token data has no teacher
+        target = np.load(os.path.join(workdir, "target.npy")).reshape(-1, cfg["model"]["width"])
+        rows.append(("teacher", rel(target, t32, t64), rel(target, t64, t64)))
     for name in g64:
         ref = np.load(os.path.join(workdir, f"grad.{name}.npy"))
         if not (np.all(np.isfinite(ref)) and np.linalg.norm(g64[name]) > 0):
@@ -299,9 +324,16 @@ def main():
     start = time.time()
     failures, worst = [], (0.0, "")
     combos = list(itertools.product(BLOCKS, NORMS, ACTS, LOSSES))
+    # model.causal and token data (data.kind: tokens, loss: xent), after the product: (sets, label).
+    extra = [(["model.block=attention", "model.causal=true", "teacher.block=attention", "teacher.residual=true"],
+              "attention causal, teacher attention causal"),
+             (["data.kind=tokens", "data.vocab=24", "loss=xent", "model.activation=relu"], "tokens mlp"),
+             (["data.kind=tokens", "data.vocab=24", "loss=xent", "model.block=attention", "model.causal=true",
+               "model.norm=rmsnorm"], "tokens attention causal rmsnorm")]
     with tempfile.TemporaryDirectory(prefix="mxlab_torch_") as tmp:
         with open(os.path.join(tmp, "base.yaml"), "w", encoding="utf-8") as f:
             f.write(BASE)
+        cases = []
         for i, (block, norm, act, loss) in enumerate(combos):
             tblock, tres = TEACHERS[i % len(TEACHERS)]
             sets = [f"model.block={block}", f"model.norm={norm}", f"model.activation={act}", f"loss={loss}",
@@ -309,7 +341,10 @@ def main():
                     f"model.ln_affine={'false' if i % 3 == 2 else 'true'}",
                     f"model.fc2_bias={'false' if i % 5 == 4 else 'true'}",
                     f"model.mxnorm_p={1 if i % 4 == 1 else 2}", f"kl_temperature={0.5 if i % 2 else 1.0}"]
-            label = " ".join(s.split("=")[1] for s in sets[:4]) + f" teacher={tblock}/{'res' if tres else 'plain'}"
+            cases.append((sets, " ".join(s.split("=")[1] for s in sets[:4]) +
+                          f" teacher={tblock}/{'res' if tres else 'plain'}"))
+        cases += extra
+        for i, (sets, label) in enumerate(cases):
             work = os.path.join(tmp, f"c{i}")
             os.makedirs(work)
             os.link(os.path.join(tmp, "base.yaml"), os.path.join(work, "base.yaml"))
@@ -328,7 +363,7 @@ def main():
                 print(f"       {name:22s} vs torch32 {r32:.2e}  vs torch64 {r64:.2e}")
             if bad:
                 failures.append(f"{label}: {', '.join(r[0] for r in bad)} outside {tol:.1e}")
-    print(f"crosscheck: {len(combos)} combinations, {len(failures)} failed, largest relative difference "
+    print(f"crosscheck: {len(combos) + len(extra)} combinations, {len(failures)} failed, largest relative difference "
           f"{worst[0]:.2e} ({worst[1]}), {time.time() - start:.1f} s")
     if failures:
         print("\n".join(failures))
