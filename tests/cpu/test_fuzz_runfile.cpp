@@ -232,15 +232,21 @@ std::string check_export(const std::string& dir, const Listed& l) {
   std::set<std::string> have;
   for (const std::string& f : files_below(dir)) have.insert(f);
   if (l.groups.empty() || l.groups.front().first != "fp32") return "summarize lists no fp32 trajectory first";
-  for (const auto& [name, branch] : l.groups) {
-    std::string tag = branch ? "branch-" + name : name;
-    for (char& c : tag)
+  // File names are made of the text read in the file with anything but letters, digits, '-', '_'
+  // and '.' (and a leading '.') as '_': a damaged run id may hold control characters.
+  auto file_part = [](std::string t) {
+    for (char& c : t)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
-    const std::string table = l.run_id + "_" + tag + ".csv";
+    if (!t.empty() && t[0] == '.') t[0] = '_';
+    return t;
+  };
+  const std::string id = file_part(l.run_id);
+  for (const auto& [name, branch] : l.groups) {
+    const std::string table = id + "_" + file_part(branch ? "branch-" + name : name) + ".csv";
     if (!have.count(table)) return "export wrote no " + table;
   }
-  const std::string summary = dir + "/" + l.run_id + "_summary.csv";
-  if (!have.count(l.run_id + "_summary.csv")) return "export wrote no summary.csv";
+  const std::string summary = dir + "/" + id + "_summary.csv";
+  if (!have.count(id + "_summary.csv")) return "export wrote no summary.csv";
   const size_t rows = parse_csv(testutil::slurp(summary)).size();
   if (rows != l.groups.size() + 1)
     return "summary.csv has " + std::to_string(rows - 1) + " rows for " + std::to_string(l.groups.size()) + " groups";
