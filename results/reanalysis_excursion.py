@@ -6,7 +6,7 @@ output; analysis/tests/test_reanalysis_excursion.py pins it).
 Why: sections 10-11 count a trajectory as diverged at t when its loss stays above 10 x its running
 minimum from t *until the run's last step* (stats_util.diverged_to_end). That event is known only at
 the end of the run, depends on the run's length, keeps whatever excursion is under way at the last
-step and drops every one that recovered. This script uses the primary event of lab/train/README.md
+step and drops every one that recovered. This script uses the primary event of lab/stats/README.md
 ("Events") instead:
 
   excursion   5 consecutive 100-step loss blocks (W = 500 steps) whose minimum exceeds 10 x the

@@ -155,7 +155,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   c->add_option("--long", a->long_out,
                 "write one long table to this CSV file: a row per logged value of every run file of RUN (a results "
                 "directory or one run file), columns run_id, the configuration keys that differ between the runs, "
-                "seed, trajectory, kind, arm, step, metric, column, value (lab/train/README.md)")
+                "seed, trajectory, kind, arm, step, metric, column, value (lab/report/README.md)")
       ->type_name("OUT.csv");
   c->add_option("--tensorboard", a->tensorboard,
                 "directory for TensorBoard event files: <run_id>/<trajectory>/events.out.tfevents.* (scalars per "

@@ -109,7 +109,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                     "group the trajectories of the finished runs by these keys (comma-separated: arm = the "
                     "trajectory's name, or configuration keys such as optimizer.lr): per group n, excursions with a "
                     "Wilson 95% interval, median excursion step and Kaplan-Meier survival of steps to excursion, "
-                    "diverged to the end, degraded, final-loss and tail log-ratio to FP32 (lab/train/README.md)")
+                    "diverged to the end, degraded, final-loss and tail log-ratio to FP32 (lab/report/README.md)")
           ->type_name("KEY[,KEY...]");
   c->add_flag("--compare", a->compare,
               "with --by: a second table, every pair of groups: Fisher's exact test of the excursion counts, "
@@ -134,7 +134,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
       ->needs(by);
   ExcursionRule& ex = a->grouping.events.excursion;
   c->add_option("--excursion-factor", ex.factor,
-                "excursion: a loss block's minimum above this x the minimum of the blocks before (lab/train/README.md)")
+                "excursion: a loss block's minimum above this x the minimum of the blocks before (lab/stats/README.md)")
       ->capture_default_str();
   c->add_option("--excursion-window", ex.window,
                 "excursion: for this many steps (a multiple of --excursion-block); known this many steps after it")

@@ -49,7 +49,7 @@ struct LogConfig {
   int log_every = 10;
   int bias_every = 0;          // 0 = log_every; shadow FP32 gradient every this many steps
   float spike_factor = 100.0f; // spike: loss_t > spike_factor * loss_{t-1}
-  float divergence_factor = 10.0f;  // see lab/train/README.md: divergence step definition
+  float divergence_factor = 10.0f;  // see lab/stats/README.md, "Events": divergence step definition
   float bias_avg_beta = 0.99f; // running average of bias_ratio: a = beta a + (1-beta) r (debiased)
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int flush_every = 100;       // HDF5 flush period in logged rows

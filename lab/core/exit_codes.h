@@ -1,5 +1,5 @@
 // Exit codes of the `mxlab` program, one meaning each, so that shells, Slurm and CI can act on
-// them. Documented in `mxlab run --help`, README.md and lab/train/README.md; tested through the
+// them. Documented in `mxlab run --help`, README.md and lab/runs/README.md; tested through the
 // binary (tests/cpu/test_exit_codes.cpp).
 #pragma once
 

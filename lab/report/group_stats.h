@@ -5,7 +5,7 @@
 // (secondary), the degraded count, final-loss ratio and tail log-ratio to FP32; per pair of
 // groups Fisher's exact test, the log-rank test and, paired by seed stratum, the exact McNemar
 // test and the stratified log-rank with its within-stratum label-permutation p. Columns and
-// definitions: lab/train/README.md.
+// definitions: lab/report/README.md.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // <dir>/index.csv: one row per run file of a results directory, rebuilt from the run files
-// (lab/train/README.md, "Several processes, one directory").
+// (lab/runs/README.md, "Several processes, one directory").
 #pragma once
 #include <string>
 #include <vector>

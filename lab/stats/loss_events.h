@@ -7,7 +7,7 @@
 
 namespace mxlab {
 
-// The excursion event (lab/train/README.md, "Events"): block b covers steps
+// The excursion event (lab/stats/README.md, "Events"): block b covers steps
 // [first_step + b*block, first_step + (b+1)*block) (a trailing partial block is not used) and
 // its value is the minimum of its losses, a non-finite loss counting as +inf. The event happens
 // at block b >= 1 when each of the window/block consecutive blocks b, b+1, ... has a minimum
@@ -41,7 +41,7 @@ Excursion excursion_between(const std::vector<float>& loss, int64_t first_step, 
                             const ExcursionRule& r);
 
 // The endpoint of a branch against its parent continuing unchanged (E2 of
-// results/prereg/why_mx.md; lab/train/README.md, "Branch endpoint"). `parent[i]` is the loss of
+// results/prereg/why_mx.md; lab/stats/README.md, "Branch endpoint"). `parent[i]` is the loss of
 // step i of the parent trajectory (it must hold at least `at` losses), `branch[i]` that of step
 // at + i of the branch, which was to train up to `end` (exclusive: at + its `steps`, or the run's
 // steps). The window is [at, E) with E = end - window, cut to what the branch's series can show

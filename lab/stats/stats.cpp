@@ -1,5 +1,5 @@
 // Statistics of seed studies: Wilson intervals, Fisher's exact test, Kaplan-Meier and the
-// log-rank test (formulas and references in lab/train/README.md).
+// log-rank test (formulas and references in lab/report/README.md, "mxlab summarize DIR --by").
 #include "lab/stats/stats.h"
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // counts, Fisher's exact test between two counts, and, since a trajectory that did not diverge
 // within its steps tells only that it survived that long, Kaplan-Meier survival curves and the
 // log-rank test for right-censored steps to divergence. Plain formulas, each with its
-// reference in lab/train/README.md ("mxlab summarize DIR --by"); no tuning.
+// reference in lab/report/README.md ("mxlab summarize DIR --by"); no tuning.
 #pragma once
 #include <cstdint>
 #include <vector>
