@@ -4,7 +4,7 @@
 // DIR/index.csv.
 // `mxlab summarize DIR --by KEY[,KEY...] [--compare]`: the trajectories grouped by those keys,
 // with excursion and survival statistics per group and tests per pair (group_stats.h).
-// --excursion-factor/-window/-block: the excursion rule the events are read with (summary.h);
+// --excursion-factor/-window/-block: the excursion rule the events are read with (lab/stats/loss_events.h);
 // --tail-steps: the tail of tail_log_ratio.
 // --where KEY=VALUE (repeatable): only the runs with those configuration values (run_filter.h).
 // --within KEY[,KEY...]: with --compare, only pairs of groups with the same values of those --by

@@ -1,6 +1,6 @@
 // `mxlab summarize DIR --by KEY[,KEY...]`: the trajectories of a results directory grouped by
 // configuration keys (and `arm`, the trajectory's name), with per group the count of the
-// primary event, the excursion (summary.h), and its Wilson interval, the median excursion step,
+// primary event, the excursion (lab/stats/loss_events.h), and its Wilson interval, the median excursion step,
 // Kaplan-Meier survival of steps to excursion, the count of the old diverged-to-end rule
 // (secondary), the degraded count, final-loss ratio and tail log-ratio to FP32; per pair of
 // groups Fisher's exact test, the log-rank test and, paired by seed stratum, the exact McNemar

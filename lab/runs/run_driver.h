@@ -55,7 +55,7 @@ struct RunOutcome {
   int64_t resumed_from = 0;
   int64_t divergence_step = -1;  // earliest over the MX arms (-1: none or unknown)
   std::string divergence_arm;    // the arm that diverged first ("" when none)
-  int64_t excursion_step = -1;   // earliest excursion (summary.h) over the MX arms (-1: none or unknown)
+  int64_t excursion_step = -1;   // earliest excursion (lab/stats/loss_events.h) over the MX arms (-1: none or unknown)
   std::string excursion_arm;     // the arm it happened in ("" when none)
   int64_t steps_run = 0;         // steps trained by this call
   // Set when a file of this run that was there (damaged, or not this run's) was replaced and

@@ -69,7 +69,7 @@ struct SweepRunResult {
   int64_t resumed_from = 0;
   int64_t divergence_step = -1;  // earliest over the MX arms
   std::string divergence_arm;    // which arm ("" when none)
-  int64_t excursion_step = -1;   // earliest excursion (summary.h) over the MX arms
+  int64_t excursion_step = -1;   // earliest excursion (lab/stats/loss_events.h) over the MX arms
   std::string excursion_arm;     // which arm ("" when none)
   std::string note;              // RunOutcome::note: the run started again over a damaged file
   double seconds = 0.0;

@@ -1,4 +1,4 @@
-// Loss-trajectory summary (see summary.h for the definitions).
+// Loss-trajectory events (see loss_events.h for the definitions).
 #include "lab/stats/loss_events.h"
 
 #include <algorithm>
