@@ -29,23 +29,13 @@ import sys
 import h5py
 import numpy as np
 
+from extract_loss_blocks import _lr, _text  # results/ is on sys.path: this script's folder
+
 CURVATURE = ("hessian_lmax", "precond_lmax", "precond_threshold")
 QUANTILES = (("v_min", 0.0), ("v_q01", 0.01), ("v_q10", 0.10), ("v_q25", 0.25), ("v_median", 0.5),
              ("v_q75", 0.75), ("v_q90", 0.90), ("v_q99", 0.99), ("v_max", 1.0))
 COLUMNS = (("run_id", "seed", "lr", "branch", "parent", "at") + tuple(f"parent_{c}" for c in CURVATURE) +
            ("branch_hessian_lmax", "branch_precond_lmax", "v_count") + tuple(q for q, _ in QUANTILES))
-
-
-def _text(v):
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _lr(config_yaml):
-    """optimizer.lr of a run file's config_yaml (the first `lr:` key)."""
-    for line in config_yaml.splitlines():
-        if line.strip().startswith("lr:"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def _cell(x):
