@@ -32,6 +32,8 @@ float* at(const NetShape& s, float* base, int layer, ParamGroup::Kind kind) {
 
 void check_supported(const NetShape& s, const LossSpec& loss, const HvpWorkspace& ws) {
   if (!s.residual) throw Error("curvature: Hessian-vector products are implemented for the residual student only");
+  if (loss.kind == LossKind::xent)
+    throw Error("curvature: Hessian-vector products have no embedding or cross-entropy (data.kind: tokens)");
   if (loss.kind == LossKind::kl && !(loss.kl_temperature > 0.0f))
     throw Error(msg("kl_temperature must be positive (got ", loss.kl_temperature, ")"));
   MXLAB_ASSERT(static_cast<int>(ws.gA.size()) == s.depth && ws.batch > 0,
@@ -173,6 +175,8 @@ void hvp_apply(Backend& be, const NetShape& s, const LossSpec& loss, uint64_t se
     case LossKind::kl:
       be.loss_kl_tangent(w.out, rout, ws.rdA, B, d, loss.kl_temperature);
       break;
+    case LossKind::xent:
+      break;  // refused by check_supported
   }
 
   // ---- tangent backward: the parameter gradients' tangents are H v ----

@@ -863,6 +863,8 @@ ParamQuant forward_param_quant(const ParamGroup& g, const PassPolicy& pol) {
       break;
     case ParamGroup::b2:
       break;  // never quantized (precision.bias: elementwise rounds it to bf16 where it is added)
+    default:
+      break;  // the attention and token groups: not read by the clamp debt or the norm snap (FP32 here)
   }
   return r;
 }
