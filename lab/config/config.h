@@ -15,8 +15,9 @@ namespace mxlab {
 enum class OptKind : uint8_t { adam = 0, adamw, sgd };
 enum class SchedKind : uint8_t { constant = 0, cosine };
 enum class OnNonfinite : uint8_t { stop = 0, cont };  // YAML: stop | continue
-// What a step trains on (lab/train/README.md, "MX teacher targets" and "Token data"; experiments/README.md): Gaussian inputs and the teacher's targets,
-// or token sequences of a fixed random Markov chain with the next token as the target.
+// What a step trains on (lab/train/README.md, "MX teacher targets" and "Token data";
+// experiments/README.md): Gaussian inputs and the teacher's targets, or token sequences of a fixed
+// random Markov chain with the next token as the target.
 enum class DataKind : uint8_t { gaussian = 0, tokens };
 
 struct DataConfig {
