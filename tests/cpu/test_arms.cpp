@@ -72,14 +72,7 @@ void expect_same_rows(const MemorySink& a, const std::string& ga, const MemorySi
   EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
 }
 
-std::string error_of(const std::string& yaml) {
-  try {
-    config_from_yaml_string(yaml, "arms.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::string& yaml) { return test::config_error(yaml, "arms.yaml"); }
 
 }  // namespace
 

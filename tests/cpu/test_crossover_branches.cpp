@@ -22,6 +22,7 @@
 #include "lab/io/h5file.h"
 #include "lab/stats/loss_events.h"
 #include "tests/cpu/run_binary_util.h"
+#include "tests/cpu/trainer_util.h"
 
 using namespace mxlab;
 using namespace mxlab::testutil;
@@ -66,14 +67,7 @@ class CrossoverRuns : public ::testing::Test {
 };
 std::string CrossoverRuns::dir_, CrossoverRuns::base_, CrossoverRuns::branches_;
 
-std::string error_of(const std::string& yaml) {
-  try {
-    config_from_yaml_string(yaml, "e2.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::string& yaml) { return test::config_error(yaml, "e2.yaml"); }
 
 }  // namespace
 

@@ -543,12 +543,7 @@ RunConfig load(const std::string& yaml, const std::vector<std::string>& override
 }
 
 std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  try {
-    load(yaml, overrides);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::config_error(yaml, "r.yaml", overrides);
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
