@@ -46,6 +46,7 @@
 #include "kernels/quant_gap.cuh"
 #include "kernels/quantize.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/tokens.cuh"
 
 namespace mxlab {
 
@@ -570,21 +571,30 @@ class CudaBackend final : public Backend {
     launch_heads_copy(heads, x, nb, S, h, dh, ld, col0, false, cur());
   }
 
-  void token_batch(float*, float*, int64_t, int64_t, int64_t, uint64_t, Stream) override {
-    throw Error("token_batch: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  // ==== token networks (backend.h): kernels/tokens.cuh, the loss in kernels/loss.cuh ====
+  void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                   Stream stream) override {
+    ctx();
+    launch_token_batch(ids, targets, sequences, S, vocab, seed, stream, d_step_, cur());
   }
-  void embed_fwd(const float*, const float*, float*, int64_t, int64_t, int64_t, const ElementwiseRound&) override {
-    throw Error("embed_fwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                 const ElementwiseRound& r) override {
+    ctx();
+    launch_embed_fwd(ids, E, out, rows, d, vocab, r, cur());
   }
-  void embed_bwd(const float*, const float*, float*, int64_t, int64_t, int64_t) override {
-    throw Error("embed_bwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab) override {
+    ctx();
+    launch_embed_bwd(ids, dout, dE, rows, d, vocab, cur());
   }
-  void loss_xent(const float*, const float*, float*, float*, float*, int64_t, int64_t,
-                 const ElementwiseRound&) override {
-    throw Error("loss_xent: loss: xent is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out, float* loss_history,
+                 int64_t rows, int64_t vocab, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(loss_scratch_doubles(rows, vocab));
+    launch_loss_xent(logits, target, dlogits, loss_out, loss_history, rows, vocab, r, d_step_, scratch, cur());
   }
-  void mask_causal(float*, int64_t, int64_t) override {
-    throw Error("mask_causal: model.causal: true is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void mask_causal(float* x, int64_t items, int64_t S) override {
+    ctx();
+    launch_mask_causal(x, items, S, cur());
   }
   // Flash attention in bf16 (precision.attention: flash_bf16) has only its CPU reference so far
   // (lab/model/flash_attention.h); the CLI refuses such configurations on CUDA before they get here.

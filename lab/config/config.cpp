@@ -1338,8 +1338,6 @@ PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv
 }
 
 std::string cuda_pending_setting(const RunConfig& cfg) {
-  if (cfg.data.kind == DataKind::tokens) return "data.kind: tokens";
-  if (cfg.model.causal) return "model.causal: true";
   auto of = [](const PrecisionConfig& p) -> std::string { return p.flash() ? "precision.attention: flash_bf16" : ""; };
   if (std::string s = of(cfg.precision); !s.empty()) return s;
   for (const ResolvedArm& a : resolved_arms(cfg))

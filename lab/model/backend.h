@@ -417,7 +417,8 @@ class Backend {
 
   // ==== token networks (data.kind: tokens; lab/model/README.md "Token networks") ====
   // ids [rows] hold token ids as floats (integers in [0, vocab)); an id outside is an mxlab::Error.
-  // The defaults throw; the CUDA backend does not have these yet.
+  // The defaults throw. The CUDA backend runs them bit-identically to the CPU, except that an invalid id
+  // (which the CPU refuses with mxlab::Error) gives NaN where it is used: a kernel cannot throw.
   // The token batch of the step (StepScalars.step): `sequences` sequences of S tokens of the fixed
   // chain (token_successor, lab/model/elementwise.h). Sequence b: x = 0 (the BOS); for i in 0 .. S-1:
   // ids[b*S + i] = x, x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step,
@@ -453,7 +454,7 @@ class Backend {
   static constexpr int kFlashRowStats = 2;
   // model.causal on the exact path: x [items x S x S] (attention logits) gets -inf where key t > query
   // r (x[(i*S + r)*S + t]), the rest untouched; softmax_fwd then gives those entries P = 0 exactly.
-  // The default throws; the CUDA backend does not have it yet.
+  // The default throws.
   virtual void mask_causal(float* x, int64_t items, int64_t S);  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
   // `items` independent (sequence, head) attentions over q, k, v [items x S x dh] (the heads layout):
   // o [items x S x dh] the bf16 output O_lp, o_hp the FP32 O before that rounding, lse [items*S]
