@@ -39,6 +39,7 @@
 #include "kernels/curvature.cuh"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.cuh"
+#include "kernels/flash_attention.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/loss.cuh"
@@ -596,18 +597,24 @@ class CudaBackend final : public Backend {
     ctx();
     launch_mask_causal(x, items, S, cur());
   }
-  // Flash attention in bf16 (precision.attention: flash_bf16) has only its CPU reference so far
-  // (lab/model/flash_attention.h); the CLI refuses such configurations on CUDA before they get here.
-  void flash_attn_fwd(const float*, const float*, const float*, float*, float*, float*, float*, float*, int64_t,
-                      int64_t, int64_t, float, const FlashSpec&) override {
-    throw Error("flash_attn_fwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
-                "run with --device cpu");
+  // ==== flash attention in bf16 (backend.h): kernels/flash_attention.cuh, the functions of
+  // lab/model/flash_attention.h one thread per query row or key ====
+  void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                      float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                      const FlashSpec& f) override {
+    ctx();
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    launch_flash_attn_fwd(q, k, v, o, o_hp, lse, rowmax, row_stats, items, S, dh, scale, f, cur());
   }
-  void flash_attn_bwd(const float*, const float*, const float*, const float*, const float*, const float*,
-                      const float*, float*, float*, float*, float*, float*, int64_t, int64_t, int64_t, float,
-                      const FlashSpec&) override {
-    throw Error("flash_attn_bwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
-                "run with --device cpu");
+  void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                      const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    ctx();
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    // The per-row dQ tile sums live in the lane's reduction scratch (doubles, 8-byte aligned: floats fit).
+    float* part = reinterpret_cast<float*>(lane_scratch((flash_bwd_scratch_floats(items, S, dh) + 1) / 2));
+    launch_flash_attn_bwd(q, k, v, o, o_hp, dout, lse, dq, dk, dv, delta, delta_hp, items, S, dh, scale, f, part,
+                          cur());
   }
 
   std::vector<QuantStats> read_stats() override {

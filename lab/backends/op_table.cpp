@@ -726,10 +726,7 @@ const std::vector<OpExemption>& op_exemptions() {
 }
 
 const std::vector<OpExemption>& op_cuda_pending() {
-  static const std::vector<OpExemption> list = {
-      {"flash_attn_fwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
-      {"flash_attn_bwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
-  };
+  static const std::vector<OpExemption> list = {};  // none: the CUDA backend has every op of the table
   return list;
 }
 

@@ -441,8 +441,8 @@ class Backend {
   // ==== flash attention in bf16 (precision.attention: flash_bf16; lab/model/README.md "Flash attention in bf16") ====
   // FlashAttention-2's forward and backward with bf16 tensors, as lab/model/flash_attention.h defines
   // them element by element (every rounding point is listed there); the CPU reference runs those
-  // functions. The defaults throw (a backend that does not have them cannot run flash_bf16; the
-  // CUDA backend does not yet).
+  // functions in loops, the CUDA backend one thread per query row or key (bit-identical). The
+  // defaults throw (a backend that does not have them cannot run flash_bf16).
   struct FlashSpec {
     int64_t br = 128;         // query rows per tile (Br); changes no bit (flash_attention.h)
     int64_t bc = 64;          // keys per tile (Bc): the online softmax's blocks

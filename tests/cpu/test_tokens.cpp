@@ -227,7 +227,7 @@ TEST(TokenTrainer, PairedRunOnTokensLearnsInLockStep) {
   EXPECT_NE(br.front(), loss_all("trajectories/flash")[10]);  // flash and exact attention differ
 }
 
-TEST(TokenConfig, RulesAndCuda) {
+TEST(TokenConfig, RulesAndCli) {
   auto err = [](const std::string& y) {
     try {
       config_from_yaml_string(y, "t.yaml");
@@ -243,10 +243,6 @@ TEST(TokenConfig, RulesAndCuda) {
   EXPECT_NE(err("model: {causal: true}\n").find("needs model.block: attention"), std::string::npos);
   const RunConfig c = config_from_yaml_string("data: {kind: tokens, vocab: 9}\nloss: xent\n", "t.yaml");
   EXPECT_EQ(c.vocab(), 9);
-  EXPECT_EQ(cuda_pending_setting(c), "");  // the CUDA backend has every token op
-  EXPECT_EQ(cuda_pending_setting(config_from_yaml_string(
-                "model: {block: attention, causal: true}\ndata: {kind: tokens, seq_len: 32}\nloss: xent\n", "t.yaml")),
-            "");
   EXPECT_TRUE(config_from_yaml_string(dump_config(c), "d.yaml") == c);
   EXPECT_EQ(canonical_config_text(RunConfig{}).find("vocab"), std::string::npos);  // run ids unchanged
 
