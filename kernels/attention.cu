@@ -119,6 +119,15 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   for (int64_t j = lane; j < n; j += kWarp) dl[j] = softmax_bwd_elem(pr[j], dpr[j], D, scale, rb, rm);
 }
 
+// model.causal: -inf above the diagonal of each item's [S x S] logits, one thread per element.
+__global__ void __launch_bounds__(kBlock) mask_causal_kernel(float* x, int64_t n, int64_t S) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t t = i % S, r = (i / S) % S;
+    if (t > r) x[i] = -INFINITY;
+  }
+}
+
 // One thread per element of the heads layout (index decomposed as in backend.h).
 __global__ void __launch_bounds__(kBlock)
     heads_copy_kernel(const float* src, float* dst, int64_t n, int64_t S, int64_t h, int64_t dh, int64_t ld,
@@ -180,6 +189,13 @@ void launch_softmax_bwd(const float* probs, const float* dprobs, float* dlogits,
   if (rows <= 0 || n <= 0) return;
   softmax_bwd_kernel<<<grid_rows(rows), kRowsPerBlock * kWarp, 0, s>>>(probs, dprobs, dlogits, rows, n, scale, r.bf16,
                                                                         r.mode);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+void launch_mask_causal(float* x, int64_t items, int64_t S, cudaStream_t s) {
+  const int64_t n = items * S * S;
+  if (n <= 0) return;
+  mask_causal_kernel<<<grid_for(n), kBlock, 0, s>>>(x, n, S);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

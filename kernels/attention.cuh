@@ -5,7 +5,7 @@
 //     CPU's sequential sums in the last bits of a double only. MXNorm's block absmaxes are exact
 //     (a max does not depend on the order); their p-th powers are summed like the squares.
 //   - softmax_fwd / softmax_bwd: one warp per row; the row max is exact, the sums as above.
-//   - scale_cols, heads_split / heads_merge: element-wise / copies, bit-exact.
+//   - scale_cols, heads_split / heads_merge, mask_causal: element-wise / copies, bit-exact.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -34,6 +34,8 @@ void launch_softmax_fwd(const float* logits, float* probs, float* rowmax, int64_
 // dlogits (rows, n) from probs and dprobs (dlogits may alias dprobs).
 void launch_softmax_bwd(const float* probs, const float* dprobs, float* dlogits, int64_t rows, int64_t n,
                         float scale, const ElementwiseRound& r, cudaStream_t s);
+// model.causal: x [items x S x S] gets -inf where key t > query r, the rest untouched (exact).
+void launch_mask_causal(float* x, int64_t items, int64_t S, cudaStream_t s);
 // Token layout x [nb*S x ld] (columns col0 .. col0 + h*dh) <-> heads layout [nb*h x S x dh];
 // to_heads: x -> heads (heads_split), else heads -> x (heads_merge).
 void launch_heads_copy(const float* src, float* dst, int64_t nb, int64_t S, int64_t h, int64_t dh, int64_t ld,

@@ -42,6 +42,7 @@
 #include "kernels/curvature.cuh"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.cuh"
+#include "kernels/flash_attention.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/loss.cuh"
@@ -49,6 +50,7 @@
 #include "kernels/quant_gap.cuh"
 #include "kernels/quantize.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/tokens.cuh"
 
 namespace mxlab {
 
@@ -589,34 +591,49 @@ class CudaBackend final : public Backend {
     launch_heads_copy(heads, x, nb, S, h, dh, ld, col0, false, cur());
   }
 
-  void token_batch(float*, float*, int64_t, int64_t, int64_t, uint64_t, Stream) override {
-    throw Error("token_batch: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  // ==== token networks (backend.h): kernels/tokens.cuh, the loss in kernels/loss.cuh ====
+  void token_batch(float* ids, float* targets, int64_t sequences, int64_t S, int64_t vocab, uint64_t seed,
+                   Stream stream) override {
+    ctx();
+    launch_token_batch(ids, targets, sequences, S, vocab, seed, stream, d_step_, cur());
   }
-  void embed_fwd(const float*, const float*, float*, int64_t, int64_t, int64_t, const ElementwiseRound&) override {
-    throw Error("embed_fwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
+                 const ElementwiseRound& r) override {
+    ctx();
+    launch_embed_fwd(ids, E, out, rows, d, vocab, r, cur());
   }
-  void embed_bwd(const float*, const float*, float*, int64_t, int64_t, int64_t) override {
-    throw Error("embed_bwd: data.kind: tokens is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void embed_bwd(const float* ids, const float* dout, float* dE, int64_t rows, int64_t d, int64_t vocab) override {
+    ctx();
+    launch_embed_bwd(ids, dout, dE, rows, d, vocab, cur());
   }
-  void loss_xent(const float*, const float*, float*, float*, float*, int64_t, int64_t,
-                 const ElementwiseRound&) override {
-    throw Error("loss_xent: loss: xent is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out, float* loss_history,
+                 int64_t rows, int64_t vocab, const ElementwiseRound& r) override {
+    ctx();
+    double* scratch = lane_scratch(loss_scratch_doubles(rows, vocab));
+    launch_loss_xent(logits, target, dlogits, loss_out, loss_history, rows, vocab, r, d_step_, scratch, cur());
   }
-  void mask_causal(float*, int64_t, int64_t) override {
-    throw Error("mask_causal: model.causal: true is not yet on CUDA (only its CPU reference exists): run with --device cpu");
+  void mask_causal(float* x, int64_t items, int64_t S) override {
+    ctx();
+    launch_mask_causal(x, items, S, cur());
   }
-  // Flash attention in bf16 (precision.attention: flash_bf16) has only its CPU reference so far
-  // (lab/model/flash_attention.h); the CLI refuses such configurations on CUDA before they get here.
-  void flash_attn_fwd(const float*, const float*, const float*, float*, float*, float*, float*, float*, int64_t,
-                      int64_t, int64_t, float, const FlashSpec&) override {
-    throw Error("flash_attn_fwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
-                "run with --device cpu");
+  // ==== flash attention in bf16 (backend.h): kernels/flash_attention.cuh, the functions of
+  // lab/model/flash_attention.h one thread per query row or key ====
+  void flash_attn_fwd(const float* q, const float* k, const float* v, float* o, float* o_hp, float* lse,
+                      float* rowmax, float* row_stats, int64_t items, int64_t S, int64_t dh, float scale,
+                      const FlashSpec& f) override {
+    ctx();
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    launch_flash_attn_fwd(q, k, v, o, o_hp, lse, rowmax, row_stats, items, S, dh, scale, f, cur());
   }
-  void flash_attn_bwd(const float*, const float*, const float*, const float*, const float*, const float*,
-                      const float*, float*, float*, float*, float*, float*, int64_t, int64_t, int64_t, float,
-                      const FlashSpec&) override {
-    throw Error("flash_attn_bwd: precision.attention: flash_bf16 is not yet on CUDA (only its CPU reference exists): "
-                "run with --device cpu");
+  void flash_attn_bwd(const float* q, const float* k, const float* v, const float* o, const float* o_hp,
+                      const float* dout, const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      float* delta_hp, int64_t items, int64_t S, int64_t dh, float scale, const FlashSpec& f) override {
+    ctx();
+    MXLAB_ASSERT(f.bc > 0 && f.br > 0, "flash attention tile ", f.br, " x ", f.bc, " (configuration admits >= 1)");
+    // The per-row dQ tile sums live in the lane's reduction scratch (doubles, 8-byte aligned: floats fit).
+    float* part = reinterpret_cast<float*>(lane_scratch((flash_bwd_scratch_floats(items, S, dh) + 1) / 2));
+    launch_flash_attn_bwd(q, k, v, o, o_hp, dout, lse, dq, dk, dv, delta, delta_hp, items, S, dh, scale, f, part,
+                          cur());
   }
 
   std::vector<QuantStats> read_stats() override {

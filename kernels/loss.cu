@@ -2,7 +2,8 @@
 // diff_sq_term over the 1-D partition of reduce.cuh; pass 2 (one block) adds the partials in
 // a fixed order and stores the loss. KL: one warp per row computes both softmaxes the way
 // the CPU's softmax_row does (row max, double sum of exponentials, det_log of the sum) and the
-// row's KL term; a final block adds the row terms in a fixed order.
+// row's KL term; a final block adds the row terms in a fixed order. Cross-entropy: one warp per
+// row, the CPU's sums in the CPU's order (bit-identical), a final warp adds the rows in order.
 #include "kernels/loss.cuh"
 
 #include "kernels/launch_util.cuh"
@@ -85,6 +86,56 @@ __global__ void __launch_bounds__(kKlRowsPerBlock* kWarp)
   if (lane == 0) row_terms[row] = acc;
 }
 
+// Next-token cross-entropy, one warp per row, in the CPU's order: the row maximum by the CPU's scan
+// (m = l[0], then m = l[j] > m ? l[j] : m in index order, so NaNs and signed zeros pick the CPU's
+// value) and the double sum of the exponentials added in index order. Each 32-element window is
+// loaded (and exponentiated) by the lanes at once, then every lane adds the window's values one
+// after another through shuffles, so each lane holds the CPU's sum. Invalid target: NaN term and row.
+__global__ void __launch_bounds__(kKlRowsPerBlock* kWarp)
+    xent_row_kernel(const float* logits, const float* target, float* dlogits, int64_t rows, int64_t vocab,
+                    float scale, bool rb, Rounding rm, double* row_terms) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kKlRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;  // whole warp
+  const float* l = logits + row * vocab;
+  const int64_t t = token_index(target[row], vocab);
+  float m = l[0];
+  for (int64_t j0 = 0; j0 < vocab; j0 += kWarp) {
+    const float x = j0 + lane < vocab ? l[j0 + lane] : 0.0f;
+    const int n = static_cast<int>(min(static_cast<int64_t>(kWarp), vocab - j0));
+    for (int k = 0; k < n; ++k) {
+      const float y = __shfl_sync(kFullMask, x, k);
+      m = y > m ? y : m;
+    }
+  }
+  double S = 0.0;
+  for (int64_t j0 = 0; j0 < vocab; j0 += kWarp) {
+    const float e = j0 + lane < vocab ? kl_exp(l[j0 + lane], m) : 0.0f;
+    const int n = static_cast<int>(min(static_cast<int64_t>(kWarp), vocab - j0));
+    for (int k = 0; k < n; ++k) S += static_cast<double>(__shfl_sync(kFullMask, e, k));
+  }
+  const float ls = det_log(static_cast<float>(S));
+  const float nan = detmath::canonical_nan();
+  if (lane == 0) row_terms[row] = t < 0 ? static_cast<double>(nan) : -static_cast<double>(kl_logprob(l[t], m, ls));
+  float* dl = dlogits + row * vocab;
+  for (int64_t j = lane; j < vocab; j += kWarp)
+    dl[j] = t < 0 ? nan : xent_grad_elem(kl_prob(kl_exp(l[j], m), S), j == t, scale, rb, rm);
+}
+
+// loss = mean_from_sum(terms[0] + terms[1] + ..., rows), added in row order (the CPU's), one warp
+// loading 32 terms at a time.
+__global__ void xent_final_kernel(const double* terms, int64_t rows, float* loss_out, float* loss_history,
+                                  const StepScalars* d_step) {
+  const int lane = threadIdx.x;
+  double total = 0.0;
+  for (int64_t i0 = 0; i0 < rows; i0 += kWarp) {
+    const double x = i0 + lane < rows ? terms[i0 + lane] : 0.0;
+    const int n = static_cast<int>(min(static_cast<int64_t>(kWarp), rows - i0));
+    for (int k = 0; k < n; ++k) total += __shfl_sync(kFullMask, x, k);
+  }
+  if (lane == 0) store_loss(mean_from_sum(total, rows), loss_out, loss_history, d_step);
+}
+
 }  // namespace
 
 int64_t loss_scratch_doubles(int64_t rows, int64_t d) {
@@ -115,6 +166,19 @@ void launch_loss_kl(const float* out, const float* target, float* dout, float* l
     MXLAB_CUDA_LAUNCH_CHECK();
   }
   loss_final_kernel<<<1, kBlock, 0, s>>>(scratch, rows, rows, loss_out, loss_history, d_step);
+  MXLAB_CUDA_LAUNCH_CHECK();
+}
+
+void launch_loss_xent(const float* logits, const float* target, float* dlogits, float* loss_out, float* loss_history,
+                      int64_t rows, int64_t vocab, const ElementwiseRound& r, const StepScalars* d_step,
+                      double* scratch, cudaStream_t s) {
+  if (rows > 0 && vocab > 0) {
+    const int grid = static_cast<int>((rows + kKlRowsPerBlock - 1) / kKlRowsPerBlock);
+    xent_row_kernel<<<grid, kKlRowsPerBlock * kWarp, 0, s>>>(logits, target, dlogits, rows, vocab,
+                                                            kl_grad_scale(1.0f, rows), r.bf16, r.mode, scratch);
+    MXLAB_CUDA_LAUNCH_CHECK();
+  }
+  xent_final_kernel<<<1, kWarp, 0, s>>>(scratch, rows, loss_out, loss_history, d_step);
   MXLAB_CUDA_LAUNCH_CHECK();
 }
 

@@ -687,8 +687,9 @@ std::vector<OpDesc> build_table() {
       {"token_batch", "", "sequences,S", sz(5, 37), sz(kSeqs, kSeq), kExactRng, make_token_batch, nullptr,
        run_token_batch, nullptr},
       {"embed_fwd", "", "rows,d", rc_test, ln_bench, kExactElem, make_embed_fwd, nullptr, run_embed_fwd, nullptr},
-      {"embed_bwd", "", "rows,d", rc_test, ln_bench, kDoubleSum, make_embed_bwd, nullptr, run_embed_bwd, nullptr},
-      {"loss_xent", "", "rows,vocab", rc_test, sz(kB, 512), kRowStats, make_loss_xent, nullptr, run_loss_xent, nullptr},
+      {"embed_bwd", "", "rows,d", rc_test, ln_bench, kExactOrdered, make_embed_bwd, nullptr, run_embed_bwd, nullptr},
+      {"loss_xent", "", "rows,vocab", rc_test, sz(kB, 512), kExactOrdered, make_loss_xent, nullptr, run_loss_xent,
+       nullptr},
       {"mask_causal", "copy softmax_fwd", "items,S", sz(5, 37), sz(kSeqs * kHeads, kSeq), kRowStats, make_mask_causal,
        nullptr,
        run_mask_causal, nullptr},
@@ -726,15 +727,7 @@ const std::vector<OpExemption>& op_exemptions() {
 }
 
 const std::vector<OpExemption>& op_cuda_pending() {
-  static const std::vector<OpExemption> list = {
-      {"token_batch", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
-      {"embed_fwd", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
-      {"embed_bwd", "data.kind: tokens has only its CPU reference so far (the CUDA backend throws)"},
-      {"loss_xent", "loss: xent has only its CPU reference so far (the CUDA backend throws)"},
-      {"mask_causal", "model.causal: true has only its CPU reference so far (the CUDA backend throws)"},
-      {"flash_attn_fwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
-      {"flash_attn_bwd", "precision.attention: flash_bf16 has only its CPU reference so far (the CUDA backend throws)"},
-  };
+  static const std::vector<OpExemption> list = {};  // none: the CUDA backend has every op of the table
   return list;
 }
 

@@ -78,7 +78,8 @@ struct OpExemption {
 const std::vector<OpDesc>& op_table();
 const std::vector<OpExemption>& op_exemptions();
 // Ops of the table that the CUDA backend does not implement yet (it throws mxlab::Error for them),
-// with the reason; the CUDA-vs-CPU table test expects that error instead of a comparison.
+// with the reason; the CUDA-vs-CPU table test expects that error instead of a comparison. Empty
+// while the CUDA backend has every op (a new op may start here, with its CPU reference only).
 const std::vector<OpExemption>& op_cuda_pending();
 const OpExemption* find_cuda_pending(const std::string& name);  // null when CUDA has the op
 // The descriptor named `name` (its `name`, not an `also`), or null.

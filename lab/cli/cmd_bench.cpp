@@ -61,7 +61,6 @@
 #include "lab/backends/backends.h"
 #include "lab/backends/op_table.h"
 #include "lab/cli/commands.h"
-#include "lab/cli/device_checks.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
@@ -181,10 +180,8 @@ Setup make_setup(const Args& a) {
   }
   if (s.only == kOnlyCurvature && !curvature_supported(s.cfg.model))
     throw Error("--only curvature: the curvature instrument covers the MLP block with layernorm only");
-  refuse_cuda_if_pending(s.cfg, a.device, "bench");
   s.be = make_backend(a.device);
   s.is_cuda = s.be->name().rfind("cuda", 0) == 0;
-  refuse_cuda_if_pending(s.cfg, s.be->name(), "bench");
   check_run_fits_memory(s.cfg, !s.is_cuda, a.path.empty() ? "the benchmarked configuration" : a.path,
                         static_cast<size_t>(std::max(a.arms, 0)));  // --arms K: the trainer with K arms
   s.steps = a.steps > 0 ? a.steps : (s.is_cuda ? kCudaSteps : kCpuSteps);

@@ -10,7 +10,6 @@
 
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
-#include "lab/cli/device_checks.h"
 #include "lab/core/error.h"
 #include "lab/runs/run_status.h"
 #include "lab/runs/checkpoint.h"
@@ -162,10 +161,7 @@ int branch_into(const BranchArgs& a, std::unique_ptr<RunFile>& file, const RunCo
 
   const std::string dir = dir_of(a.file);
   const int64_t best = pick_checkpoint(dir, run_id, iv.at);
-  const std::string device = a.device.empty() ? cfg.device : a.device;
-  refuse_cuda_if_pending(cfg, device, "branch");
-  std::unique_ptr<Backend> be = make_backend(device);
-  refuse_cuda_if_pending(cfg, be->name(), "branch");  // auto -> a GPU
+  std::unique_ptr<Backend> be = make_backend(a.device.empty() ? cfg.device : a.device);
   if (redo) {
     std::fprintf(stderr, "mxlab: branch '%s' in %s is incomplete (an interrupted mxlab branch): computing it again\n",
                  a.name.c_str(), a.file.c_str());

@@ -12,7 +12,6 @@
 
 #include "lab/backends/backends.h"
 #include "lab/cli/commands.h"
-#include "lab/cli/device_checks.h"
 #include "lab/cli/option_checks.h"
 #include "lab/core/error.h"
 #include "lab/runs/run_status.h"
@@ -114,16 +113,11 @@ int do_run(const RunArgs& a) {
   } else {
     for (const ExpandedRun& r : runs) devices.insert(r.cfg.device);
   }
-  // Settings the CUDA backend does not have yet, on a device named cuda: refused before it is opened.
-  for (const ExpandedRun& r : runs)
-    refuse_cuda_if_pending(r.cfg, !opt.gpus.empty() ? "cuda" : opt.device.empty() ? r.cfg.device : opt.device,
-                           msg(a.exp, ": run ", r.index, " (", r.id, ")"));
   std::map<std::string, bool> on_cpu;  // device -> whether its runs live in host memory
   for (const std::string& d : devices) on_cpu[d] = make_backend(d)->name().rfind("cuda", 0) != 0;  // throws with the fix
   // A model too large for this machine: refused with the bytes it needs, before any run starts.
   for (const ExpandedRun& r : runs) {
     const bool cpu = opt.gpus.empty() && on_cpu[opt.device.empty() ? r.cfg.device : opt.device];
-    if (!cpu) refuse_cuda_if_pending(r.cfg, "cuda", msg(a.exp, ": run ", r.index, " (", r.id, ")"));  // auto -> a GPU
     check_run_fits_memory(r.cfg, cpu, msg(a.exp, ": run ", r.index, " (", r.id, ")"));
   }
 

@@ -1337,18 +1337,6 @@ PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv
   throw Error(msg("intervention '", iv.name, "' forks from '", iv.from, "', which is neither an arm nor ", kFp32Name));
 }
 
-std::string cuda_pending_setting(const RunConfig& cfg) {
-  if (cfg.data.kind == DataKind::tokens) return "data.kind: tokens";
-  if (cfg.model.causal) return "model.causal: true";
-  auto of = [](const PrecisionConfig& p) -> std::string { return p.flash() ? "precision.attention: flash_bf16" : ""; };
-  if (std::string s = of(cfg.precision); !s.empty()) return s;
-  for (const ResolvedArm& a : resolved_arms(cfg))
-    if (std::string s = of(a.policy); !s.empty()) return msg(s, " (arm '", a.name, "')");
-  for (const InterventionConfig& iv : cfg.interventions)
-    if (std::string s = of(branch_policy(cfg, iv)); !s.empty()) return msg(s, " (intervention '", iv.name, "')");
-  return "";
-}
-
 std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg) {
   if (cfg.arms.empty()) return {{kDefaultArmName, cfg.precision}};
   std::vector<ResolvedArm> v;

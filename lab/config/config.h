@@ -126,9 +126,5 @@ std::vector<ResolvedArm> resolved_arms(const RunConfig& cfg);
 // the FP32 trajectory's state; `precision` is the MX recipe, whatever the arms patch). Throws
 // mxlab::Error when `from` names neither.
 PrecisionConfig branch_policy(const RunConfig& cfg, const InterventionConfig& iv);
-// The first setting of `cfg` (its arms and branches included) that only the CPU reference
-// implements so far, e.g. "precision.attention: flash_bf16 (arm 'flash')", or "" when the CUDA
-// backend runs everything the configuration asks for.
-std::string cuda_pending_setting(const RunConfig& cfg);
 
 }  // namespace mxlab

@@ -538,9 +538,9 @@ class CpuBackend final : public Backend {
     }
   }
   static int64_t token_id(float v, int64_t vocab, int64_t row) {
-    if (!(v >= 0.0f && v < static_cast<float>(vocab)) || v != static_cast<float>(static_cast<int64_t>(v)))
-      throw Error(msg("token id ", v, " of row ", row, " is not an integer in [0, ", vocab, ")"));
-    return static_cast<int64_t>(v);
+    const int64_t id = token_index(v, vocab);
+    if (id < 0) throw Error(msg("token id ", v, " of row ", row, " is not an integer in [0, ", vocab, ")"));
+    return id;
   }
   void embed_fwd(const float* ids, const float* E, float* out, int64_t rows, int64_t d, int64_t vocab,
                  const ElementwiseRound& r) override {

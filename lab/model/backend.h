@@ -423,7 +423,8 @@ class Backend {
 
   // ==== token networks (data.kind: tokens; lab/model/README.md "Token networks") ====
   // ids [rows] hold token ids as floats (integers in [0, vocab)); an id outside is an mxlab::Error.
-  // The defaults throw; the CUDA backend does not have these yet.
+  // The defaults throw. The CUDA backend runs them bit-identically to the CPU, except that an invalid id
+  // (which the CPU refuses with mxlab::Error) gives NaN where it is used: a kernel cannot throw.
   // The token batch of the step (StepScalars.step): `sequences` sequences of S tokens of the fixed
   // chain (token_successor, lab/model/elementwise.h). Sequence b: x = 0 (the BOS); for i in 0 .. S-1:
   // ids[b*S + i] = x, x = token_successor(seed, vocab, x, u32_to_uniform(philox(seed, stream, step,
@@ -446,8 +447,8 @@ class Backend {
   // ==== flash attention in bf16 (precision.attention: flash_bf16; lab/model/README.md "Flash attention in bf16") ====
   // FlashAttention-2's forward and backward with bf16 tensors, as lab/model/flash_attention.h defines
   // them element by element (every rounding point is listed there); the CPU reference runs those
-  // functions. The defaults throw (a backend that does not have them cannot run flash_bf16; the
-  // CUDA backend does not yet).
+  // functions in loops, the CUDA backend one thread per query row or key (bit-identical). The
+  // defaults throw (a backend that does not have them cannot run flash_bf16).
   struct FlashSpec {
     int64_t br = 128;         // query rows per tile (Br); changes no bit (flash_attention.h)
     int64_t bc = 64;          // keys per tile (Bc): the online softmax's blocks
@@ -459,7 +460,7 @@ class Backend {
   static constexpr int kFlashRowStats = 2;
   // model.causal on the exact path: x [items x S x S] (attention logits) gets -inf where key t > query
   // r (x[(i*S + r)*S + t]), the rest untouched; softmax_fwd then gives those entries P = 0 exactly.
-  // The default throws; the CUDA backend does not have it yet.
+  // The default throws.
   virtual void mask_causal(float* x, int64_t items, int64_t S);  // per row: keys attaining the row max, bf16 P-bar entries equal to 1
   // `items` independent (sequence, head) attentions over q, k, v [items x S x dh] (the heads layout):
   // o [items x S x dh] the bf16 output O_lp, o_hp the FP32 O before that rounding, lse [items*S]

@@ -317,6 +317,15 @@ MXLAB_HD int64_t token_successor(uint64_t seed, int64_t vocab, int64_t v, float 
   return 1 + static_cast<int64_t>(w % static_cast<uint32_t>(vocab - 1));
 }
 
+// The token id an ids / targets entry holds (floats holding integers), or -1 when it is not an
+// integer in [0, vocab): the CPU reference throws mxlab::Error for it; a CUDA kernel, which cannot
+// throw, writes NaN wherever the id is used (backend.h, "token networks").
+MXLAB_HD int64_t token_index(float v, int64_t vocab) {
+  if (!(v >= 0.0f && v < static_cast<float>(vocab))) return -1;
+  const int64_t i = static_cast<int64_t>(v);
+  return static_cast<float>(i) == v ? i : -1;
+}
+
 // Next-token cross-entropy (loss_xent): dlogit = R((q - onehot) * scale), scale = 1 / rows rounded
 // to float once (kl_grad_scale(1, rows)), q = kl_prob(e, S).
 MXLAB_HD float xent_grad_elem(float q, bool is_target, float scale, bool rb, Rounding rm) {

@@ -1,8 +1,8 @@
 // FlashAttention-2 in bf16, the numerics of precision.attention: flash_bf16 (lab/model/README.md,
-// "Flash attention in bf16"), as scalar code shared by the CPU reference and a future CUDA kernel:
-// the forward one query row at a time, the backward one key (dK, dV) or one query row (dQ) at a
-// time. Each function is independent of every other row or key, so a kernel can run them one
-// thread per row or key and get the CPU's bits; the CPU calls them in plain loops.
+// "Flash attention in bf16"), as scalar code shared by the CPU reference and the CUDA kernels
+// (kernels/flash_attention.cu): the forward one query row at a time, the backward one key (dK, dV)
+// or one query row (dQ) at a time. Each function is independent of every other row or key, so the
+// kernels run them one thread per row or key and get the CPU's bits; the CPU calls them in loops.
 //
 // Against the flash-attention paper (Qiu & Yao, "Why low-precision transformer training fails",
 // Algorithms 1-3; FlashAttention-2's forward and backward) every rounding point is:

@@ -2,8 +2,9 @@
 // hand-worked rows (a repeated maximum gives P-bar = 1 exactly; Algorithm 3's two rules and the
 // r_m = 0 case it leaves alone), the model's flash path against the exact one, what each option
 // changes and what it leaves alone, the trainer's instruments, their checkpoint, the configuration
-// and the CLI's refusal of CUDA. The bits of the forward and backward against the paper's
-// Algorithms 1-3 in PyTorch: tests/torch/flash_attention.py (ctest torch_flash_attention).
+// and the flash-attention command. The bits of the forward and backward against the paper's
+// Algorithms 1-3 in PyTorch: tests/torch/flash_attention.py (ctest torch_flash_attention); the CUDA
+// kernels against this reference: tests/gpu/test_flash_attention_gpu.cu.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -506,8 +507,6 @@ TEST(FlashConfig, KeysParseAndProblemsAreRefused) {
   const RunConfig a = config_from_yaml_string(
       std::string(kAttn) + "arms:\n  - {name: f, apply: flash_bf16, set: {attention_tile: [8, 16]}}\n", "f.yaml");
   EXPECT_EQ(resolved_arms(a)[0].policy.attention_tile_c, 16);
-  EXPECT_EQ(cuda_pending_setting(a), "precision.attention: flash_bf16 (arm 'f')");
-  EXPECT_EQ(cuda_pending_setting(config_from_yaml_string(kAttn, "f.yaml")), "");
   // The defaults leave every run id as it was: no attention key in the canonical text.
   EXPECT_EQ(canonical_config_text(RunConfig{}).find("attention"), std::string::npos);
 
@@ -528,24 +527,6 @@ TEST(FlashConfig, KeysParseAndProblemsAreRefused) {
   // An arm's preset is checked like the base policy: stabilized_softmax on an MLP model.
   e = config_error("arms:\n  - {name: s, apply: stabilized_softmax}\n");
   EXPECT_NE(e.find("arm 's'"), std::string::npos) << e;
-}
-
-TEST(FlashConfig, CliRefusesCudaForFlashBeforeAnyWork) {
-  test::TempDir dir("mxlab_flash_cli");
-  const std::string exp = dir.write("e.yaml", std::string("steps: 2\n") + kAttn +
-                                                  "arms:\n  - {name: f, apply: flash_bf16}\n");
-  for (const char* device : {"cuda", "cuda:0"}) {
-    const testutil::Proc p = testutil::run_mxlab({"run", exp, "--out", dir.str() + "/out", "--device", device});
-    EXPECT_EQ(p.exit_code, 2) << p.output;
-    EXPECT_NE(p.output.find("precision.attention: flash_bf16 (arm 'f') is not yet on CUDA"), std::string::npos)
-        << p.output;
-    EXPECT_EQ(testutil::count_of(p.output, "\n"), 1) << p.output;  // one line
-  }
-  const testutil::Proc b = testutil::run_mxlab({"bench", exp, "--device", "cuda"});
-  EXPECT_EQ(b.exit_code, 2) << b.output;
-  EXPECT_NE(b.output.find("is not yet on CUDA"), std::string::npos) << b.output;
-  const testutil::Proc ok = testutil::run_mxlab({"run", exp, "--out", dir.str() + "/out", "--device", "cpu", "--quiet"});
-  EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
 TEST(FlashConfig, FlashAttentionCommandRefusesBadInputInOneLine) {

@@ -1,7 +1,7 @@
 // data.kind: tokens on the CPU reference: the token chain and its batches, the embedding,
 // unembedding and cross-entropy ops on hand-worked inputs, the token network's FP32 gradients
 // against finite differences (with causal attention), and a paired run (FP32, MX and flash arms,
-// a branch) on token data; the configuration rules and the CLI's refusal of CUDA.
+// a branch) on token data; the configuration rules and the CLI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -227,7 +227,7 @@ TEST(TokenTrainer, PairedRunOnTokensLearnsInLockStep) {
   EXPECT_NE(br.front(), loss_all("trajectories/flash")[10]);  // flash and exact attention differ
 }
 
-TEST(TokenConfig, RulesAndCuda) {
+TEST(TokenConfig, RulesAndCli) {
   auto err = [](const std::string& y) {
     try {
       config_from_yaml_string(y, "t.yaml");
@@ -243,16 +243,12 @@ TEST(TokenConfig, RulesAndCuda) {
   EXPECT_NE(err("model: {causal: true}\n").find("needs model.block: attention"), std::string::npos);
   const RunConfig c = config_from_yaml_string("data: {kind: tokens, vocab: 9}\nloss: xent\n", "t.yaml");
   EXPECT_EQ(c.vocab(), 9);
-  EXPECT_EQ(cuda_pending_setting(c), "data.kind: tokens");
   EXPECT_TRUE(config_from_yaml_string(dump_config(c), "d.yaml") == c);
   EXPECT_EQ(canonical_config_text(RunConfig{}).find("vocab"), std::string::npos);  // run ids unchanged
 
   test::TempDir dir("mxlab_tokens_cli");
   const std::string exp = dir.write("e.yaml", "steps: 2\nmodel: {depth: 1, width: 32}\ndata: {batch: 4, kind: tokens, "
                                               "vocab: 8}\nloss: xent\n");
-  const testutil::Proc p = testutil::run_mxlab({"run", exp, "--out", dir.str() + "/out", "--device", "cuda"});
-  EXPECT_EQ(p.exit_code, 2) << p.output;
-  EXPECT_NE(p.output.find("data.kind: tokens is not yet on CUDA"), std::string::npos) << p.output;
   const testutil::Proc ok = testutil::run_mxlab({"run", exp, "--out", dir.str() + "/out", "--device", "cpu", "--quiet"});
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }

@@ -3,11 +3,13 @@
 // same device (CUDA graphs on, as the trainer always runs them), and every metric of the
 // shadow series is there. The CPU twin is tests/cpu/test_arms.cpp. Runs that share one GPU at
 // once (`mxlab run --jobs 4 --gpus 0,1`: two threads per GPU, each run with its own backend
-// and streams) write the bits they write alone.
+// and streams) write the bits they write alone. Token runs with causal attention and flash attention
+// in bf16 arms: each arm its single run, bit for bit, and the CPU's losses within ModelParity's budgets.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -40,13 +42,47 @@ RunConfig tiny() {
   return c;
 }
 
-MemorySink run_cuda(const RunConfig& cfg) {
-  auto be = make_cuda_backend(0);
+MemorySink run_on(Backend& be, const RunConfig& cfg) {
   MemorySink sink;
-  Trainer tr(cfg, *be, sink);
+  Trainer tr(cfg, be, sink);
   tr.open_output();
   tr.finish(tr.run(RunControl{}));
   return sink;
+}
+
+MemorySink run_cuda(const RunConfig& cfg) {
+  auto be = make_cuda_backend(0);
+  return run_on(*be, cfg);
+}
+
+// A small language model (tests/cpu/test_tokens.cpp's paired run): token data, causal attention,
+// cross-entropy; the MX recipe, a flash_bf16 arm (tiles of 8 keys: the online softmax spans two)
+// and a stabilized one, a branch from the flash arm to FP32 with exact attention.
+RunConfig token_run(int steps) {
+  RunConfig c;
+  c.seed = 7;
+  c.steps = steps;
+  c.model.depth = 2;
+  c.model.width = 32;
+  c.model.block = BlockKind::attention;
+  c.model.heads = 2;
+  c.model.causal = true;
+  c.data.batch = 4;
+  c.data.seq_len = 16;
+  c.data.kind = DataKind::tokens;
+  c.data.vocab = 16;
+  c.loss = LossKind::xent;
+  c.precision.block_size = 16;
+  c.optimizer.lr = 1e-2f;
+  c.log.log_every = 5;
+  c.log.bias_every = 3;
+  c.log.progress = false;
+  c.arms = {{"mx", "", {}},
+            {"flash", "flash_bf16", {{"attention_tile", "[8, 8]"}}},
+            {"stabilized", "stabilized_softmax", {{"attention_delta", "hp"}}}};
+  c.interventions = {{"flash_fp32", std::min(10, steps - 1), "to_fp32", {}, "flash"}};
+  validate_config(c);
+  return c;
 }
 
 void expect_same(const MemorySink& a, const std::string& ga, const MemorySink& b, const std::string& gb) {
@@ -310,5 +346,62 @@ TEST(ArmsGpu, RunsSharingOneGpuAtOnceWriteTheirBitsAlone) {
     for (const char* g : {"trajectories/fp32", "trajectories/away", "trajectories/rceil", "branches/fp32_at30"})
       expect_same(together[0], g, a_alone, g);
     for (const char* g : {"trajectories/fp32", "trajectories/mx"}) expect_same(together[1], g, b_alone, g);
+  }
+}
+
+// Token data, causal attention and flash attention in bf16 on CUDA, under graphs: each arm of the
+// paired run (and the branch from the flash arm) is its single-arm run bit for bit; the flash arms'
+// instruments (rows with a repeated maximum, delta sums) are among the compared columns.
+TEST(ArmsGpu, TokenFlashArmsEqualTheirSingleRuns) {
+  MXLAB_REQUIRE_GPU();
+  const RunConfig multi = token_run(20);
+  const MemorySink m = run_cuda(multi);
+  for (const ResolvedArm& arm : resolved_arms(multi)) {
+    RunConfig single = token_run(20);
+    single.arms.clear();
+    single.precision = arm.policy;
+    single.interventions.clear();
+    if (arm.name == "flash") single.interventions = {{"flash_fp32", 10, "to_fp32", {}}};
+    const MemorySink s = run_cuda(single);
+    expect_same(m, "trajectories/" + arm.name, s, "trajectories/mx");
+    expect_same(m, "trajectories/fp32", s, "trajectories/fp32");
+    if (arm.name == "flash") expect_same(m, "branches/flash_fp32", s, "branches/flash_fp32");
+  }
+  const auto& loss_mx = m.groups.at("trajectories/mx").loss_all;
+  EXPECT_NE(m.groups.at("trajectories/flash").loss_all, loss_mx);
+  EXPECT_NE(m.groups.at("trajectories/stabilized").loss_all, m.groups.at("trajectories/flash").loss_all);
+  for (const char* g : {"trajectories/fp32", "trajectories/mx", "trajectories/flash", "trajectories/stabilized"}) {
+    const auto& l = m.groups.at(g).loss_all;
+    ASSERT_EQ(l.size(), 20u) << g;
+    EXPECT_NEAR(l.front(), std::log(16.0), 1.0) << g;
+    EXPECT_LT(l.back(), l.front()) << g << ": the chain is learnable";
+  }
+}
+
+// The same token run on the CPU and on CUDA, for ModelParity's three steps: the token batches and
+// the token ops are bit-identical, only the GEMMs' accumulation order differs, so the FP32
+// trajectory's losses are within ModelParity's FP32 loss budget (1e-5 relative) and the rounding
+// trajectories' (MX, flash, stabilized, and the branch) within its MX loss budget (1e-3).
+TEST(ArmsGpu, TokenFlashRunMatchesTheCpu) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig c = token_run(3);
+  c.log.log_every = 1;
+  c.interventions = {{"flash_fp32", 1, "to_fp32", {}, "flash"}};
+  auto cpu = make_cpu_backend();
+  const MemorySink h = run_on(*cpu, c);
+  const MemorySink g = run_cuda(c);
+  for (const char* t : {"trajectories/fp32", "trajectories/mx", "trajectories/flash", "trajectories/stabilized",
+                        "branches/flash_fp32"}) {
+    const auto& lc = h.groups.at(t).loss_all;
+    const auto& lg = g.groups.at(t).loss_all;
+    ASSERT_EQ(lc.size(), lg.size()) << t;
+    ASSERT_FALSE(lc.empty()) << t;
+    double worst = 0.0;
+    for (size_t i = 0; i < lc.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(lc[i]) && std::isfinite(lg[i])) << t << " step " << i;
+      worst = std::max(worst, std::fabs(static_cast<double>(lg[i]) - lc[i]) / std::fabs(static_cast<double>(lc[i])));
+    }
+    std::printf("[tokens] %s: largest relative loss difference CPU vs CUDA over %zu steps %.3g\n", t, lc.size(), worst);
+    EXPECT_LE(worst, std::string(t) == "trajectories/fp32" ? 1e-5 : 1e-3) << t;
   }
 }

@@ -43,3 +43,27 @@ TEST(BenchGpu, ReportsTheLossesMxlabRunWritesAtTheSameStep) {
     EXPECT_EQ(static_cast<float>(json_number(out, "mx_loss")), run_loss(file, "mx", 13)) << out;
   }
 }
+
+// A token network with causal attention and flash attention in bf16 (data.kind: tokens, loss: xent,
+// precision.attention: flash_bf16) runs on CUDA from the command line (no refusal: every op it needs
+// exists there), and bench's figures train it to the losses `mxlab run` writes, bit for bit.
+TEST(BenchGpu, TokenFlashConfigRunsAndBenchesOnCuda) {
+  MXLAB_REQUIRE_GPU();
+  const std::string dir = mxlab::testutil::make_temp_dir("bench_tokens");
+  const std::string exp = dir + "/t.yaml";
+  mxlab::testutil::write_bytes(exp, "steps: 20\nseed: 3\nmodel: {depth: 2, width: 32, block: attention, heads: 2, "
+                                    "causal: true}\ndata: {batch: 4, seq_len: 16, kind: tokens, vocab: 16}\n"
+                                    "loss: xent\nprecision: {block_size: 16, attention: flash_bf16, attention_tile: "
+                                    "[8, 8]}\noptimizer: {lr: 1.0e-2}\nlog: {progress: false}\n");
+  const mxlab::testutil::Proc run = mxlab::testutil::run_mxlab({"run", exp, "--out", dir + "/r", "--device", "cuda", "--quiet"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string file = mxlab::testutil::run_file_in(dir + "/r");
+  ASSERT_FALSE(file.empty());
+  const mxlab::testutil::Proc bench =
+      mxlab::testutil::run_mxlab({"bench", exp, "--device", "cuda", "--steps", "4", "--warmup", "3"});
+  const std::string& out = bench.output;
+  ASSERT_EQ(bench.exit_code, 0) << out;
+  EXPECT_EQ(json_number(out, "fp32_loss_step"), 13.0) << out;
+  EXPECT_EQ(static_cast<float>(json_number(out, "fp32_loss")), run_loss(file, "fp32", 13)) << out;
+  EXPECT_EQ(static_cast<float>(json_number(out, "mx_loss")), run_loss(file, "mx", 13)) << out;
+}

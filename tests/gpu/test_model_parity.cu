@@ -25,6 +25,15 @@
 //     ||g_mx - g_fp32|| (the MX gradient's distance from the FP32 gradient at the same
 //     weights, computed on the CPU). A backend whose numerics moved the paper's bias_ratio
 //     by more than 5% would fail. Loss: within 1e-3 relative.
+//   - Flash attention in bf16 (precision.attention: flash_bf16) is bit-identical across backends
+//     on identical inputs, but its inputs come from GEMMs, and it rounds to bf16 inside (P-bar, O,
+//     dS, dQ, dK, dV): a policy with the flash kernel is a rounding policy, held to the MX budgets
+//     above (its yardstick: its own gradient's distance from the FP32 one), also when every GEMM
+//     is FP32.
+//   - Token networks (data.kind: tokens: embedding, causal attention blocks, unembedding,
+//     cross-entropy): the token batch, the embedding and the loss are bit-identical ops; the
+//     unembedding adds a GEMM of K = d forward and K = B for its gradient, inside the attention
+//     proxy's bound: the attention budgets.
 // Each measured figure is printed, so a drift toward a budget shows before it fails.
 #include <gtest/gtest.h>
 
@@ -71,6 +80,16 @@ RunConfig attention_config(NormKind norm) {
   c.model.norm = norm;
   c.data.batch = 3;
   c.data.seq_len = 32;
+  return c;
+}
+
+// The token proxy: a causal attention network over a token chain, trained on the cross-entropy.
+RunConfig token_config() {
+  RunConfig c = attention_config(NormKind::layernorm);
+  c.model.causal = true;
+  c.data.kind = DataKind::tokens;
+  c.data.vocab = 16;
+  c.loss = LossKind::xent;
   return c;
 }
 
@@ -122,9 +141,10 @@ StepScalars scalars(const RunConfig& c, uint32_t step) {
 // Runs kSteps on both backends under `policy`; checks the budgets of the header.
 void run_parity(const PrecisionConfig& policy, const char* label, const RunConfig& cfg = tiny_config(),
                 double fp32_grad_rel = kFp32GradRel) {
-  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len);
+  const NetShape S = NetShape::student(cfg.model, cfg.data.seq_len, cfg.vocab());
   const NetShape T = NetShape::teacher(cfg.model, cfg.teacher, cfg.data.seq_len);
-  const int64_t B = cfg.tokens(), n = B * S.d;
+  const bool tokens = cfg.data.kind == DataKind::tokens;
+  const int64_t B = cfg.tokens(), n = tokens ? B : B * S.d;  // token networks: ids and targets [B]
   const std::vector<float> init = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
   const std::vector<float> tinit = init_params(T, InitKind::pytorch, 1.0f, cfg.seed, Stream::teacher_init);
   auto cpu = make_cpu_backend();
@@ -135,7 +155,7 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
   Workspace ws_shadow = Workspace::make(*cpu, S, B), ws_teacher = Workspace::make(*cpu, T, B);
   float* tp = cpu->alloc(tinit.size());
   cpu->upload(tp, tinit.data(), tinit.size());
-  const bool mx = policy.weight != NumFmt::fp32;
+  const bool mx = policy.weight != NumFmt::fp32 || policy.flash();  // a rounding policy (the header)
   PassPolicy pol;
   pol.p = policy;
   pol.seed = cfg.seed;
@@ -146,14 +166,22 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
   for (uint32_t step = 0; step < kSteps; ++step) {
     cpu->set_step(scalars(cfg, step));
     gpu->set_step(scalars(cfg, step));
-    // Identical data: x, teacher(x) + noise made on the CPU, uploaded to the GPU.
-    cpu->randn(sc.x, static_cast<size_t>(n), cfg.seed, Stream::data, 1.0f);
-    forward(*cpu, T, tp, sc.x, ws_teacher, pol32);
-    cpu->copy(sc.target, ws_teacher.out, static_cast<size_t>(n));
-    cpu->add_randn(sc.target, static_cast<size_t>(n), cfg.seed, Stream::label_noise, cfg.data.label_noise);
-    const auto xh = sc.host(sc.x, n), th = sc.host(sc.target, n);
-    gpu->upload(sg.x, xh.data(), xh.size());
-    gpu->upload(sg.target, th.data(), th.size());
+    // Identical data: x, teacher(x) + noise made on the CPU, uploaded to the GPU. Token networks:
+    // each backend makes its own token batch, which must be the other's bit for bit.
+    if (tokens) {
+      cpu->token_batch(sc.x, sc.target, cfg.data.batch, cfg.data.seq_len, cfg.data.vocab, cfg.seed, Stream::data);
+      gpu->token_batch(sg.x, sg.target, cfg.data.batch, cfg.data.seq_len, cfg.data.vocab, cfg.seed, Stream::data);
+      ASSERT_EQ(sc.host(sc.x, n), sg.host(sg.x, n)) << label << " step " << step << ": token ids";
+      ASSERT_EQ(sc.host(sc.target, n), sg.host(sg.target, n)) << label << " step " << step << ": targets";
+    } else {
+      cpu->randn(sc.x, static_cast<size_t>(n), cfg.seed, Stream::data, 1.0f);
+      forward(*cpu, T, tp, sc.x, ws_teacher, pol32);
+      cpu->copy(sc.target, ws_teacher.out, static_cast<size_t>(n));
+      cpu->add_randn(sc.target, static_cast<size_t>(n), cfg.seed, Stream::label_noise, cfg.data.label_noise);
+      const auto xh = sc.host(sc.x, n), th = sc.host(sc.target, n);
+      gpu->upload(sg.x, xh.data(), xh.size());
+      gpu->upload(sg.target, th.data(), th.size());
+    }
 
     for (Student* s : {&sc, &sg}) {
       forward(s->be, S, s->params, s->x, s->ws, pol);
@@ -277,6 +305,36 @@ TEST(ModelParity, RotatedPoliciesMatchCpu) {
   rot.rotation.fill(Rotation::random_hadamard);
   rot.rounding_grad = Rounding::stochastic;
   run_parity(rot, "rotation random_hadamard, stochastic gradients");
+}
+
+// Flash attention in bf16 on the attention proxy (Gaussian data), with FP32 GEMMs around it and
+// with the MXFP8 E4M3 policy; the stabilized softmax with delta from the FP32 O; the MX budgets
+// (the header). The kernel itself, bit for bit: test_flash_attention_gpu.cu.
+TEST(ModelParity, FlashAttentionProxyMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  PrecisionConfig flash32 = PrecisionConfig::fp32();
+  flash32.attention = AttnImpl::flash_bf16;
+  run_parity(flash32, "attention flash_bf16, fp32 GEMMs", attention_config(NormKind::layernorm), kAttnFp32GradRel);
+  PrecisionConfig flash_mx = mx_policy(NumFmt::mxfp8_e4m3);
+  flash_mx.attention = AttnImpl::flash_bf16;
+  flash_mx.attention_softmax = AttnSoftmax::stabilized;
+  flash_mx.attention_delta = AttnDelta::hp;
+  run_parity(flash_mx, "attention flash_bf16 stabilized delta_hp, mxfp8_e4m3", attention_config(NormKind::rmsnorm),
+             kAttnFp32GradRel);
+}
+
+// The token proxy (embedding, causal attention, unembedding, cross-entropy) under FP32, MXFP8 E4M3
+// and MXFP8 E4M3 with flash attention in bf16 (tiles of 16 keys, so the online softmax spans two).
+TEST(ModelParity, TokenNetworkMatchesCpu) {
+  MXLAB_REQUIRE_GPU();
+  const RunConfig cfg = token_config();
+  run_parity(PrecisionConfig::fp32(), "tokens fp32", cfg, kAttnFp32GradRel);
+  run_parity(mx_policy(NumFmt::mxfp8_e4m3), "tokens mxfp8_e4m3", cfg, kAttnFp32GradRel);
+  PrecisionConfig flash = mx_policy(NumFmt::mxfp8_e4m3);
+  flash.attention = AttnImpl::flash_bf16;
+  flash.attention_tile_r = 16;
+  flash.attention_tile_c = 16;
+  run_parity(flash, "tokens mxfp8_e4m3 flash_bf16", cfg, kAttnFp32GradRel);
 }
 
 }  // namespace
