@@ -12,7 +12,8 @@
 # them (with 4 GPUs and two shards of two seeds each, every GPU trains one seed; one run per GPU
 # at a time). Training is stopped 75 s before the deadline (SIGTERM: the run checkpoints and is
 # marked interrupted) so that the summaries are still written. Other steps (build, gputests,
-# digest) run first, in the order given. Back in OUTDIR:
+# digest) run first, in the order given. MXLAB_GPUS=0,1 deals only those GPUs (another job may use
+# the rest of the machine in the same call). Back in OUTDIR:
 #   summary_EXP_SHARDofN.csv   mxlab summarize --csv of the shard's finished runs
 #   blocks_EXP_SHARDofN.csv    results/extract_loss_blocks.py, blocks of 100 steps (the endpoint's input;
 #                              branches too, from their `at`)
@@ -28,11 +29,15 @@ OUT=${1:?usage: run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N .
 DEADLINE=${2:?usage: run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N ...}
 shift 2
 T0=$(date +%s)
-LOGS=/tmp/why_mx_logs
+LOGS=/tmp/why_mx_logs_$$
 mkdir -p "$OUT" "$LOGS" runs
 nvidia-smi -L | tee "$LOGS/device.txt"
-NGPU=$(nvidia-smi -L | grep -c '^GPU')
-GPUS=$(seq -s, 0 $((NGPU - 1)))
+if [ -n "${MXLAB_GPUS:-}" ]; then
+  IFS=, read -r -a GPU_IDS <<< "$MXLAB_GPUS"
+else
+  mapfile -t GPU_IDS < <(seq 0 $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )))
+fi
+NGPU=${#GPU_IDS[@]}
 BIN=build/mxlab
 TESTS=build/mxlab_gpu_tests
 # Binaries packed on the development machine (bench/pack_devbin.sh; carry .devbin): no build here.
@@ -110,9 +115,9 @@ if [ "${#SHARDS[@]}" -gt 0 ]; then
   pids=()
   for k in "${!SHARDS[@]}"; do
     step=${SHARDS[$k]}
-    # GPUs k, k+n, k+2n, ... (every shard gets at least one: GPU k mod NGPU)
-    gpus=$(for ((g = k; g < NGPU; g += n)); do echo -n "$g,"; done)
-    gpus=${gpus%,}; [ -n "$gpus" ] || gpus=$(( k % NGPU ))
+    # GPUs k, k+n, k+2n, ... of the list (every shard gets at least one: GPU k mod NGPU)
+    gpus=$(for ((g = k; g < NGPU; g += n)); do echo -n "${GPU_IDS[$g]},"; done)
+    gpus=${gpus%,}; [ -n "$gpus" ] || gpus=${GPU_IDS[$(( k % NGPU ))]}
     train_shard "${step%%=*}" "${step#*=}" "$gpus" "$budget" &
     pids+=($!)
   done

@@ -59,6 +59,11 @@ constexpr double kFp32LossRel = 1e-5;
 constexpr double kFp32GradRel = 2e-4;
 constexpr double kMxLossRel = 1e-3;
 constexpr double kMxBiasShare = 0.05;
+// FP32 GEMMs with flash attention in bf16: the policy's own bias is small (~6e-4 of |g|), and the
+// GEMMs' CPU-GPU differences (summation order, ~1e-6) flip single bf16 roundings of P-bar and O
+// (each up to 2^-8 of the entry), so the bias-share yardstick does not apply: each group's
+// gradient difference must stay within bf16's unit roundoff instead (seen on an H100: <= 1.7e-3).
+constexpr double kFlashFp32GradRel = 1.0 / 256.0;
 
 RunConfig tiny_config() {
   RunConfig c;
@@ -156,6 +161,8 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
   float* tp = cpu->alloc(tinit.size());
   cpu->upload(tp, tinit.data(), tinit.size());
   const bool mx = policy.weight != NumFmt::fp32 || policy.flash();  // a rounding policy (the header)
+  const bool flash_fp32_gemms = policy.flash() && policy.weight == NumFmt::fp32 &&
+                                policy.activation == NumFmt::fp32 && policy.grad == NumFmt::fp32;
   PassPolicy pol;
   pol.p = policy;
   pol.seed = cfg.seed;
@@ -212,6 +219,7 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
         bias_all += bias * bias;
         std::printf("[parity %s]   %-14s |g_gpu-g_cpu|/|g| %.3g  bias |g_mx-g_fp32|/|g| %.3g  share %.3g\n", label,
                     g.name.c_str(), diff / ref, bias / ref, bias > 0 ? diff / bias : 0.0);
+        if (flash_fp32_gemms) EXPECT_LE(diff / ref, kFlashFp32GradRel) << label << " " << g.name << " step " << step;
       } else {
         std::printf("[parity %s]   %-14s |g_gpu-g_cpu|/|g| %.3g\n", label, g.name.c_str(), diff / ref);
         EXPECT_LE(diff / ref, fp32_grad_rel) << label << " " << g.name << " step " << step;
@@ -222,7 +230,7 @@ void run_parity(const PrecisionConfig& policy, const char* label, const RunConfi
       std::printf("[parity %s] step %u global: |g_gpu-g_cpu|/|g| %.3g, bias ratio %.3g, share %.3g\n", label, step,
                   std::sqrt(diff_all / norm_all), std::sqrt(bias_all / norm_all), share);
       EXPECT_GT(bias_all, 0.0) << label << ": the MX gradient equals the FP32 one; the policy did nothing";
-      EXPECT_LE(share, kMxBiasShare) << label << " step " << step;
+      if (!flash_fp32_gemms) EXPECT_LE(share, kMxBiasShare) << label << " step " << step;
     }
     cpu->adam(sc.params, sc.grads, sc.m, sc.v, sc.P, hyper);
     gpu->adam(sg.params, sg.grads, sg.m, sg.v, sg.P, hyper);
