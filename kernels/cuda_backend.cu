@@ -12,10 +12,7 @@
 //     replays with the current step's values. A ring (not one pinned slot) because the host
 //     may run several steps ahead of the device: a slot is rewritten only after its copy ran.
 //   - Lanes: set_lane(i) forks lane i from lane 0 (an event), so work on lane i sees all
-//     work enqueued on lane 0 before; join() makes lane 0 wait for every forked lane;
-//     wait_lane(w, d) makes lane w wait for lane d (an event of d's), lane to lane. Inside a
-//     capture each of these events becomes an edge of the graph (the lanes take part in the
-//     capture through them), so a replay keeps the same order.
+//     work enqueued on lane 0 before; join() makes lane 0 wait for every forked lane.
 //   - Capture: the first begin_capture(key) returns false and the region runs eagerly (so
 //     every scratch buffer and GEMM workspace reaches its size before any capture); the
 //     second records the region into a graph (lane 0 in thread-local capture mode, other
@@ -92,7 +89,6 @@ class DeviceArray {
 struct Lane {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;  // lane 0: fork point; others: join point
-  cudaEvent_t mark = nullptr;   // wait_lane: the point another lane waits for
   std::unique_ptr<GemmRunner> gemm;
   int64_t gemm_reserved = 0;
   DeviceArray<double> scratch;  // reduction partials
@@ -109,7 +105,6 @@ class CudaBackend final : public Backend {
     for (Lane& l : lanes_) {
       MXLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
       MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&l.event, cudaEventDisableTiming));
-      MXLAB_CUDA_CHECK(cudaEventCreateWithFlags(&l.mark, cudaEventDisableTiming));
       l.gemm = std::make_unique<GemmRunner>(l.stream);
     }
     MXLAB_CUDA_CHECK(cudaMalloc(&d_step_, sizeof(StepScalars)));
@@ -143,7 +138,6 @@ class CudaBackend final : public Backend {
     for (Lane& l : lanes_) {
       l.gemm.reset();
       cudaEventDestroy(l.event);
-      cudaEventDestroy(l.mark);
       cudaStreamDestroy(l.stream);
     }
   }
@@ -224,23 +218,10 @@ class CudaBackend final : public Backend {
     if (lane == cur_) return;
     cur_ = lane;
     if (lane == 0) return;
-    fork(lane);
-  }
-
-  void wait_lane(int waiter, int waited) override {
-    ctx();
-    for (int lane : {waiter, waited})
-      if (lane < 0 || lane >= kLanes) throw Error(msg("lane ", lane, " out of range [0, ", kLanes, ")"));
-    if (waiter == waited) return;
-    // A lane other than 0 with nothing since the last join has no work to wait for: all it ran
-    // is before a point lane 0 has waited for, which every lane forked since follows.
-    if (waited != 0 && !lanes_[waited].forked) return;
-    // The waiter takes part in the step (and in a capture) as a forked lane: joined at the end.
-    if (waiter != 0 && !lanes_[waiter].forked) fork(waiter);
-    // Recorded now and waited for at once, so one event per lane serves every call (a wait
-    // takes the event's latest record, in a capture as outside one).
-    MXLAB_CUDA_CHECK(cudaEventRecord(lanes_[waited].mark, lanes_[waited].stream));
-    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[waiter].stream, lanes_[waited].mark, 0));
+    // Fork: lane `lane` continues after everything enqueued on lane 0 so far.
+    MXLAB_CUDA_CHECK(cudaEventRecord(lanes_[0].event, lanes_[0].stream));
+    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream, lanes_[0].event, 0));
+    lanes_[lane].forked = true;
   }
 
   void join() override {
@@ -752,12 +733,6 @@ class CudaBackend final : public Backend {
     if (dev != device_) MXLAB_CUDA_CHECK(cudaSetDevice(device_));
   }
   cudaStream_t cur() const { return lanes_[cur_].stream; }
-  // Lane `lane` (> 0) continues after everything enqueued on lane 0 so far.
-  void fork(int lane) {
-    MXLAB_CUDA_CHECK(cudaEventRecord(lanes_[0].event, lanes_[0].stream));
-    MXLAB_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream, lanes_[0].event, 0));
-    lanes_[lane].forked = true;
-  }
 
   void refuse_in_capture(const char* what) const {
     if (capturing_)

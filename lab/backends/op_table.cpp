@@ -720,7 +720,6 @@ const std::vector<OpExemption>& op_exemptions() {
       {"set_lane", "stream scheduling, no numerics (the CPU runs in order); the model parity tests use lanes"},
       {"lanes", "stream scheduling: how many lanes exist"},
       {"join", "stream scheduling: lane 0 waits for the others"},
-      {"wait_lane", "stream scheduling: one lane waits for another (the CPU runs in order)"},
       {"synchronize", "waits for the device, no numerics"},
   };
   return list;

@@ -20,11 +20,7 @@
 // (K copies of the policy, or the experiment's `arms:`), per step, against the serial sum of its
 // parts: FP32 step + K x (MX step + shadow / bias_every) + data, the cost per recipe-step
 // against K separate runs, and what each arm beyond the first adds, (t_K - t_1) / (K - 1), also as
-// a multiple of the MX trajectory step measured in the same run. --arm-update joined times every
-// trainer step with all optimizer updates on lane 0 after the lanes join (the order before each
-// update ran on its trajectory's lane, Trainer::set_arm_update; same bits), --arm-update both the
-// --arms figures both ways in the same process (the lanes figures first, then the joined ones and
-// the difference per extra arm). On CUDA, in the same process,
+// a multiple of the MX trajectory step measured in the same run. On CUDA, in the same process,
 // the floors these are measured against: the step's GEMMs alone in cuBLAS (6 per layer: 2 forward, 2 dgrad, 2 wgrad; SGEMM with TF32 off
 // for FP32, bf16 operands already quantized for MX; the teacher's 2 per block; an attention block
 // adds its 12: 4 projections and 8 strided-batched per-head GEMMs), each figure also as a ratio to
@@ -41,9 +37,8 @@
 // logged step). Every measured quantity is also a record (value, unit, device, revision, command,
 // configuration; lab/runs/bench_records.h): --csv FILE writes them as CSV, and they are added to
 // the bench cache that `mxlab plan` predicts device time from (--bench-file FILE, default
-// $XDG_CACHE_HOME/mxlab/bench/<device>.json; not with --no-graphs, --no-producer-quant or
-// --arm-update joined, which time a step `mxlab run` does not take). The last line is one JSON
-// object for scripts.
+// $XDG_CACHE_HOME/mxlab/bench/<device>.json; not with --no-graphs or --no-producer-quant, which
+// time a step `mxlab run` does not take). The last line is one JSON object for scripts.
 #include <unistd.h>
 
 #include <algorithm>
@@ -111,7 +106,6 @@ struct Args {
   bool no_producer_quant = false;
   std::string only;  // run one figure (e.g. under a profiler), no floors
   int arms = 0;      // --arms K: time the trainer with 1 and with K arms
-  std::string arm_update = "lanes";  // --arm-update lanes | joined | both (Trainer::set_arm_update)
   int curvature_iters = kCurvatureIters;
   int run = 0;  // --run I: which run of a sweep
   int log_steps = 0;  // --log-steps N: time N logged trainer steps and their phases
@@ -132,8 +126,6 @@ struct Setup {
   std::unique_ptr<Backend> be;
   bool is_cuda = false;
   bool graphs = false;  // CUDA graphs (not --no-graphs)
-  Trainer::ArmUpdate arm_update = Trainer::ArmUpdate::lanes;  // every trainer's (--arm-update; both: lanes)
-  bool arm_update_both = false;  // --arm-update both: the --arms figures also with joined updates
   int steps = 0, warmup = 0;
   int only = kOnlyAll;
   NetShape S, T;  // student, teacher
@@ -187,13 +179,6 @@ Setup make_setup(const Args& a) {
   s.steps = a.steps > 0 ? a.steps : (s.is_cuda ? kCudaSteps : kCpuSteps);
   s.warmup = a.warmup >= 0 ? a.warmup : (s.is_cuda ? kCudaWarmup : kCpuWarmup);
   s.graphs = s.is_cuda && !a.no_graphs;
-  if (a.arm_update == "joined") s.arm_update = Trainer::ArmUpdate::joined;
-  else if (a.arm_update == "both") s.arm_update_both = true;
-  else if (a.arm_update != "lanes")
-    throw Error(msg("--arm-update ", a.arm_update, ": use lanes, joined or both"));
-  if (s.arm_update_both && a.arms <= 0 && (s.cfg.arms.empty() || s.only != kOnlyAll))
-    throw Error("--arm-update both times the --arms figures both ways: add --arms K (or bench an experiment with "
-                "arms:, without --only)");
   if (s.graphs && s.warmup < 3)
     throw Error(msg("--warmup ", s.warmup, " is too short with CUDA graphs (the first pass of a step runs eagerly, "
                     "the second records): use --warmup 3 or more, or --no-graphs"));
@@ -231,12 +216,6 @@ void print_setup(const Setup& s) {
                 s.args.no_producer_quant ? "off (--no-producer-quant: every GEMM quantizes its operands itself)"
                                          : "on (layernorm / activation / add kernels write the next GEMM's MX "
                                            "operand; each pass's weights are quantized together, ahead)");
-  std::printf("  optimizer updates of an unlogged step: %s\n",
-              s.arm_update_both ? "on each trajectory's lane after its passes; the --arms figures also with all of them "
-                                  "on lane 0 after the join (--arm-update both)"
-              : s.arm_update == Trainer::ArmUpdate::joined
-                  ? "all on lane 0 after the lanes join (--arm-update joined: not the order mxlab run takes)"
-                  : "on each trajectory's lane after its passes (as mxlab run)");
   std::printf("  %d warm-up + %d timed steps per figure, median; %s\n", s.warmup, s.steps,
               s.graphs ? "CUDA graphs on, CUDA events" : (s.is_cuda ? "CUDA graphs off, CUDA events" : "host clock"));
 }
@@ -379,7 +358,6 @@ StepFigures time_step_figures(const Setup& s) {
   out.trainer = std::make_unique<Trainer>(step_trainer_config(s.cfg, 2 * n), *s.be, *out.sink);
   Trainer& tr = *out.trainer;
   tr.set_step_capture(s.graphs);
-  tr.set_arm_update(s.arm_update);
   out.lengthened = tr.config().steps != s.cfg.steps;
   auto loss_of = [&](size_t i) -> double { return s.be->read_scalar(tr.trajectory(i).ws.loss); };
   if (s.wants(kFigFp32)) {
@@ -497,15 +475,13 @@ void print_step_figures(const Setup& s, const StepFigures& st, const Floors& fl)
 // The trainer's run (every step of it: compute, update, the shadow pass every bias_every steps
 // and its metrics; CUDA graphs as the trainer uses them unless --no-graphs), ms per step:
 // `warmup` steps, then the wall time of `steps` more over their count. It logs only at step 0.
-// The unlogged steps' updates where `update` puts them.
-double trainer_ms_per_step(const Setup& s, RunConfig cfg, Trainer::ArmUpdate update) {
+double trainer_ms_per_step(const Setup& s, RunConfig cfg) {
   cfg = bare_trainer_config(cfg);
   cfg.steps = std::max(cfg.steps, s.warmup + s.steps + 2);  // the experiment's run, lengthened where shorter
   cfg.log.log_every = cfg.steps;
   MemorySink sink;
   Trainer tr(cfg, *s.be, sink);
   tr.set_step_capture(s.graphs);
-  tr.set_arm_update(update);
   tr.open_output();
   tr.run(RunControl{}, 1 + s.warmup);  // step 0 logs; then warm-up (graph recording)
   const auto t0 = std::chrono::steady_clock::now();
@@ -523,10 +499,6 @@ struct ArmsFigures {
   // What each arm beyond the first adds, (t_K - t_1) / (K - 1) (K >= 2, else NaN), and that over
   // the MX trajectory step measured in the same run (NaN without it: --only).
   double per_extra_ms = kNaN, mx_ms = 0.0, per_extra_mx_ratio = kNaN;
-  // --arm-update both: the same two trainer steps with every update on lane 0 after the join
-  // (timed after the figures above), and what each extra arm adds then (NaN: not timed, K < 2).
-  bool joined = false;
-  double joined_one_ms = kNaN, joined_arms_ms = kNaN, joined_per_extra_ms = kNaN;
 };
 
 // The arms figures' arithmetic on the two trainer steps and the step figures.
@@ -549,15 +521,9 @@ ArmsFigures time_arms(const Setup& s, const std::vector<Figure>& figs) {
   }
   r.K = static_cast<int>(many.arms.size());
   r.bias_every = s.cfg.log.bias_every > 0 ? s.cfg.log.bias_every : s.cfg.log.log_every;
-  r.one_ms = trainer_ms_per_step(s, one, s.arm_update);
-  r.arms_ms = trainer_ms_per_step(s, many, s.arm_update);
+  r.one_ms = trainer_ms_per_step(s, one);
+  r.arms_ms = trainer_ms_per_step(s, many);
   derive_arms_figures(r, figs);
-  if (s.arm_update_both) {
-    r.joined = true;
-    r.joined_one_ms = trainer_ms_per_step(s, one, Trainer::ArmUpdate::joined);
-    r.joined_arms_ms = trainer_ms_per_step(s, many, Trainer::ArmUpdate::joined);
-    if (r.K >= 2) r.joined_per_extra_ms = (r.joined_arms_ms - r.joined_one_ms) / (r.K - 1);
-  }
   return r;
 }
 
@@ -578,16 +544,6 @@ void print_arms(const Setup& s, const ArmsFigures& r) {
   else
     std::printf("  per extra arm: (%.3f - %.3f) / (%d - 1) = %.3f ms (the MX trajectory step was not timed: --only)\n",
                 r.arms_ms, r.one_ms, r.K, r.per_extra_ms);
-  if (!r.joined) return;
-  std::printf("  the same with every update on lane 0 after the lanes join (--arm-update both; the figures above: "
-              "each on its trajectory's lane):\n");
-  std::printf("  %-36s %10.3f   lanes - joined: %+.3f ms\n", "1 arm, updates joined", r.joined_one_ms,
-              r.one_ms - r.joined_one_ms);
-  std::printf("  %-36s %10.3f   lanes - joined: %+.3f ms\n", msg(r.K, " arms, updates joined").c_str(),
-              r.joined_arms_ms, r.arms_ms - r.joined_arms_ms);
-  if (r.K >= 2)
-    std::printf("  per extra arm, updates joined: %.3f ms; on the lanes %.3f ms: %+.3f ms per extra arm\n",
-                r.joined_per_extra_ms, r.per_extra_ms, r.per_extra_ms - r.joined_per_extra_ms);
 }
 
 // ---- --log-steps N: a logged trainer step against an unlogged one, and its phases ----
@@ -660,7 +616,7 @@ LogFigures time_logged_steps(const Setup& s) {
   LogFigures r;
   if (s.args.log_steps <= 0) return r;
   r.steps = s.args.log_steps;
-  r.unlogged_ms = trainer_ms_per_step(s, s.cfg, s.arm_update);
+  r.unlogged_ms = trainer_ms_per_step(s, s.cfg);
   r.profile = trainer_log_profile(*s.be, s.cfg, std::min(s.warmup, 3), r.steps);
   return r;
 }
@@ -765,7 +721,7 @@ std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, c
                          "\",\"config\":\"", s.args.path, "\",\"depth\":", s.S.depth, ",\"width\":", s.S.d,
                          ",\"batch\":", s.B, ",\"block\":\"", s.S.attention() ? "attention" : "mlp",
                          "\",\"seq_len\":", s.cfg.data.seq_len, ",\"steps\":", s.steps, ",\"warmup\":", s.warmup,
-                         ",\"graphs\":", s.graphs ? "true" : "false", ",\"arm_update\":\"", s.args.arm_update, "\"");
+                         ",\"graphs\":", s.graphs ? "true" : "false");
   for (const Figure& f : st.figs) {
     if (f.ms <= 0) continue;
     json += msg(",\"", f.key, "\":", shortest_repr(f.ms));  // full precision: per_extra_arm_mx_ratio divides by mx_step_ms
@@ -782,12 +738,6 @@ std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, c
     if (std::isfinite(arms.per_extra_ms)) json += msg(",\"per_extra_arm_ms\":", shortest_repr(arms.per_extra_ms));
     if (std::isfinite(arms.per_extra_mx_ratio))
       json += msg(",\"per_extra_arm_mx_ratio\":", shortest_repr(arms.per_extra_mx_ratio));
-    if (arms.joined) {
-      json += msg(",\"trainer_1arm_joined_ms\":", shortest_repr(arms.joined_one_ms),
-                  ",\"trainer_arms_joined_ms\":", shortest_repr(arms.joined_arms_ms));
-      if (std::isfinite(arms.joined_per_extra_ms))
-        json += msg(",\"per_extra_arm_joined_ms\":", shortest_repr(arms.joined_per_extra_ms));
-    }
   }
   if (curv.measured)
     json += msg(",\"fwd_bwd_ms\":", curv.fb_ms, ",\"curvature_iters\":", s.args.curvature_iters,
@@ -853,11 +803,6 @@ std::vector<BenchRecord> bench_records(const Setup& s, const StepFigures& st, co
     add("arms_saving", arms.saving, "ratio", arms.K, arms.bias_every);
     add("per_extra_arm_ms", arms.per_extra_ms, "ms", arms.K, arms.bias_every);
     add("per_extra_arm_mx_ratio", arms.per_extra_mx_ratio, "ratio", arms.K, arms.bias_every);
-    if (arms.joined) {  // --arm-update both: the old order, beside (mxlab plan reads none of these)
-      add("trainer_1arm_joined_ms", arms.joined_one_ms, "ms", 1, arms.bias_every);
-      add("trainer_arms_joined_ms", arms.joined_arms_ms, "ms", arms.K, arms.bias_every);
-      add("per_extra_arm_joined_ms", arms.joined_per_extra_ms, "ms", arms.K, arms.bias_every);
-    }
   }
   if (log.steps > 0) {
     const int k = static_cast<int>(resolved_arms(s.cfg).size());
@@ -883,10 +828,9 @@ void save_records(const Setup& s, const std::vector<BenchRecord>& records) {
     write_text_atomically(s.args.csv, bench_records_csv(records));
     std::printf("  records: %zu measured quantities written to %s\n", records.size(), s.args.csv.c_str());
   }
-  const bool joined = s.arm_update == Trainer::ArmUpdate::joined;
-  if (s.args.no_graphs || s.args.no_producer_quant || joined) {
+  if (s.args.no_graphs || s.args.no_producer_quant) {
     std::printf("  bench cache: not written (%s times a step mxlab run does not take)\n",
-                s.args.no_graphs ? "--no-graphs" : joined ? "--arm-update joined" : "--no-producer-quant");
+                s.args.no_graphs ? "--no-graphs" : "--no-producer-quant");
     return;
   }
   const std::string device = records.front().device;
@@ -939,9 +883,9 @@ void run_bench(const Args& a) {
 // `steps` calls (after `warmup`), synchronised after the last.
 void run_op_bench(const Args& a, const std::vector<std::string>& names) {
   if (!a.path.empty() || !a.sets.empty() || a.depth || a.width || a.batch || a.arms || !a.only.empty() ||
-      a.log_steps || a.run || !a.csv.empty() || !a.bench_file.empty() || a.arm_update != "lanes")
+      a.log_steps || a.run || !a.csv.empty() || !a.bench_file.empty())
     throw Error("--ops times each backend op at its fixed bench size: drop the experiment file and --set, --depth, "
-                "--width, --batch, --arms, --arm-update, --only, --log-steps, --run, --csv, --bench-file");
+                "--width, --batch, --arms, --only, --log-steps, --run, --csv, --bench-file");
   std::vector<const OpDesc*> ops;
   for (const std::string& n : names) {
     if (n.empty()) continue;
@@ -1011,11 +955,6 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                   "also time the trainer with 1 and with K arms (K copies of the policy; without --arms an "
                   "experiment's own arms: are used)")
       ->check(integer_in(1));
-  sub->add_option("--arm-update", args->arm_update,
-                  "where an unlogged step runs the optimizer updates: lanes (each on its trajectory's lane after its "
-                  "passes, as mxlab run), joined (all on lane 0 after the lanes join: the earlier order, same bits) "
-                  "or both (the --arms figures both ways, and the difference per extra arm)")
-      ->capture_default_str();
   sub->add_option("--only", args->only,
                   "time one figure only (fp32, mx, shadow, data, paired, curvature), no cuBLAS floors");
   sub->add_option("--log-steps", args->log_steps,

@@ -117,12 +117,6 @@ class Backend {
   // Number of lanes (set_lane takes 0 .. lanes()-1). 1: everything runs in order on lane 0.
   virtual int lanes() const { return 1; }
   virtual void join() {}
-  // Lane `waiter`'s following ops wait for everything issued on lane `waited` so far (an event
-  // recorded on `waited` now; inside a capture it becomes an edge of the graph). The current
-  // lane stays as it is. A waiter other than lane 0 that has nothing since the last join is
-  // forked first (as set_lane would). A no-op when waiter == waited, and on backends that run
-  // everything in order.
-  virtual void wait_lane(int waiter, int waited) { (void)waiter, (void)waited; }
   // Optional whole-step capture (CUDA graphs). The trainer runs a step's ops as
   //   if (!be.replay(key)) { bool rec = be.begin_capture(key); <ops>; be.end_capture(key); if (rec) be.replay(key); }
   // replay(key) launches a recording made earlier for `key` and returns true; otherwise false.

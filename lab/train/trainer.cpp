@@ -7,11 +7,7 @@
 //      another, so that arms overlap each other and the FP32 trajectory on a GPU.
 //   3. metrics from gradients (log steps; the running averages and the shadow_* series on
 //      every shadow step)
-//   4. optimizer updates, then metrics from the new weights (log steps). An unlogged step
-//      issues each trajectory's update on its own lane right after its passes (the MX ones
-//      after their shadow pass too, which reads the weights the update overwrites), so that
-//      the updates overlap the other lanes' passes; the step's shadow metrics, read after
-//      the lanes have joined, read gradients only (Trainer::set_arm_update)
+//   4. optimizer updates, then metrics from the new weights (log steps)
 // Steps that log nothing run as one captured unit (CUDA graphs on the GPU backend).
 #include "lab/train/trainer.h"
 
@@ -307,8 +303,7 @@ void Trainer::update(Trajectory& tr, bool log) {
   optimizer_step(be_, cfg_, tr.params, tr.grads, tr.m, tr.v, np);
 }
 
-void Trainer::compute_phase(bool log, bool shadow, bool with_update) {
-  MXLAB_ASSERT(!(log && with_update), "a logged step updates after its metrics (update_phase), not on the lanes");
+void Trainer::compute_phase(bool log, bool shadow) {
   step_batch();
   // MX trajectories (and their shadow passes) fork off lane 0 right after the data, so they
   // overlap with the FP32 trajectory, which is issued last on lane 0.
@@ -316,36 +311,20 @@ void Trainer::compute_phase(bool log, bool shadow, bool with_update) {
   for (size_t i = 0; i < traj_.size(); ++i) {
     Trajectory& tr = *traj_[i];
     if (!live(tr) || !tr.is_mx) continue;
-    const int tl = train_lane(j);
-    be_.set_lane(tl);
+    be_.set_lane(train_lane(j));
     train_pass(i, log);
     if (shadow) {
-      const int sl = shadow_lane(j);
-      be_.set_lane(sl);
-      shadow_pass(i, shadow_ws_.at(sl));
-      // The update reads the training pass's gradient and overwrites the weights the shadow
-      // pass has just read: on the shadow lane (the longer FP32 pass), after the training
-      // lane. Not the other way round: the work issued later on the training lane (another
-      // trajectory's pass, where lanes are shared) would then wait for this shadow pass too.
-      if (with_update) be_.wait_lane(sl, tl);
+      const int lane = shadow_lane(j);
+      be_.set_lane(lane);
+      shadow_pass(i, shadow_ws_.at(lane));
     }
-    if (with_update) update(tr, false);
     ++j;
   }
   be_.set_lane(kLaneMain);
   for (size_t i = 0; i < traj_.size(); ++i)
-    if (live(*traj_[i]) && !traj_[i]->is_mx) {
-      train_pass(i, log);
-      if (with_update) update(*traj_[i], false);
-    }
+    if (live(*traj_[i]) && !traj_[i]->is_mx) train_pass(i, log);
   be_.set_lane(kLaneMain);
   be_.join();
-}
-
-void Trainer::set_arm_update(ArmUpdate u) {
-  MXLAB_ASSERT(capture_keys_.size() == 0 || u == arm_update_,
-               "set_arm_update after unlogged steps: their recorded steps replay the order they were recorded with");
-  arm_update_ = u;
 }
 
 void Trainer::update_phase(bool log) {
@@ -828,7 +807,7 @@ void Trainer::step_once(bool log) {
   if (log) {
     phase(nullptr);
     be_.reset_stats(static_cast<int>(traj_.size()) * cfg_.model.depth * kStatTensors);
-    compute_phase(true, shadow, false);
+    compute_phase(true, shadow);
     phase("eager compute with statistics");
     log_metrics(shadow);
     return;
@@ -838,16 +817,13 @@ void Trainer::step_once(bool log) {
   std::vector<bool> alive(traj_.size());
   for (size_t i = 0; i < traj_.size(); ++i) alive[i] = live(*traj_[i]);
   const int key = capture_keys_.key(shadow, alive);
-  const bool on_lanes = arm_update_ == ArmUpdate::lanes;
-  auto compute_and_update = [&] {
-    compute_phase(false, shadow, on_lanes);
-    if (!on_lanes) update_phase(false);
-  };
   if (!step_capture_) {
-    compute_and_update();
+    compute_phase(false, shadow);
+    update_phase(false);
   } else if (!be_.replay(key)) {
     const bool recording = be_.begin_capture(key);
-    compute_and_update();
+    compute_phase(false, shadow);
+    update_phase(false);
     be_.end_capture(key);
     if (recording) be_.replay(key);
   }

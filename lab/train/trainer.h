@@ -85,20 +85,6 @@ class Trainer {
   // Unlogged steps run as one captured unit (CUDA graphs on the GPU; the default) or, off,
   // eagerly op by op (`mxlab bench --no-graphs`). The same ops either way: the same bits.
   void set_step_capture(bool on) { step_capture_ = on; }
-  // Where an unlogged step runs each trajectory's optimizer update (the same kernels on the
-  // same buffers either way, so the same bits; kernels/PERF.md "Arms at the GPU's throughput"):
-  //   lanes   (the default) on the trajectory's own lane right after its passes: an MX
-  //           trajectory's on its training lane, or on its shadow lane once that lane has waited
-  //           for the training lane (the update overwrites the weights the shadow pass reads); the
-  //           FP32 trajectory's and the other non-MX ones' on lane 0 after their pass;
-  //   joined  all of them on lane 0 after every lane has joined it (the order before `lanes`;
-  //           `mxlab bench --arm-update` times both).
-  // Logged steps always update on lane 0 after the join (their metrics read the gradients and
-  // the old weights first). Set it before the first step: a recorded step replays the order it
-  // was recorded with.
-  enum class ArmUpdate { lanes, joined };
-  void set_arm_update(ArmUpdate u);
-  ArmUpdate arm_update() const { return arm_update_; }
 
   // ---- one unlogged step, or one piece of it, for timing (`mxlab bench`) ----
   // One step at step() that logs nothing, whatever log_every says, exactly as run() runs a step
@@ -129,10 +115,7 @@ class Trainer {
         fp32_loss;
   };
   void step_once(bool log);
-  // The step's passes on their lanes, joined into lane 0 at the end; `with_update` (an unlogged
-  // step under ArmUpdate::lanes): each trajectory's optimizer update too, on its lane after its
-  // passes (update_phase is then not called).
-  void compute_phase(bool log, bool shadow, bool with_update);
+  void compute_phase(bool log, bool shadow);
   void update_phase(bool log);
   // The pieces of compute_phase and update_phase (and of step_batch .. step_shadow), on the
   // current lane: trajectory i's gradient pass (statistics when `log`), MX trajectory i's shadow
@@ -217,7 +200,6 @@ class Trainer {
   std::vector<PendingShadow> pending_shadow_;
   int64_t shadow_flush_every_ = 64;
   bool step_capture_ = true;  // set_step_capture
-  ArmUpdate arm_update_ = ArmUpdate::lanes;  // set_arm_update
   void phase(const char* name) {
     if (phase_clock_) phase_clock_(name);
   }

@@ -356,40 +356,6 @@ TEST(ArmsCli, BenchTimesTheTrainerWithOneAndKArms) {
   EXPECT_EQ(json_number(out2, "arms"), 2.0) << out2;
 }
 
-// `--arm-update both` times the --arms figures with the updates on the lanes (the main figures)
-// and joined on lane 0 (the earlier order), in one call; `joined` alone times a step mxlab run
-// does not take (no bench cache); anything else, or `both` with no arms to time, is refused.
-TEST(ArmsCli, BenchTimesBothOrdersOfTheUpdates) {
-  mxlab::test::TempDir dir;
-  const std::string exp = dir.write("b.yaml", "model: {depth: 1, width: 32, hidden_mult: 1}\ndata: {batch: 16}\n");
-  const std::string cache = dir.str() + "/cache.json";
-  auto [rc, out] = bench_cpu(exp, "--arms 3 --steps 2 --warmup 1 --only mx --arm-update both --bench-file " + cache);
-  ASSERT_EQ(rc, 0) << out;
-  const double t1 = json_number(out, "trainer_1arm_ms"), tk = json_number(out, "trainer_arms_ms");
-  const double j1 = json_number(out, "trainer_1arm_joined_ms"), jk = json_number(out, "trainer_arms_joined_ms");
-  EXPECT_GT(t1, 0.0) << out;
-  EXPECT_GT(j1, 0.0) << out;
-  EXPECT_GT(jk, 0.0) << out;
-  EXPECT_NEAR(json_number(out, "per_extra_arm_joined_ms"), (jk - j1) / 2.0, 1e-9 * jk) << out;
-  EXPECT_NEAR(json_number(out, "per_extra_arm_ms"), (tk - t1) / 2.0, 1e-9 * tk) << out;
-  EXPECT_NE(out.find("\"arm_update\":\"both\""), std::string::npos) << out;
-  EXPECT_NE(out.find("3 arms, updates joined"), std::string::npos) << out;
-  EXPECT_NE(out.find("per extra arm, updates joined"), std::string::npos) << out;
-  EXPECT_NE(mxlab::testutil::slurp(cache).find("per_extra_arm_joined_ms"), std::string::npos);
-
-  std::tie(rc, out) = bench_cpu(exp, "--arms 2 --steps 1 --warmup 1 --only mx --arm-update joined --bench-file " + cache);
-  ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("bench cache: not written (--arm-update joined"), std::string::npos) << out;
-  EXPECT_TRUE(std::isnan(json_number(out, "trainer_1arm_joined_ms"))) << out;
-
-  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --arm-update sideways");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--arm-update sideways: use lanes, joined or both"), std::string::npos) << out;
-  std::tie(rc, out) = bench_cpu(exp, "--steps 1 --arm-update both");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--arm-update both times the --arms figures both ways: add --arms K"), std::string::npos) << out;
-}
-
 TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
   mxlab::test::TempDir dir;
   const std::string exp = dir.write(

@@ -134,44 +134,6 @@ TEST(ArmsGpu, AnArmEqualsTheSingleArmRunOfItsRecipe) {
   EXPECT_EQ(shadow_rows, 14u);  // 0, 3, ..., 39 (the last step is a multiple of 3)
 }
 
-// Each trajectory's optimizer update on its own lane right after its passes (Trainer::ArmUpdate::
-// lanes, the default; an MX arm's on its shadow lane once that lane has waited for its training
-// lane, wait_lane inside the step's CUDA graph) writes the bits of the earlier order, every update
-// on lane 0 after the lanes join (ArmUpdate::joined): four arms (the fourth shares lanes with the
-// first), a branch from step 20 (a fifth MX trajectory), a shadow pass every 3 steps, graphs on.
-// Every group, every row, both series and the loss histories. The CPU test of the order itself
-// (no lane reads or writes a buffer another lane writes without an event between them):
-// TrainerLanes.NeitherOrderOfTheUpdatesRacesAndBothWriteTheSameBits.
-TEST(ArmsGpu, UpdatesOnTheLanesWriteTheJoinedOrdersBits) {
-  MXLAB_REQUIRE_GPU();
-  RunConfig c = tiny();
-  c.arms = {{"away", "", {}},
-            {"even", "", {{"rounding", "nearest_even"}}},
-            {"rceil", "", {{"scale_rule", "rceil"}}},
-            {"grad_even", "", {{"rounding.grad", "nearest_even"}}}};
-  c.interventions = {{"fp32_at20", 20, "to_fp32", {}, "even"}};
-  validate_config(c);
-  auto run_with = [&](Trainer::ArmUpdate order) {
-    auto be = make_cuda_backend(0);
-    MemorySink sink;
-    Trainer tr(c, *be, sink);
-    tr.set_arm_update(order);
-    tr.open_output();
-    tr.finish(tr.run(RunControl{}));
-    return sink;
-  };
-  const MemorySink joined = run_with(Trainer::ArmUpdate::joined);
-  for (int round = 0; round < 2; ++round) {  // two runs: another interleaving of the lanes each time
-    const MemorySink lanes = run_with(Trainer::ArmUpdate::lanes);
-    ASSERT_EQ(lanes.groups.size(), joined.groups.size());
-    for (const auto& [name, g] : joined.groups) {
-      ASSERT_TRUE(lanes.groups.count(name)) << name;
-      expect_same(lanes, name, joined, name);
-    }
-  }
-  EXPECT_EQ(joined.groups.at("branches/fp32_at20").loss_all.size(), 20u);
-}
-
 // Per-GEMM recipes as arms on CUDA (precision.grad_wgrad, precision.gemm; CPU twin:
 // tests/cpu/test_gemm_precision.cpp): each arm bit-identical to its single-arm run, graphs on.
 TEST(ArmsGpu, PerGemmArmsEqualTheirSingleRuns) {

@@ -795,61 +795,6 @@ TEST(CudaBackend, GraphReplayEqualsEager) {
 // within 4 ulps; the softmax row maximum and MXNorm's block absmaxes are exact), scale_cols and
 // the heads copies bit-exact.
 
-// wait_lane(w, d): lane w's following ops see everything issued on lane d so far, eagerly and in
-// a replayed CUDA graph (the trainer's update waits so for its shadow lane). A chain over four
-// lanes copies a fresh random buffer of 16 M floats each step (lane 1 writes it, lanes 2 and 3
-// copy it on after waiting, lane 0 waits for lane 3 and copies last): every copy equals the
-// step's data, whose kernel would still be writing it without the waits. A waiter with nothing
-// since the last join (lane 3 here, never set) is forked and joined with the rest, so the capture
-// ends cleanly; waiting for a lane with nothing to wait for (lane 6) does nothing.
-TEST(CudaBackend, WaitLaneOrdersOneLaneAfterAnotherInGraphs) {
-  MXLAB_REQUIRE_GPU();
-  auto be = make_cuda_backend(0);
-  constexpr size_t kN = size_t{1} << 24;
-  float* a = be->alloc(kN);
-  float* b = be->alloc(kN);
-  float* c = be->alloc(kN);
-  float* e = be->alloc(kN);
-  auto ops = [&] {
-    be->set_lane(1);
-    be->randn(a, kN, 9, Stream::data, 1.0f);
-    be->set_lane(2);
-    be->wait_lane(2, 1);
-    be->copy(b, a, kN);
-    be->wait_lane(3, 2);  // lane 3 not forked yet: forked here
-    be->wait_lane(5, 6);  // lane 6 has nothing: no-op
-    be->set_lane(3);
-    be->copy(c, b, kN);
-    be->wait_lane(0, 3);
-    be->set_lane(0);
-    be->copy(e, c, kN);
-    be->join();
-  };
-  constexpr int kKey = 11;
-  std::vector<float> prev;
-  int replays = 0;
-  for (uint32_t step = 0; step < 5; ++step) {
-    be->set_step(step_scalars(step));
-    if (be->replay(kKey)) {
-      ++replays;
-    } else {
-      const bool rec = be->begin_capture(kKey);
-      ops();
-      be->end_capture(kKey);
-      if (rec) EXPECT_TRUE(be->replay(kKey));
-    }
-    std::vector<float> ha(kN), he(kN);
-    be->download(ha.data(), a, kN);
-    be->download(he.data(), e, kN);
-    EXPECT_TRUE(same_bits(ha, he)) << "step " << step;
-    EXPECT_FALSE(same_bits(ha, prev)) << "step " << step << ": the data did not change";
-    prev = ha;
-  }
-  EXPECT_EQ(replays, 3);
-  EXPECT_THROW(be->wait_lane(0, 8), Error);
-  EXPECT_THROW(be->wait_lane(-1, 0), Error);
-}
-
 TEST(CudaBackend, GemmBatchedMatchesCpu) {
   MXLAB_REQUIRE_GPU();
   Twin t;
