@@ -110,6 +110,177 @@ def family(events):
     return [(label, lr, cox, h) for (label, lr, cox), (_, _, h) in zip(res, adj)]
 
 
+# The pre-registered verdict rules ("Verdicts" and "E1"): supported when the Holm-adjusted p is
+# below ALPHA and the HR lies in the hypothesis's direction; falsified when the HR's 95 % interval
+# excludes the effect the hypothesis needs; otherwise undecided.
+ALPHA = 0.05
+N_FALSIFY_HI, N_FALSIFY_LO = 0.5, 0.19  # N-*: falsified if hi >= 0.5 and lo > 0.19 (FP32's hazard out of reach)
+S_FALSIFY_HI = 2.0                      # S-*: falsified if hi < 2
+DRIVER_FALSIFY_HI = 1.0                 # "Wgrad is the main driver": falsified if either hi < 1
+
+
+def verdict(label, direction, cox, holm_p):
+    """'supported', 'falsified' or 'undecided' for one test of E1's family (the rules above). An HR
+    with no estimate (no informative seed) is undecided."""
+    if label.startswith("N-"):
+        falsified = cox.hi >= N_FALSIFY_HI and cox.lo > N_FALSIFY_LO
+    elif label.startswith("S-"):
+        falsified = cox.hi < S_FALSIFY_HI
+    else:
+        falsified = cox.hi < DRIVER_FALSIFY_HI
+    in_direction = cox.hr < 1 if direction == "<1" else cox.hr > 1
+    if holm_p < ALPHA and in_direction:
+        return "supported"
+    return "falsified" if falsified else "undecided"
+
+
+def driver_verdict(verdicts):
+    """"Wgrad is the main driver" from its two tests' verdicts: supported if both are, falsified if
+    either is."""
+    if all(v == "supported" for v in verdicts):
+        return "supported"
+    return "falsified" if "falsified" in verdicts else "undecided"
+
+
+def tails(directory):
+    """{(seed, trajectory): tail_log_ratio} from the summaries (FP32's own is 0: log(fp32 / fp32))."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["status"] in ("complete", "diverged"):
+                    v = r["tail_log_ratio"]
+                    out[(int(r["seed"]), r["group"])] = 0.0 if r["group"] == FP32 and v == "" else float(v)
+    return out
+
+
+def secondary(events, tail):
+    """Per test of the family, the pre-registration's secondary readings (not tests): the asymptotic
+    stratified log-rank p and the paired Wilcoxon signed-rank test of tail_log_ratio (arm vs
+    reference, by seed): [(label, p_asym, Wilcoxon)]."""
+    out = []
+    for label, a, ref, _ in E1_TESTS:
+        seeds = sorted(s for s, b in events if b == a and (s, ref) in events)
+        lr = P.permutation_logrank(_pairs(events, a, ref))
+        w = P.wilcoxon_paired([tail[(s, a)] for s in seeds], [tail[(s, ref)] for s in seeds])
+        out.append((label, lr.p_asym, w))
+    return out
+
+
+def _pairs(events, a, ref):
+    keys = sorted(events)
+    return P.make_pairs([events[k][1] for k in keys], [events[k][0] for k in keys], [k[0] for k in keys],
+                        [k[1] for k in keys], a, ref)
+
+
+def every_arm(events, refs=(MX_ALL, FP32)):
+    """Descriptive (pre-registration "E1": every arm's HR against MX-all and against FP32, not
+    tests): [(arm, ref, LogRank, Cox)]."""
+    arms = sorted({a for _, a in events}, key=lambda a: (a != FP32, a != MX_ALL, a))
+    return [(a, ref, P.permutation_logrank(_pairs(events, a, ref)),
+             P.cox_stratified(_pairs(events, a, ref), ties="breslow"))
+            for ref in refs for a in arms if a != ref]
+
+
+def _hr(cox):
+    if cox.kind == "none":
+        return "– (no informative seed)"
+    if cox.kind == "+inf":
+        return f"∞ ({cox.lo:.3g}–∞)"
+    if cox.kind == "0":
+        return f"0 (0–{cox.hi:.3g})"
+    return f"{cox.hr:.3g} ({cox.lo:.3g}–{cox.hi:.3g})"
+
+
+def markdown_family(res, sec):
+    """E1's family as a markdown table: counts, permutation p, Holm p, HR, verdict, secondary."""
+    out = ["| test | arm vs reference (direction) | first event arm/ref | permutation p | Holm p | HR (95 %) | verdict "
+           "| asymptotic log-rank p | tail_log_ratio: Hodges–Lehmann (95 %), Wilcoxon p |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    verdicts = {}
+    for (label, lr, cox, h), (_, p_asym, w), (_, a, ref, d) in zip(res, sec, E1_TESTS):
+        v = verdict(label, d, cox, h)
+        verdicts[label] = v
+        out.append(f"| {label} | {a} vs {ref} (HR {d}) | {lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | "
+                   f"{_hr(cox)} | **{v}** | {p_asym:.3g} | {w.hl:+.3g} ({w.hl_lo:+.3g} to {w.hl_hi:+.3g}), {w.p:.3g} |")
+    drv = driver_verdict([verdicts["Wgrad vs Fprop"], verdicts["Wgrad vs Dgrad"]])
+    out.append(f"\n\"Wgrad is the main driver\" (both of its tests): **{drv}**")
+    return "\n".join(out)
+
+
+def markdown_every_arm(rows):
+    out = ["| arm | vs mx_all: first event arm/ref, p (unadjusted) | HR (95 %) | vs fp32: first event arm/ref, p (unadjusted) | HR (95 %) |",
+           "|---|---|---|---|---|"]
+    by = {(a, ref): (lr, cox) for a, ref, lr, cox in rows}
+    arms = []
+    for a, _, _, _ in rows:
+        if a not in arms:
+            arms.append(a)
+    for a in arms:
+        cells = []
+        for ref in (MX_ALL, FP32):
+            if (a, ref) in by:
+                lr, cox = by[(a, ref)]
+                cells += [f"{lr.arm_first}/{lr.ref_first}, {lr.p_perm:.3g}", _hr(cox)]
+            else:
+                cells += ["–", "–"]
+        out.append(f"| {a} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def km_curve(times_events, horizon=19500):
+    """Kaplan-Meier steps (xs, ys) of 'no excursion yet' for [(event, step)]: at each event step the
+    fraction at risk that stays, censored trajectories leave the risk set at their step."""
+    n = len(times_events)
+    xs, ys, surv = [0], [1.0], 1.0
+    for t in sorted({t for e, t in times_events if e}):
+        at_risk = sum(1 for _, u in times_events if u >= t)
+        d = sum(1 for e, u in times_events if e and u == t)
+        surv *= 1.0 - d / at_risk
+        xs.append(t)
+        ys.append(surv)
+    xs.append(max([horizon] + [t for _, t in times_events]))
+    ys.append(surv)
+    return xs, ys, n
+
+
+def figure(events, path):
+    """Kaplan-Meier curves of E1's arms (left: the tensor roles, right: the GEMMs), FP32 and MX-all
+    on both, written to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len({s for s, _ in events})
+    panels = (("tensor roles", [f"keep_bf16_{r}" for r in ROLES] + [f"only_{r}" for r in ROLES]),
+              ("GEMMs", [f"keep_bf16_{g}" for g in GEMMS] + [f"only_{g}" for g in GEMMS]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
+    colours = plt.get_cmap("tab10").colors
+    for ax, (title, arms) in zip(axes, panels):
+        for arm, style in ((FP32, dict(color="black", lw=2.2)), (MX_ALL, dict(color="grey", lw=2.2))):
+            xs, ys, _ = km_curve([ev for (s, a), ev in events.items() if a == arm])
+            ax.step(xs, ys, where="post", label=arm, **style)
+        for i, arm in enumerate(arms):
+            xs, ys, _ = km_curve([ev for (s, a), ev in events.items() if a == arm])
+            ax.step(xs, ys, where="post", label=arm, color=colours[i % 4 if title == "tensor roles" else i % 3],
+                    ls="--" if arm.startswith("keep_bf16") else "-", lw=1.3)
+        ax.set_title(f"{title}: dashed = that part kept in bf16, solid = only that part MX", fontsize=9)
+        ax.set_xlabel("step (excursion onset)")
+        ax.set_xlim(0, 20000)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0].set_ylabel("fraction of seeds without an excursion")
+    fig.suptitle(f"E1, {n} seeds (200-239), lr 5e-4, 20,000 steps; excursion k = 10, B = 100, W = 500 "
+                 "(Kaplan-Meier)", fontsize=10)
+    fig.text(0.01, 0.005, "python3 results/why_mx.py --figure " + os.path.basename(path) +
+             "; data: results/why_mx/e1/ (experiments/paper/why_mx_e1.yaml)", fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def markdown_progress(rows, n_expected):
     out = [f"| arm | seeds (of {n_expected}) | excursions (Wilson 95 %) | median step |", "|---|---|---|---|"]
     for a, n, k, lo, hi, med in rows:
@@ -384,17 +555,25 @@ def main(argv=None):
         return main_e2(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx", "e1"))
+    ap.add_argument("--figure", metavar="PNG", help="also write the Kaplan-Meier figure of E1's arms (all 40 seeds)")
     a = ap.parse_args(argv)
     try:
         events = load(a.dir)
         seeds = sorted({s for s, _ in events})
+        a.family = {x for t in E1_TESTS for x in t[1:3]} <= {arm for _, arm in events}
         print(f"{os.path.basename(os.path.normpath(a.dir))}: {len(seeds)} of {len(SEEDS)} seeds finished ({', '.join(map(str, seeds))}); "
               f"excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories")
         print(markdown_progress(progress(events), len(SEEDS)))
-        if seeds == SEEDS:
-            print("\n| test | seeds with a first event arm/ref | permutation p | Holm p | HR (95 %) |\n|---|---|---|---|---|")
-            for label, lr, cox, h in family(events):
-                print(f"| {label} | {lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | {cox.hr:.3g} ({cox.lo:.3g}–{cox.hi:.3g}) |")
+        if seeds == SEEDS and a.family:
+            print("\nE1's pre-registered family (m = 16, Holm; within-seed permutation log-rank, seed-stratified Cox, Breslow ties):\n")
+            print(markdown_family(family(events), secondary(events, tails(a.dir))))
+            print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
+            print(markdown_every_arm(every_arm(events)))
+            if a.figure:
+                figure(events, a.figure)
+                print(f"\nwrote {a.figure}")
+        elif seeds == SEEDS:
+            print("\n(the run set has all 40 seeds; its own family is not E1's: see the pre-registration)")
         else:
             print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
     except (StudyError, R.DataError, OSError) as e:
