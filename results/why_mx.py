@@ -182,16 +182,6 @@ def every_arm(events, refs=(MX_ALL, FP32)):
             for ref in refs for a in arms if a != ref]
 
 
-def _hr(cox):
-    if cox.kind == "none":
-        return "– (no informative seed)"
-    if cox.kind == "+inf":
-        return f"∞ ({cox.lo:.3g}–∞)"
-    if cox.kind == "0":
-        return f"0 (0–{cox.hi:.3g})"
-    return f"{cox.hr:.3g} ({cox.lo:.3g}–{cox.hi:.3g})"
-
-
 def markdown_family(res, sec):
     """E1's family as a markdown table: counts, permutation p, Holm p, HR, verdict, secondary."""
     out = ["| test | arm vs reference (direction) | first event arm/ref | permutation p | Holm p | HR (95 %) | verdict "
@@ -202,7 +192,7 @@ def markdown_family(res, sec):
         v = verdict(label, d, cox, h)
         verdicts[label] = v
         out.append(f"| {label} | {a} vs {ref} (HR {d}) | {lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | "
-                   f"{_hr(cox)} | **{v}** | {p_asym:.3g} | {w.hl:+.3g} ({w.hl_lo:+.3g} to {w.hl_hi:+.3g}), {w.p:.3g} |")
+                   f"{R.hr_cell(cox)} | **{v}** | {p_asym:.3g} | {w.hl:+.3g} ({w.hl_lo:+.3g} to {w.hl_hi:+.3g}), {w.p:.3g} |")
     drv = driver_verdict([verdicts["Wgrad vs Fprop"], verdicts["Wgrad vs Dgrad"]])
     out.append(f"\n\"Wgrad is the main driver\" (both of its tests): **{drv}**")
     return "\n".join(out)
@@ -221,7 +211,7 @@ def markdown_every_arm(rows):
         for ref in (MX_ALL, FP32):
             if (a, ref) in by:
                 lr, cox = by[(a, ref)]
-                cells += [f"{lr.arm_first}/{lr.ref_first}, {lr.p_perm:.3g}", _hr(cox)]
+                cells += [f"{lr.arm_first}/{lr.ref_first}, {lr.p_perm:.3g}", R.hr_cell(cox)]
             else:
                 cells += ["–", "–"]
         out.append(f"| {a} | " + " | ".join(cells) + " |")
