@@ -697,13 +697,6 @@ TEST(RotationArms, EachArmEqualsItsSingleRunAndRotationMatters) {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The policy with the fields an E4 arm may change put back to mx_all's.
 PrecisionConfig without_rotation_and_rounding(PrecisionConfig p, const PrecisionConfig& ref) {
   p.rotation = ref.rotation;
