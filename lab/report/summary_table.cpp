@@ -1,6 +1,7 @@
 // The table of `mxlab summarize DIR`: one row per trajectory and branch of every run.
 #include "lab/report/summary_table.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "lab/core/text_table.h"
@@ -10,7 +11,10 @@
 namespace mxlab {
 
 std::string summary_table(const std::vector<RunRecord>& runs, bool csv) {
-  const std::vector<std::string> swept = swept_keys(runs);
+  std::vector<std::string> swept = swept_keys(runs);
+  // The CSV always names each row's seed, the key a paired analysis joins on, also when the
+  // directory holds one run or one seed (then `seed` is not a swept key).
+  if (csv && std::find(swept.begin(), swept.end(), "seed") == swept.end()) swept.insert(swept.begin(), "seed");
   std::vector<std::string> header = {"run_id", "group", "at"};
   header.insert(header.end(), swept.begin(), swept.end());
   for (const char* c : {"status", "excursion_step", "excursion_censored_at", "first_spike_step", "tail_log_ratio",

@@ -596,6 +596,31 @@ sweep: {seeds: [0, 1]}
   EXPECT_TRUE(std::filesystem::exists(out + "/index.csv"));
 }
 
+// One run (or one seed) in a directory: nothing is swept, yet the CSV still names the seed, so that
+// an analysis joining shards by seed reads a shard where only one run finished.
+TEST_F(SweepRun, SummarizeCsvNamesTheSeedOfASingleRun) {
+  std::vector<RunRecord> recs = scan_run_dir(reference_->str());
+  ASSERT_FALSE(recs.empty());
+  recs.resize(1);
+  read_events(recs, EventRules{});
+  EXPECT_TRUE(swept_keys(recs).empty());
+  std::istringstream in(summary_table(recs, true));
+  std::string header, row;
+  std::getline(in, header);
+  std::getline(in, row);
+  EXPECT_EQ(header.rfind("run_id,group,at,seed,status,", 0), 0u) << header;
+  bool found = false;
+  const std::string seed = config_value(recs[0], "seed", &found);
+  ASSERT_TRUE(found);
+  std::vector<std::string> cells;
+  std::stringstream ls(row);
+  for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+  ASSERT_GT(cells.size(), 3u) << row;
+  EXPECT_EQ(cells[3], seed) << row;
+  // The text table for people keeps only what varies.
+  EXPECT_EQ(summary_table(recs, false).find(" seed "), std::string::npos);
+}
+
 TEST_F(SweepRun, SummarizeRowsAndSweptKeyColumns) {
   const std::string dir = reference_->str();
   std::vector<RunRecord> recs = scan_run_dir(dir);
