@@ -421,6 +421,7 @@ int main(int argc, char** argv) {
   RunConfig cfg;
   std::vector<Shape> shapes;
   cudaDeviceProp prop{};
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, also through a pipe
   try {
     opt = parse(argc, argv);
     int n = 0;
