@@ -8,7 +8,11 @@ criterion, after the run files are gone (they stay on the GPU machine).
 One row per run, trajectory (or branch) and block of BLOCK steps: run_id, seed, lr, trajectory,
 block_start (the step of the block's first loss), steps (losses in the block), min, max and mean
 of its finite losses (empty when none is finite), nonfinite (how many are not), last (the block's
-last loss). Steps are absolute: a branch's loss_all starts at its `at`.
+last loss), eps and beta2 (the run's optimizer.eps and optimizer.beta2, as its config_yaml
+writes them: what tells apart the runs of one seed in a sweep over Adam's settings, whose
+trajectories have the same names). Steps are absolute: a branch's loss_all starts at its `at`.
+CSVs written before eps and beta2 existed lack the two columns; the readers
+(reanalysis_excursion.read_blocks) take them as empty.
 """
 import csv
 import math
@@ -17,7 +21,8 @@ import sys
 import h5py
 import numpy as np
 
-COLUMNS = ("run_id", "seed", "lr", "trajectory", "block_start", "steps", "min", "max", "mean", "nonfinite", "last")
+COLUMNS = ("run_id", "seed", "lr", "trajectory", "block_start", "steps", "min", "max", "mean", "nonfinite", "last",
+           "eps", "beta2")
 
 
 def _text(v):
@@ -30,6 +35,20 @@ def _lr(config_yaml):
         if line.strip().startswith("lr:"):
             return line.split(":", 1)[1].strip()
     return ""
+
+
+def _optimizer(config_yaml):
+    """(eps, beta2) of a run file's config_yaml: the `eps:` and `beta2:` keys of its top-level
+    `optimizer:` section, as written there ("" when absent)."""
+    found, inside = {}, False
+    for line in config_yaml.splitlines():
+        if line and not line[0].isspace():
+            inside = line.rstrip() == "optimizer:"
+            continue
+        key, sep, value = line.strip().partition(":")
+        if inside and sep and key in ("eps", "beta2") and key not in found:
+            found[key] = value.strip()
+    return found.get("eps", ""), found.get("beta2", "")
 
 
 def _cell(x):
@@ -64,7 +83,9 @@ def main(argv):
         w.writerow(COLUMNS)
         for path in paths:
             with h5py.File(path, "r") as f:
-                rid, seed, lr = _text(f.attrs["run_id"]), int(f.attrs["seed"]), _lr(_text(f.attrs["config_yaml"]))
+                config = _text(f.attrs["config_yaml"])
+                rid, seed, lr = _text(f.attrs["run_id"]), int(f.attrs["seed"]), _lr(config)
+                eps, beta2 = _optimizer(config)
                 for top in ("trajectories", "branches"):
                     for name, g in (f[top].items() if top in f else ()):
                         if "loss_all" not in g:
@@ -72,7 +93,7 @@ def main(argv):
                         at = int(g.attrs.get("at", 0))
                         for off, n, lo, hi, mean, bad, last in blocks(g["loss_all"][:], block):
                             w.writerow([rid, seed, lr, name, at + off, n, _cell(lo), _cell(hi), _cell(mean), bad,
-                                        _cell(last)])
+                                        _cell(last), eps, beta2])
                             rows += 1
     print(f"extract_loss_blocks: {rows} blocks of {block} steps from {len(paths)} run files -> {out}")
     return 0

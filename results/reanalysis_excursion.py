@@ -100,36 +100,55 @@ class DataError(Exception):
 
 # --------------------------------------------------------------------------- excursions from blocks
 
-def read_blocks(paths, block=BLOCK, branches=False):
+def optimizer_setting(row):
+    """(eps, beta2) of a row of results/extract_loss_blocks.py as canonical strings (repr of the
+    float: "1.0e-08" and "1e-08" are one setting), "" for a column that is absent or empty (a CSV
+    written before the columns existed)."""
+    def canon(v):
+        return repr(float(v)) if v else ""
+    return canon(row.get("eps")), canon(row.get("beta2"))
+
+
+def read_blocks(paths, block=BLOCK, branches=False, optimizer=False):
     """{(seed, lr, trajectory): {'run_id', 'first', 'mins', 'steps_run', 'absorbing', 'partial'}}
     from results/extract_loss_blocks.py CSVs. Blocks must run from step 0 (with `branches`: from
     the trajectory's first step `first`, a branch's `at`) in steps of `block`, only the last may
     be partial; `min` empty (no finite loss) reads as +inf; absorbing: the trajectory's last loss is not finite (it
     counts as non-finite from then on, as stats_util.excursion_step has it). A trajectory given
-    twice must agree (a rerun), else DataError."""
+    twice must agree (a rerun), else DataError. With `optimizer` the keys are
+    (seed, lr, eps, beta2, trajectory) (optimizer_setting; "" in CSVs without the columns): a
+    sweep over Adam's settings trains trajectories of the same name in several runs of a seed.
+    Without it, runs of one (seed, lr, trajectory) at different recorded (eps, beta2) are a
+    DataError, not taken as reruns."""
     rows = {}
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
-                key = (int(r["seed"]), r["lr"], r["trajectory"])
-                rows.setdefault(key, {}).setdefault(r["run_id"], []).append(r)
+                setting = optimizer_setting(r)
+                key = ((int(r["seed"]), r["lr"]) + (setting if optimizer else ()) + (r["trajectory"],))
+                rows.setdefault(key, {}).setdefault(r["run_id"], []).append((setting, r))
     out = {}
     for key, runs in rows.items():
         traj = None
+        settings = {s for blocks in runs.values() for s, _ in blocks if s != ("", "")}  # "": not recorded
+        if len(settings) > 1:
+            raise DataError(f"seed {key[0]} lr {key[1]} {key[-1]}: runs at different Adam settings (eps, beta2) "
+                            f"{sorted(settings)} under one name; read them apart (read_blocks(..., optimizer=True))")
         for rid, blocks in runs.items():
+            blocks = [b for _, b in blocks]
             blocks.sort(key=lambda b: int(b["block_start"]))
             starts = [int(b["block_start"]) for b in blocks]
             sizes = [int(b["steps"]) for b in blocks]
             first = starts[0] if branches else 0
             if starts != [first + block * i for i in range(len(blocks))] or any(s != block for s in sizes[:-1]):
-                raise DataError(f"run {rid} {key[2]}: blocks are not consecutive {block}-step blocks from "
+                raise DataError(f"run {rid} {key[-1]}: blocks are not consecutive {block}-step blocks from "
                                 f"{'its first one' if branches else 'step 0'}")
             last = blocks[-1]["last"]
             t = {"run_id": rid, "first": first, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
                  "steps_run": sum(sizes), "absorbing": not (last and math.isfinite(float(last))),
                  "partial": sizes[-1] != block}
             if traj is not None and (t["mins"], t["steps_run"]) != (traj["mins"], traj["steps_run"]):
-                raise DataError(f"seed {key[0]} lr {key[1]} {key[2]}: runs {traj['run_id']} and {rid} differ")
+                raise DataError(f"seed {key[0]} lr {key[1]} {key[-1]}: runs {traj['run_id']} and {rid} differ")
             traj = traj or t
         out[key] = traj
     return out

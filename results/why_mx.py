@@ -5,6 +5,9 @@ and `mxlab summarize --csv` of the same runs.
 
     python3 results/why_mx.py [--dir results/why_mx/e1] [--markdown]
     python3 results/why_mx.py e2 [--dir results/why_mx/e2]
+    python3 results/why_mx.py e3 [--dir results/why_mx/e3] [--e1 results/why_mx/e1]
+    python3 results/why_mx.py e4 [--dir results/why_mx/e4] [--e1 results/why_mx/e1]
+    python3 results/why_mx.py q0 [--dir results/why_mx/paper_emulator] [--e1 results/why_mx/e1]
 
 For every trajectory the excursion (k = 10, B = 100, W = 500) is computed from its loss blocks
 and checked against the binary's `excursion_step` in the summary CSV (the C++ and Python
@@ -22,7 +25,40 @@ branch's from b) and its control's (the parent's own series, same window), and w
 (seed, b) pair is at risk (the parent had no excursion before b), are computed from the blocks
 and checked against the binary's columns (at_risk, branch_excursion_step, ...). The family (exact
 McNemar over the at-risk pairs' discordant pairs, conditional odds ratio with its exact interval,
-Holm over m = 2, the verdicts) runs once every seed has all three branch points."""
+Holm over m = 2, the verdicts) runs once every seed has all three branch points.
+
+`e3` ("E3 - bias, variance or Adam?"): each seed has three runs, one per Adam setting of
+experiments/paper/why_mx_e3.yaml ((eps, beta2) = (1e-8, 0.999) with mx_all, noise_mx and
+mx_sr_grad; (1e-6, 0.999) and (1e-8, 0.95) with mx_all), whose trajectories have the same names:
+they are told apart by the eps and beta2 columns of the loss blocks (results/extract_loss_blocks.py)
+and named `<trajectory>@eps=1e-6` / `@beta2=0.95` outside the default setting; a summary row gets
+its run's setting by run_id. Progress per (setting, trajectory); on all 40 seeds of every
+trajectory the family of m = 6 (Holm): noise_mx vs fp32 (Variance suffices, HR > 1, falsified if
+the upper bound < 2), noise_mx vs mx_all (Bias matters), mx_sr_grad vs mx_all, eps 1e-6 MX and beta2
+0.95 MX vs the default mx_all (each HR < 1, falsified if the lower bound > 0.5), and eps 1e-6 FP32 vs
+the default FP32 (two-sided: significant or not, no verdict); comparisons across settings pair a
+seed's trajectories of different runs. A test both significant in its direction and falsified (a
+significant effect smaller than the one needed) is reported as "mixed". Every trajectory against
+the default mx_all and fp32 is given descriptively.
+
+`e4` ("E4 - fixes from the literature"): progress; on all 40 seeds the family of m = 6 (rot_e1
+runs: E1's N-GEMM(fprop) was significant): rot_all, rand_rot_sr and rot_e1 each vs mx_all (HR < 1,
+falsified if the lower bound > 0.5) and vs fp32 (two-sided), Holm, and the classification: a fix
+(HR vs fp32 with a 95 % interval containing 1 and upper bound < 1.5), else a candidate fix (HR vs
+mx_all <= 0.25 and an interval vs fp32 containing 1; confirmed on seeds 240-259 at lr 6e-4 before
+it is called one), else none.
+
+`q0` (Question 0, "E1" and its amendment): fp32, paper_emulator and mx_ops from the paper_emulator
+run set, mx_all of the same seeds from E1; progress, and on all 40 seeds the four tests (mx_all vs
+paper_emulator, mx_all vs mx_ops, paper_emulator vs fp32, mx_ops vs fp32; Holm over m = 4). The
+pre-registration gives Question 0 directions ("diverge more often") but no falsification rule and
+the primary test is two-sided: the tests are two-sided and the direction only reads a significant
+result (in or against the question's direction).
+
+The pairing check (e3, e4, q0): the trajectories that are E1's (the default setting's fp32 and
+mx_all in E3, fp32 and mx_all in E4, fp32 of the paper_emulator run set) must have E1's loss blocks
+bit for bit, every column as written; a difference, or a seed E1 lacks, stops the analysis (exit
+2). The count checked is printed."""
 import argparse
 import csv
 import glob
@@ -61,13 +97,47 @@ def load(directory):
     out = {}
     for (seed, _lr, name), t in trajs.items():
         out[(seed, name)] = R.excursion(t)
+    seeds = _run_seeds(blocks)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 if r["status"] in ("complete", "diverged"):
-                    step = int(r["excursion_step"])
-                    binary[(int(r["seed"]), r["group"])] = (step >= 0, step if step >= 0 else int(r["excursion_censored_at"]))
+                    binary[(_summary_seed(r, seeds), r["group"])] = _binary_excursion(r)
+    _agree(out, binary)
+    return out
+
+
+def _run_seeds(paths):
+    """{run_id: seed} of the loss blocks CSVs `paths`."""
+    out = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                out[r["run_id"]] = int(r["seed"])
+    return out
+
+
+def _summary_seed(row, run_seeds):
+    """The seed of a summary row: its `seed` column, or, where `mxlab summarize --csv` left it out
+    (it writes only the configuration keys that vary between the directory's runs: a shard of one
+    seed), its run's seed in the loss blocks."""
+    if row.get("seed"):
+        return int(row["seed"])
+    if row["run_id"] not in run_seeds:
+        raise StudyError(f"run {row['run_id']} finished but has no loss blocks")
+    return run_seeds[row["run_id"]]
+
+
+def _binary_excursion(row):
+    """(event, step) of a finished trajectory's `mxlab summarize --csv` row."""
+    step = int(row["excursion_step"])
+    return step >= 0, step if step >= 0 else int(row["excursion_censored_at"])
+
+
+def _agree(out, binary):
+    """The excursions from the blocks `out` equal the binary's `binary`, trajectory for trajectory,
+    and every finished trajectory has its blocks; else a StudyError."""
     for key, ev in out.items():
         if key not in binary:
             raise StudyError(f"seed {key[0]} {key[1]}: in the loss blocks but not in a summary CSV")
@@ -76,7 +146,6 @@ def load(directory):
     if set(binary) != set(out):
         missing = sorted(set(binary) - set(out))[:3]
         raise StudyError(f"finished trajectories without loss blocks, e.g. {missing}")
-    return out
 
 
 def progress(events):
@@ -539,10 +608,389 @@ def main_e2(argv):
     return 0
 
 
+# --------------------------------------------------------------------------- E3, E4, Question 0
+
+# E3's Adam settings (prereg "E3"; experiments/paper/why_mx_e3.yaml's zip): (label, eps, beta2). A
+# trajectory of a setting other than the default is named "<trajectory>@<label>" in the events.
+E3_SETTINGS = (("default", 1e-8, 0.999), ("eps=1e-6", 1e-6, 0.999), ("beta2=0.95", 1e-8, 0.95))
+E3_TRAJECTORIES = {"default": (FP32, MX_ALL, "noise_mx", "mx_sr_grad"), "eps=1e-6": (FP32, MX_ALL),
+                   "beta2=0.95": (FP32, MX_ALL)}
+# A test of the families below: (label, compared arm, reference, direction, bound). Direction "<1"
+# or ">1": the hypothesis's; falsified when the HR's 95 % interval's lower bound is > bound ("<1")
+# or its upper bound is < bound (">1"). "two-sided": no direction, no verdict (significant or not).
+E3_TESTS = (("Variance suffices", "noise_mx", FP32, ">1", 2.0),
+            ("Bias matters", "noise_mx", MX_ALL, "<1", 0.5),
+            ("SR of gradients", "mx_sr_grad", MX_ALL, "<1", 0.5),
+            ("Adam eps 1e-6 (MX)", "mx_all@eps=1e-6", MX_ALL, "<1", 0.5),
+            ("Adam beta2 0.95 (MX)", "mx_all@beta2=0.95", MX_ALL, "<1", 0.5),
+            ("Adam eps 1e-6 (FP32, interaction check)", "fp32@eps=1e-6", FP32, "two-sided", None))
+# E4 (prereg "E4"): each recipe vs mx_all (HR < 1, falsified if the lower bound > 0.5) and vs FP32
+# (two-sided). rot_e1 runs (E1's N-GEMM(fprop) was significant), so m = 6.
+E4_RECIPES = ("rot_all", "rand_rot_sr", "rot_e1")
+E4_TESTS = tuple(t for r in E4_RECIPES for t in ((f"{r} vs mx_all", r, MX_ALL, "<1", 0.5),
+                                                  (f"{r} vs fp32", r, FP32, "two-sided", None)))
+FIX_HI = 1.5          # a fix: HR vs FP32 with a 95 % interval containing 1 and upper bound < 1.5
+CANDIDATE_HR = 0.25   # a candidate fix: HR vs mx_all <= 0.25 and an interval vs FP32 containing 1
+# Question 0 (prereg "E1" and its amendment, m = 4): (label, arm, reference, the question's direction).
+Q0_ARMS = ("paper_emulator", "mx_ops")
+Q0_TESTS = (("MX-all vs paper_emulator", MX_ALL, "paper_emulator", ">1"),
+            ("MX-all vs mx_ops", MX_ALL, "mx_ops", ">1"),
+            ("paper_emulator vs FP32", "paper_emulator", FP32, ">1"),
+            ("mx_ops vs FP32", "mx_ops", FP32, ">1"))
+
+
+def setting_label(eps, beta2):
+    """E3's label of an Adam setting (the strings of the loss blocks' eps and beta2 columns)."""
+    for label, e, b in E3_SETTINGS:
+        if eps and beta2 and float(eps) == e and float(beta2) == b:
+            return label
+    raise StudyError(f"Adam setting eps {eps or '(none)'}, beta2 {beta2 or '(none)'} is none of E3's "
+                     f"{[(e, b) for _, e, b in E3_SETTINGS]}: loss blocks without the eps and beta2 columns are "
+                     "re-extracted with a current results/extract_loss_blocks.py")
+
+
+def at_setting(trajectory, setting):
+    """The events' name of `trajectory` of the runs at E3's Adam `setting`."""
+    return trajectory if setting == "default" else f"{trajectory}@{setting}"
+
+
+def load_e3(directory):
+    """{(seed, trajectory@setting): (event, step)} of E3 (at_setting names): the three runs of a
+    seed train trajectories of the same names, told apart by the eps and beta2 of their loss
+    blocks; the summaries' rows are matched to a setting by run_id (and checked against their
+    optimizer.eps / optimizer.beta2 columns where the CSV has them), then the excursions are
+    checked against the binary's as in load()."""
+    paths = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    if not paths:
+        raise StudyError(f"no blocks_*.csv in {directory}")
+    runs = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                here = (int(r["seed"]), setting_label(*R.optimizer_setting(r)))
+                if runs.setdefault(r["run_id"], here) != here:
+                    raise StudyError(f"run {r['run_id']}: loss blocks of two seeds or Adam settings")
+    out = {}
+    for (seed, _lr, eps, beta2, name), t in R.read_blocks(paths, optimizer=True).items():
+        setting = setting_label(eps, beta2)
+        if name not in E3_TRAJECTORIES[setting]:
+            raise StudyError(f"seed {seed}: trajectory {name} in a run at Adam setting {setting}, whose runs train "
+                             f"{', '.join(E3_TRAJECTORIES[setting])} (experiments/paper/why_mx_e3.yaml)")
+        key = (seed, at_setting(name, setting))
+        if key in out:
+            raise StudyError(f"seed {seed} {key[1]}: loss blocks at two learning rates")
+        out[key] = R.excursion(t)
+    binary = {}
+    for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["status"] not in ("complete", "diverged"):
+                    continue
+                if r["run_id"] not in runs:
+                    raise StudyError(f"run {r['run_id']} (seed {r['seed']}) finished but has no loss blocks")
+                seed, setting = runs[r["run_id"]]
+                _, eps, beta2 = next(x for x in E3_SETTINGS if x[0] == setting)
+                for col, want in (("optimizer.eps", eps), ("optimizer.beta2", beta2)):
+                    if r.get(col) and float(r[col]) != want:
+                        raise StudyError(f"run {r['run_id']}: the summary's {col} {r[col]} is not its loss blocks' {want}")
+                if _summary_seed(r, {r["run_id"]: seed}) != seed:
+                    raise StudyError(f"run {r['run_id']}: seed {r['seed']} in the summary, {seed} in the loss blocks")
+                binary[(seed, at_setting(r["group"], setting))] = _binary_excursion(r)
+    _agree(out, binary)
+    return out
+
+
+def load_q0(directory, e1_directory):
+    """Question 0's events: fp32, paper_emulator and mx_ops from the paper_emulator run set
+    (`directory`), mx_all of the same seeds from E1 (`e1_directory`): {(seed, arm): (event, step)}
+    on the run set's seeds."""
+    pe, e1 = load(directory), load(e1_directory)
+    out = dict(pe)
+    for s in sorted({s for s, _ in pe}):
+        if (s, MX_ALL) in pe:
+            raise StudyError(f"seed {s}: an mx_all trajectory in {directory}; Question 0 takes mx_all from E1")
+        if (s, MX_ALL) not in e1:
+            raise StudyError(f"seed {s}: no mx_all in E1's {e1_directory}")
+        out[(s, MX_ALL)] = e1[(s, MX_ALL)]
+    return out
+
+
+def _block_rows(directory, trajectories, keep_row=None):
+    """{(seed, trajectory): {run_id: ((block_start, steps, min, max, mean, nonfinite, last), ...)}}
+    of the loss blocks in `directory`, as written (the CSV's text: equal text is equal bits)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "blocks_*.csv"))):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["trajectory"] in trajectories and (keep_row is None or keep_row(r)):
+                    row = tuple(r[c] for c in ("block_start", "steps", "min", "max", "mean", "nonfinite", "last"))
+                    out.setdefault((int(r["seed"]), r["trajectory"]), {}).setdefault(r["run_id"], []).append(row)
+    return {k: {rid: tuple(sorted(rows, key=lambda x: int(x[0]))) for rid, rows in v.items()} for k, v in out.items()}
+
+
+def pairing_check_blocks(directory, e1_directory, trajectories=(FP32, MX_ALL), keep_row=None):
+    """The pre-registration's pairing check, bit for bit: every (seed, trajectory in
+    `trajectories`) of `directory` (rows passing `keep_row`) has E1's loss blocks, every column as
+    written, in every run of either. Returns how many (seed, trajectory) were checked; a
+    difference, or one E1 lacks, is a StudyError (E1 has every seed)."""
+    e1 = _block_rows(e1_directory, trajectories)
+    if not e1:
+        raise StudyError(f"no loss blocks of {'/'.join(trajectories)} in {e1_directory}: the pairing check needs "
+                         "E1's (--e1)")
+    here = _block_rows(directory, trajectories, keep_row)
+    for k in sorted(here):
+        if k not in e1:
+            raise StudyError(f"seed {k[0]} {k[1]}: not in E1's loss blocks ({e1_directory})")
+        versions = set(here[k].values()) | set(e1[k].values())
+        if len(versions) != 1:
+            raise StudyError(f"seed {k[0]} {k[1]}: its loss blocks differ from E1's (the pairing of the "
+                             "pre-registration needs the same trajectory, bit for bit)")
+    return len(here)
+
+
+def _default_setting(row):
+    return setting_label(*R.optimizer_setting(row)) == "default"
+
+
+def _seeds_by_arm(events):
+    have = {}
+    for s, a in events:
+        have.setdefault(a, set()).add(s)
+    return have
+
+
+def complete(events, tests):
+    """Whether every arm and reference of `tests` has exactly seeds 200-239."""
+    have = _seeds_by_arm(events)
+    return all(have.get(x, set()) == set(SEEDS) for t in tests for x in t[1:3])
+
+
+def run_family(events, tests):
+    """A pre-registered family on complete data: [(label, LogRank, Cox, Holm p)] in the order of
+    `tests`, Holm over all len(tests) (permutation log-rank, seed-stratified Cox with Breslow ties,
+    as E1). Every arm and reference must have seeds 200-239, else a StudyError."""
+    have = _seeds_by_arm(events)
+    for t in tests:
+        for x in t[1:3]:
+            if have.get(x, set()) != set(SEEDS):
+                raise StudyError(f"the confirmatory tests need seeds 200-239 for every arm; {x} has "
+                                 f"{len(have.get(x, ()))}")
+    res = [(t[0], P.permutation_logrank(_pairs(events, t[1], t[2])),
+            P.cox_stratified(_pairs(events, t[1], t[2]), ties="breslow")) for t in tests]
+    adj = P.holm_family([(label, lr.p_perm) for label, lr, _ in res])
+    return [(label, lr, cox, h) for (label, lr, cox), (_, _, h) in zip(res, adj)]
+
+
+def directional_verdict(direction, bound, cox, holm_p):
+    """The pre-registered verdict of an E3 / E4 test ("Verdicts"): supported when Holm p < 0.05
+    with the HR in the hypothesis's direction; falsified when the HR's 95 % interval excludes the
+    effect it needs (direction "<1": lower bound > `bound`; ">1": upper bound < `bound`); both at
+    once (a significant effect smaller than the one needed) is "mixed", as the pre-registration
+    orders neither; otherwise undecided (also with no informative seed: NaN bounds). A two-sided
+    test has no hypothesis: "significant (HR > 1)" / "significant (HR < 1)" or "not significant"."""
+    if direction == "two-sided":
+        if holm_p < ALPHA:
+            return f"significant (HR {'>' if cox.hr > 1 else '<'} 1)"
+        return "not significant"
+    if direction == "<1":
+        in_direction, falsified = cox.hr < 1, cox.lo > bound
+        need = f"lower bound > {bound:g}"
+    elif direction == ">1":
+        in_direction, falsified = cox.hr > 1, cox.hi < bound
+        need = f"upper bound < {bound:g}"
+    else:
+        raise ValueError(f"direction {direction!r}: <1, >1 or two-sided")
+    supported = holm_p < ALPHA and in_direction
+    if supported and falsified:
+        return f"mixed (significant, but the {need})"
+    return "supported" if supported else "falsified" if falsified else "undecided"
+
+
+def q0_reading(direction, cox, holm_p):
+    """Question 0 has no falsification rule: its tests are two-sided (the primary test) and the
+    question's direction only reads the result."""
+    if holm_p >= ALPHA:
+        return "not significant"
+    same = cox.hr > 1 if direction == ">1" else cox.hr < 1
+    return f"significant, {'in' if same else 'against'} the question's direction (HR {'>' if cox.hr > 1 else '<'} 1)"
+
+
+def fix_class(vs_mx, vs_fp32):
+    """E4's classification of a recipe from its Cox results against mx_all and against FP32: "fix"
+    when the HR vs FP32 has a 95 % interval containing 1 with upper bound < 1.5; else "candidate
+    fix" when its HR vs mx_all is <= 0.25 and its interval vs FP32 contains 1 (to be confirmed on
+    seeds 240-259 at lr 6e-4 before the README calls it a fix); else "no fix". No informative seed
+    against FP32 (NaN interval): "no fix" (nothing shows it FP32-like)."""
+    contains_one = vs_fp32.lo <= 1.0 <= vs_fp32.hi
+    if contains_one and vs_fp32.hi < FIX_HI:
+        return "fix"
+    if contains_one and vs_mx.hr <= CANDIDATE_HR:
+        return "candidate fix (to confirm on seeds 240-259 at lr 6e-4)"
+    return "no fix"
+
+
+def _counts(events, arm):
+    return sum(1 for (s, a), (e, _) in events.items() if a == arm and e)
+
+
+def markdown_tests(events, tests, res, readings):
+    """A family as a markdown table: counts, first events, permutation p, Holm p, HR, verdict."""
+    m = len(tests)
+    out = [f"| test | arm vs reference (hypothesis) | excursions arm / ref (of 40) | first event arm/ref | permutation p "
+           f"| Holm p (m = {m}) | HR (95 %) | verdict | asymptotic log-rank p |", "|---|---|---|---|---|---|---|---|---|"]
+    for t, (label, lr, cox, h), v in zip(tests, res, readings):
+        hyp = "two-sided" if t[3] == "two-sided" else f"HR {t[3]}"
+        out.append(f"| {label} | {t[1]} vs {t[2]} ({hyp}) | {_counts(events, t[1])} / {_counts(events, t[2])} | "
+                   f"{lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | {_hr(cox)} | **{v}** | {_num(lr.p_asym)} |")
+    return "\n".join(out)
+
+
+def e3_readings(res):
+    return [directional_verdict(t[3], t[4], cox, h) for t, (_, _, cox, h) in zip(E3_TESTS, res)]
+
+
+def e4_readings(res):
+    return [directional_verdict(t[3], t[4], cox, h) for t, (_, _, cox, h) in zip(E4_TESTS, res)]
+
+
+def e4_fixes(res):
+    """[(recipe, Cox vs mx_all, Cox vs fp32, classification)] from E4's family."""
+    by = {label: cox for label, _, cox, _ in res}
+    return [(r, by[f"{r} vs mx_all"], by[f"{r} vs fp32"], fix_class(by[f"{r} vs mx_all"], by[f"{r} vs fp32"]))
+            for r in E4_RECIPES]
+
+
+def markdown_fixes(rows):
+    out = ["| recipe | HR vs mx_all (95 %) | HR vs fp32 (95 %) | classification |", "|---|---|---|---|"]
+    for r, vm, vf, c in rows:
+        out.append(f"| {r} | {_hr(vm)} | {_hr(vf)} | **{c}** |")
+    return "\n".join(out)
+
+
+def q0_readings(res):
+    return [q0_reading(t[3], cox, h) for t, (_, _, cox, h) in zip(Q0_TESTS, res)]
+
+
+E3_SETTING_TEXT = {"default": "eps 1e-8, beta2 0.999 (default)", "eps=1e-6": "eps 1e-6, beta2 0.999",
+                   "beta2=0.95": "eps 1e-8, beta2 0.95"}
+
+
+def markdown_e3_progress(events):
+    """The progress table per (Adam setting, trajectory)."""
+    order = [x[0] for x in E3_SETTINGS]
+    rows = []
+    for a, n, k, lo, hi, med in progress(events):
+        traj, _, setting = a.partition("@")
+        setting = setting or "default"
+        rows.append((order.index(setting) if setting in order else len(order), setting, traj, n, k, lo, hi, med))
+    rows.sort(key=lambda x: (x[0], x[2] != FP32, x[2] != MX_ALL, x[2]))
+    out = [f"| Adam setting | trajectory | seeds (of {len(SEEDS)}) | excursions (Wilson 95 %) | median step |",
+           "|---|---|---|---|---|"]
+    for _, setting, traj, n, k, lo, hi, med in rows:
+        m = "-" if med is None else f"{med:.0f}"
+        out.append(f"| {E3_SETTING_TEXT.get(setting, setting)} | {traj} | {n} | {k}/{n} ({lo:.2f}–{hi:.2f}) | {m} |")
+    return "\n".join(out)
+
+
+def _seeds_line(events):
+    seeds = sorted({s for s, _ in events})
+    return seeds, f"{len(seeds)} of {len(SEEDS)} seeds ({', '.join(map(str, seeds))})"
+
+
+def main_e3(argv):
+    ap = argparse.ArgumentParser(prog="why_mx.py e3", description="E3 of results/prereg/why_mx.md")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
+    ap.add_argument("--dir", default=os.path.join(here, "e3"))
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
+    a = ap.parse_args(argv)
+    try:
+        events = load_e3(a.dir)
+        _, seeds = _seeds_line(events)
+        paired = pairing_check_blocks(a.dir, a.e1, keep_row=_default_setting)
+        print(f"e3: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
+              f"the default setting's fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} "
+              "(seed, trajectory)")
+        print(markdown_e3_progress(events))
+        if complete(events, E3_TESTS):
+            res = run_family(events, E3_TESTS)
+            print("\nE3's pre-registered family (m = 6, Holm; within-seed permutation log-rank, seed-stratified Cox, "
+                  "Breslow ties; across settings, a seed's trajectories of different runs are paired):\n")
+            print(markdown_tests(events, E3_TESTS, res, e3_readings(res)))
+            print("\nEvery trajectory against the default setting's mx_all and fp32 (descriptive, not tests):\n")
+            print(markdown_every_arm(every_arm(events)))
+        else:
+            print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
+                  "(pre-registration)")
+    except (StudyError, R.DataError, OSError) as e:
+        print(f"why_mx: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main_e4(argv):
+    ap = argparse.ArgumentParser(prog="why_mx.py e4", description="E4 of results/prereg/why_mx.md")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
+    ap.add_argument("--dir", default=os.path.join(here, "e4"))
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
+    a = ap.parse_args(argv)
+    try:
+        events = load(a.dir)
+        _, seeds = _seeds_line(events)
+        paired = pairing_check_blocks(a.dir, a.e1)
+        print(f"e4: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
+              f"fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} (seed, trajectory)")
+        print(markdown_progress(progress(events), len(SEEDS)))
+        if complete(events, E4_TESTS):
+            res = run_family(events, E4_TESTS)
+            print("\nE4's pre-registered family (m = 6 with rot_e1, Holm; within-seed permutation log-rank, "
+                  "seed-stratified Cox, Breslow ties):\n")
+            print(markdown_tests(events, E4_TESTS, res, e4_readings(res)))
+            print(f"\nFixes (pre-registration: a fix has an HR vs fp32 whose 95 % interval contains 1 with upper bound "
+                  f"< {FIX_HI:g}; a candidate fix, HR vs mx_all <= {CANDIDATE_HR:g} with an interval vs fp32 containing "
+                  "1, is confirmed on seeds 240-259 at lr 6e-4 before it is called one):\n")
+            print(markdown_fixes(e4_fixes(res)))
+            print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
+            print(markdown_every_arm(every_arm(events)))
+        else:
+            print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
+    except (StudyError, R.DataError, OSError) as e:
+        print(f"why_mx: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main_q0(argv):
+    ap = argparse.ArgumentParser(prog="why_mx.py q0", description="Question 0 of results/prereg/why_mx.md")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
+    ap.add_argument("--dir", default=os.path.join(here, "paper_emulator"), help="the paper_emulator run set")
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory: mx_all, and the pairing check")
+    a = ap.parse_args(argv)
+    try:
+        events = load_q0(a.dir, a.e1)
+        _, seeds = _seeds_line(events)
+        paired = pairing_check_blocks(a.dir, a.e1, trajectories=(FP32,))
+        print(f"q0: {seeds} of the paper_emulator run set, mx_all of the same seeds from E1; excursion k=10, B=100, "
+              f"W=500; C++ and Python agree on every trajectory; its fp32 equals E1's loss blocks bit for bit on all "
+              f"{paired} seeds")
+        print(markdown_progress(progress(events), len(SEEDS)))
+        if complete(events, Q0_TESTS):
+            res = run_family(events, Q0_TESTS)
+            print("\nQuestion 0 (m = 4, Holm; two-sided within-seed permutation log-rank, seed-stratified Cox, "
+                  "Breslow ties; the question's direction only reads the result):\n")
+            print(markdown_tests(events, Q0_TESTS, res, q0_readings(res)))
+        else:
+            print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
+    except (StudyError, R.DataError, OSError) as e:
+        print(f"why_mx: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["e2"]:
-        return main_e2(argv[1:])
+    sub = {"e2": main_e2, "e3": main_e3, "e4": main_e4, "q0": main_q0}
+    if argv[:1] and argv[0] in sub:
+        return sub[argv[0]](argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx", "e1"))
     ap.add_argument("--figure", metavar="PNG", help="also write the Kaplan-Meier figure of E1's arms (all 40 seeds)")
