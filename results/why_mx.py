@@ -189,8 +189,9 @@ DRIVER_FALSIFY_HI = 1.0                 # "Wgrad is the main driver": falsified 
 
 
 def verdict(label, direction, cox, holm_p):
-    """'supported', 'falsified' or 'undecided' for one test of E1's family (the rules above). An HR
-    with no estimate (no informative seed) is undecided."""
+    """'supported', 'falsified' or 'undecided' for one test of E1's family (the rules above); both at
+    once (a significant effect smaller than the one needed) is 'mixed', as in E2-E4. An HR with no
+    estimate (no informative seed) is undecided."""
     if label.startswith("N-"):
         falsified = cox.hi >= N_FALSIFY_HI and cox.lo > N_FALSIFY_LO
     elif label.startswith("S-"):
@@ -199,7 +200,7 @@ def verdict(label, direction, cox, holm_p):
         falsified = cox.hi < DRIVER_FALSIFY_HI
     in_direction = cox.hr < 1 if direction == "<1" else cox.hr > 1
     if holm_p < ALPHA and in_direction:
-        return "supported"
+        return "mixed (significant, but the interval excludes the effect needed)" if falsified else "supported"
     return "falsified" if falsified else "undecided"
 
 
@@ -841,7 +842,7 @@ def markdown_tests(events, tests, res, readings):
     for t, (label, lr, cox, h), v in zip(tests, res, readings):
         hyp = "two-sided" if t[3] == "two-sided" else f"HR {t[3]}"
         out.append(f"| {label} | {t[1]} vs {t[2]} ({hyp}) | {_counts(events, t[1])} / {_counts(events, t[2])} | "
-                   f"{lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | {_hr(cox)} | **{v}** | {_num(lr.p_asym)} |")
+                   f"{lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | {R.hr_cell(cox)} | **{v}** | {_num(lr.p_asym)} |")
     return "\n".join(out)
 
 
@@ -863,7 +864,7 @@ def e4_fixes(res):
 def markdown_fixes(rows):
     out = ["| recipe | HR vs mx_all (95 %) | HR vs fp32 (95 %) | classification |", "|---|---|---|---|"]
     for r, vm, vf, c in rows:
-        out.append(f"| {r} | {_hr(vm)} | {_hr(vf)} | **{c}** |")
+        out.append(f"| {r} | {R.hr_cell(vm)} | {R.hr_cell(vf)} | **{c}** |")
     return "\n".join(out)
 
 

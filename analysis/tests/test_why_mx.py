@@ -102,6 +102,7 @@ def test_the_verdict_rules_are_the_preregistrations(W):
     assert v("N-role(grad)", "<1", _cox(W, 0.42, 0.21, 0.86), 0.2) == "falsified"
     assert v("N-role(grad)", "<1", _cox(W, 0.42, 0.18, 0.86), 0.2) == "undecided"  # 0.19 not excluded
     assert v("N-role(grad)", "<1", _cox(W, 0.3, 0.2, 0.49), 0.2) == "undecided"    # upper < 0.5
+    assert v("N-role(grad)", "<1", _cox(W, 0.4, 0.25, 0.64), 0.01).startswith("mixed")  # significant, too small
     # S (only r vs FP32, HR > 1): falsified when the upper bound < 2
     assert v("S-GEMM(dgrad)", ">1", _cox(W, 1.0, 0.25, 4.0), 1.0) == "undecided"
     assert v("S-GEMM(dgrad)", ">1", _cox(W, 1.0, 0.5, 1.9), 1.0) == "falsified"

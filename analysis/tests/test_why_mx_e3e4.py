@@ -283,7 +283,7 @@ def test_e4_family_holm_verdicts_and_fixes(W, tmp_path, capsys):
     assert fixes["rand_rot_sr"] == "no fix"
     assert W.main(["e4", "--dir", d, "--e1", e1]) == 0
     out = capsys.readouterr().out
-    assert "| Holm p (m = 6) |" in out and "| rot_all | 0 (0–" in out and "**candidate fix" in out
+    assert "| Holm p (m = 6) |" in out and "| rot_all | 0 (0, " in out and "**candidate fix" in out
 
 
 def test_no_e4_family_without_rot_e1_or_all_seeds(W, tmp_path, capsys):
