@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -434,6 +436,83 @@ TEST(AttnInstrumentsTrainer, APreviousErrorResumesFromACheckpoint) {
     }
   }
   EXPECT_EQ(finite, 6u);  // mx, flash, mx_stab: both layers of row 6
+}
+
+// A checkpoint's W_Q errors are checked against the run (a count that is no number, or not depth x
+// d x d, is refused naming the key), and a checkpoint of an earlier build, without them, still
+// loads: the trajectories then have no previous error (their next cosine is NaN).
+TEST(AttnInstrumentsTrainer, CheckpointErrorsAreCheckedAndEarlierFilesLoad) {
+  const RunConfig cfg = attn_run();
+  auto be = make_cpu_backend();
+  test::TempDir dir("mxlab_attn_ckpt_forge");
+  const std::string path = dir.str() + "/run.ckpt";
+  {
+    MemorySink sink;
+    Trainer tr(cfg, *be, sink);
+    tr.open_output();
+    tr.run(RunControl{}, 5);
+    save_checkpoint(tr, config_hash(cfg), path);
+  }
+  const std::string good = test::read_file(path);
+  uint32_t hlen = 0;
+  std::memcpy(&hlen, good.data() + 12, 4);
+  const std::string header = good.substr(16, hlen);
+  // The file's bytes with `header` in place of the original one and `drop` bytes removed before
+  // the checksum, sealed again (FNV-1a-64 of every byte before the checksum, as checkpoint.cpp).
+  auto forge = [&](const std::string& h, size_t drop) {
+    std::string b = good.substr(0, 12);
+    const uint32_t n = static_cast<uint32_t>(h.size());
+    b.append(reinterpret_cast<const char*>(&n), 4);
+    b += h;
+    b += good.substr(16 + hlen, good.size() - 16 - hlen - 16 - drop);
+    uint64_t f = 0xcbf29ce484222325ull;
+    for (unsigned char c : b) {
+      f ^= c;
+      f *= 0x100000001b3ull;
+    }
+    b.append(reinterpret_cast<const char*>(&f), 8);
+    b += good.substr(good.size() - 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
+  };
+  auto load_error = [&]() -> std::string {
+    MemorySink sink;
+    Trainer tr(cfg, *be, sink);
+    try {
+      load_checkpoint(tr, config_hash(cfg), path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string key = "t1.dwq_err_prev=2048\n";  // trajectory 1, the arm `mx`: 2 layers of 32 x 32
+  ASSERT_NE(header.find(key), std::string::npos) << header;
+  std::string h = header;
+  h.replace(h.find(key), key.size(), "t1.dwq_err_prev=20x8\n");
+  forge(h, 0);
+  std::string e = load_error();
+  EXPECT_NE(e.find("malformed t1.dwq_err_prev"), std::string::npos) << e;
+  h = header;
+  h.replace(h.find(key), key.size(), "t1.dwq_err_prev=2047\n");
+  forge(h, 0);
+  e = load_error();
+  EXPECT_NE(e.find("does not match this run's shapes (t1.dwq_err_prev 2047)"), std::string::npos) << e;
+  // An earlier build's file: no such keys and no such floats.
+  h.clear();
+  size_t dropped = 0;
+  std::istringstream lines(header);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find(".dwq_err_prev=");
+    if (at == std::string::npos) h += line + "\n";
+    else dropped += 4 * std::stoull(line.substr(at + 14));
+  }
+  EXPECT_EQ(dropped, 3u * 4u * 2048u);  // mx, flash and the branch flash_fp32 (from 4, with flash's); not fp32
+  forge(h, dropped);
+  MemorySink sink;
+  Trainer tr(cfg, *be, sink);
+  load_checkpoint(tr, config_hash(cfg), path);
+  for (size_t i = 0; i < tr.num_trajectories(); ++i) EXPECT_TRUE(tr.trajectory(i).dwq_err_prev.empty()) << i;
+  forge(header, 0);  // the original, sealed again: loads whole
+  EXPECT_EQ(load_error(), "");
 }
 
 // The run file (HDF5, through the binary): an attention run (rows 0, 2, 4, each with a shadow
