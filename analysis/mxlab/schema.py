@@ -89,8 +89,16 @@ DS_ATTN_MULTI_MAX_FRAC = "attn_multi_max_frac"
 DS_ATTN_MULTI_ONE_FRAC = "attn_multi_one_frac"
 DS_ATTN_DELTA_BIAS = "attn_delta_bias"
 DS_ATTN_DELTA_BIAS_CUMSUM = "attn_delta_bias_cumsum"
+# Every trajectory: the spectral norms of W_Q, W_K, W_V the step's forward used, per layer, and the
+# cosine of the W_Q gradient error g~ - g-bar with the previous logged shadow step's (NaN for the
+# FP32 trajectory, rows without a shadow pass and the first one).
+DS_ATTN_WQ_SPEC = "attn_wq_spec"
+DS_ATTN_WK_SPEC = "attn_wk_spec"
+DS_ATTN_WV_SPEC = "attn_wv_spec"
+DS_ATTN_DWQ_ERR_COS = "attn_dwq_err_cos"
 ATTN_DATASETS = tuple(lastbin_name(t, s) for t in ATTN_LASTBIN_TENSORS for s in LASTBIN_SUFFIXES) + \
-    (DS_ATTN_LOGIT_MAX, DS_ATTN_MULTI_MAX_FRAC, DS_ATTN_MULTI_ONE_FRAC, DS_ATTN_DELTA_BIAS, DS_ATTN_DELTA_BIAS_CUMSUM)
+    (DS_ATTN_LOGIT_MAX, DS_ATTN_MULTI_MAX_FRAC, DS_ATTN_MULTI_ONE_FRAC, DS_ATTN_DELTA_BIAS, DS_ATTN_DELTA_BIAS_CUMSUM,
+     DS_ATTN_WQ_SPEC, DS_ATTN_WK_SPEC, DS_ATTN_WV_SPEC, DS_ATTN_DWQ_ERR_COS)
 
 # MX trajectory and branches only; NaN on rows where the shadow pass did not run.
 DS_BIAS_RATIO = "bias_ratio"

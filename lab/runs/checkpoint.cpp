@@ -167,6 +167,8 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
       for (size_t l = 0; l < t.delta_bias_cumsum.size(); ++l) h << (l ? "," : "") << hexfloat(t.delta_bias_cumsum[l]);
       h << "\n";
     }
+    // Added later, absent while empty: its floats follow every trajectory's fixed part.
+    if (!t.dwq_err_prev.empty()) h << k << "dwq_err_prev=" << t.dwq_err_prev.size() << "\n";
     h << k << "group=" << t.h5_group << "\n";  // what load_checkpoint matches (kind and name)
   }
   const std::string header = h.str();
@@ -184,6 +186,7 @@ void save_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     const std::vector<float> hist = tr.download(t.loss_hist, steps);
     b.put(hist.data(), steps * sizeof(float));
   }
+  for (Trajectory* tp : saved) b.put(tp->dwq_err_prev.data(), tp->dwq_err_prev.size() * sizeof(float));
   b.put_pod<uint64_t>(fnv1a(b.data.data(), b.data.size()));
   b.put(kEndMagic, 8);
   write_atomic(path, b.data);
@@ -216,7 +219,24 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
     for (size_t i = 0; i < names.size(); ++i) names[i] = h[msg("t", i, ".group")];
   const int64_t step = std::stoll(h["step"]);
   const size_t per_traj = (3 * np + steps) * sizeof(float);
-  if (p.payload_offset + per_traj * names.size() + 16 != p.bytes.size())
+  // The variable part after the fixed one: each trajectory's dwq_err_prev floats, in header order.
+  std::vector<size_t> err_len(names.size(), 0), err_at(names.size(), 0);
+  size_t extra = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string key = msg("t", i, ".dwq_err_prev");
+    if (h.count(key)) {
+      const std::string& n = h[key];
+      if (n.empty() || n.size() > 15 || n.find_first_not_of("0123456789") != std::string::npos)
+        throw Error(msg("checkpoint ", path, " has a malformed ", key, " (", n, ")"));
+      err_len[i] = static_cast<size_t>(std::stoull(n));
+      const NetShape& shape = tr.shape();
+      if (!shape.attention() || err_len[i] != static_cast<size_t>(shape.depth) * shape.d * shape.d)
+        throw Error(msg("checkpoint ", path, " does not match this run's shapes (", key, " ", n, ")"));
+    }
+    err_at[i] = p.payload_offset + per_traj * names.size() + extra;
+    extra += err_len[i] * sizeof(float);
+  }
+  if (p.payload_offset + per_traj * names.size() + extra + 16 != p.bytes.size())
     throw Error(msg("checkpoint ", path, " has the wrong size for this run"));
   for (size_t j = 0; j < tr.num_trajectories(); ++j) {
     Trajectory& t = tr.trajectory(j);
@@ -256,6 +276,8 @@ void load_checkpoint(Trainer& tr, const std::string& config_hash, const std::str
         at = comma + 1;
       }
     }
+    t.dwq_err_prev.assign(err_len[i], 0.0f);
+    if (err_len[i]) std::memcpy(t.dwq_err_prev.data(), p.bytes.data() + err_at[i], err_len[i] * sizeof(float));
     tr.upload(t.params, take(np));
     tr.upload(t.m, take(np));
     tr.upload(t.v, take(np));

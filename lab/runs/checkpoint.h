@@ -4,14 +4,19 @@
 // File format (version 1), little-endian, written atomically (temp file + fsync + rename):
 //   "MXLABCKP" | u32 version | u32 header_len | header (text, key=value lines) |
 //   per trajectory, in header order: params, m, v [num_params f32 each], loss history [steps f32] |
+//   per trajectory with t<i>.dwq_err_prev = N, in header order: N f32 |
 //   u64 FNV-1a-64 checksum of every preceding byte | "MXLABEND"
 // Header keys: config_hash, step, steps, num_params, trajectories (comma list), and per
 // trajectory t<i>.{name,started,stopped,start_step,bias_avg,bias_avg_weight,cross_sq_avg,
-// cross_sq_avg_weight,rows_logged,last_loss,max_bias_ratio,max_gamma_lastbin} (the cross_sq_avg
-// keys may be absent in files of earlier builds: the averages then start from zero)
-// (doubles written as hex floats, exact). Only trajectories that have started (or were marked
-// stopped) by the checkpoint's step are saved: a branch that has not started yet is rebuilt from
-// the baseline at its `at`. Size: (3 * num_params + steps) * 4 bytes per saved trajectory.
+// cross_sq_avg_weight,rows_logged,last_loss,max_bias_ratio,max_gamma_lastbin,group} (the
+// cross_sq_avg keys may be absent in files of earlier builds: the averages then start from zero)
+// (doubles written as hex floats, exact); attention networks add, once set, t<i>.delta_bias_cumsum
+// (comma list, one hex float per layer: attn_delta_bias_cumsum) and t<i>.dwq_err_prev (N = depth *
+// d * d: the W_Q error of attn_dwq_err_cos's previous row, its floats after the fixed part; absent
+// in files of earlier builds, whose next cosine is then NaN). Only trajectories that have started
+// (or were marked stopped) by the checkpoint's step are saved: a branch that has not started yet is
+// rebuilt from the baseline at its `at`. Size: (3 * num_params + steps) * 4 bytes per saved
+// trajectory, plus 4 N bytes per t<i>.dwq_err_prev.
 // A file whose checksum, size, version or config hash does not match is refused with a message
 // saying which and what to do.
 #pragma once

@@ -106,6 +106,16 @@ inline constexpr Metric attn_delta_bias{"attn_delta_bias", S::per_layer, R::logg
                                         "sum over the rows of delta - delta_hp (the flash backward's delta bias)"};
 inline constexpr Metric attn_delta_bias_cumsum{"attn_delta_bias_cumsum", S::per_layer, R::logged, H::all,
                                                W::attention, F::none, "running sum of attn_delta_bias over the rows"};
+// The projections of the attention sub-block (lab/train/attn_instruments.h; every trajectory).
+inline constexpr Metric attn_wq_spec{"attn_wq_spec", S::per_layer, R::logged, H::all, W::attention, F::none,
+                                     "spectral norm of the layer's W_Q the step's forward used (power iteration)"};
+inline constexpr Metric attn_wk_spec{"attn_wk_spec", S::per_layer, R::logged, H::all, W::attention, F::none,
+                                     "spectral norm of the layer's W_K the step's forward used (power iteration)"};
+inline constexpr Metric attn_wv_spec{"attn_wv_spec", S::per_layer, R::logged, H::all, W::attention, F::none,
+                                     "spectral norm of the layer's W_V the step's forward used (power iteration)"};
+inline constexpr Metric attn_dwq_err_cos{"attn_dwq_err_cos", S::per_layer, R::logged, H::all, W::attention, F::none,
+                                         "cosine of the W_Q gradient error g~ - g-bar with the previous logged "
+                                         "shadow step's (NaN for the FP32 trajectory)"};
 // Clamp debt: the stored FP32 parameters the step's forward pass used against what it made of them.
 inline constexpr Metric gap_mean{"{tensor}_gap_mean", S::per_layer, R::logged, H::all, W::norm_gain, F::norm_gain,
                                  "mean over the layer's elements of |x - Q(x)| / |x|"};
@@ -210,6 +220,7 @@ inline constexpr const Metric* kAll[] = {
     &eps_norm_group, &gbar_norm_group, &gtilde_norm_group, &eps_par, &eps_perp, &shadow_loss, &cross_ratio,
     &cross_cosine, &cross_ratio_sq, &cross_ratio_sq_avg, &weight_distance,
     &attn_logit_max, &attn_multi_max_frac, &attn_multi_one_frac, &attn_delta_bias, &attn_delta_bias_cumsum,
+    &attn_wq_spec, &attn_wk_spec, &attn_wv_spec, &attn_dwq_err_cos,
     &gap_mean, &gap_max, &above_frac, &weight_gap_mean, &weight_above_frac,
     &shadow_step, &shadow_bias_ratio, &shadow_cosine, &shadow_cross_ratio, &shadow_cross_ratio_sq, &shadow_eps_norm,
     &shadow_gbar_norm, &shadow_gtilde_norm, &shadow_eps_par, &shadow_eps_perp, &shadow_fp32_loss,

@@ -18,6 +18,7 @@
 #include <map>
 
 #include "lab/core/error.h"
+#include "lab/train/attn_instruments.h"
 #include "lab/train/batch.h"
 #include "lab/config/config_io.h"
 #include "lab/config/names.h"
@@ -193,6 +194,7 @@ void Trainer::start_branches() {
     br.cross_sq_avg = base.cross_sq_avg;
     br.cross_sq_avg_weight = base.cross_sq_avg_weight;
     br.delta_bias_cumsum = base.delta_bias_cumsum;
+    br.dwq_err_prev = base.dwq_err_prev;  // the arm's last logged error is the branch's previous one too
     if (br.snap_gamma) {
       // Stored gamma/beta := the values the arm's forward pass used (under the arm's policy, the
       // step's stochastic stream); the branch's gradient buffer is free scratch here.
@@ -487,6 +489,8 @@ void Trainer::log_metrics(bool shadow_step) {
     if (shape_.attention()) {
       add_attention_metrics(tr, row);
       phase("attention logits");
+      add_attention_weight_metrics(tr, grads.group_sums(i) != nullptr, row);
+      phase("attention weights (host)");
     }
   }
 
@@ -655,6 +659,47 @@ void Trainer::add_attention_metrics(Trajectory& tr, MetricRow& row) {
   row.add(metric::attn_multi_one_frac, std::move(multi_one));
   row.add(metric::attn_delta_bias, std::move(bias));
   row.add(metric::attn_delta_bias_cumsum, std::move(cumsum));
+}
+
+// The spectral norms of every layer's W_Q, W_K, W_V as the step's forward used them (before the
+// update), and, on a shadow step of an MX trajectory, the cosine of the W_Q block of g~ - g-bar
+// with that of the trajectory's previous logged shadow step (NaN without one; the FP32
+// trajectory: NaN throughout). On the host, from downloaded buffers (lab/train/attn_instruments.h).
+void Trainer::add_attention_weight_metrics(Trajectory& tr, bool shadow_step, MetricRow& row) {
+  const int layers = cfg_.model.depth;
+  const int64_t d = shape_.d;
+  const size_t block = static_cast<size_t>(d * d);  // Wqkv [3d x d]: rows Q | K | V, d x d each
+  std::vector<std::vector<float>> wqkv(static_cast<size_t>(layers));
+  std::vector<const float*> mats(3 * static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    const ParamGroup* g = shape_.find(l, ParamGroup::wqkv);
+    wqkv[l] = download(tr.params + g->offset, 3 * block);
+    for (size_t k = 0; k < 3; ++k) mats[3 * static_cast<size_t>(l) + k] = wqkv[l].data() + k * block;
+  }
+  std::vector<double> norms(mats.size());
+  spectral_norms(mats.data(), mats.size(), d, d, norms.data());
+  std::vector<double> wq(layers), wk(layers), wv(layers), cosine(layers, kNaN);
+  for (int l = 0; l < layers; ++l) {
+    wq[l] = norms[3 * static_cast<size_t>(l)];
+    wk[l] = norms[3 * static_cast<size_t>(l) + 1];
+    wv[l] = norms[3 * static_cast<size_t>(l) + 2];
+  }
+  if (tr.is_mx && shadow_step) {
+    std::vector<float> err(static_cast<size_t>(layers) * block);
+    for (int l = 0; l < layers; ++l) {
+      const int64_t off = shape_.find(l, ParamGroup::wqkv)->offset;  // W_Q: the first d rows
+      const std::vector<float> g = download(tr.grads + off, block), s = download(tr.shadow + off, block);
+      float* e = err.data() + static_cast<size_t>(l) * block;
+      for (size_t j = 0; j < block; ++j) e[j] = g[j] - s[j];
+      if (tr.dwq_err_prev.size() == err.size())
+        cosine[l] = direction_cosine(e, tr.dwq_err_prev.data() + static_cast<size_t>(l) * block, block);
+    }
+    tr.dwq_err_prev = std::move(err);
+  }
+  row.add(metric::attn_wq_spec, std::move(wq));
+  row.add(metric::attn_wk_spec, std::move(wk));
+  row.add(metric::attn_wv_spec, std::move(wv));
+  row.add(metric::attn_dwq_err_cos, std::move(cosine));
 }
 
 Trainer::WeightSums Trainer::reduce_weights() {

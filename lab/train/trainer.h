@@ -141,6 +141,7 @@ class Trainer {
   void add_gradient_bias_metrics(Trajectory& tr, const GradientSums& sums, size_t index, MetricRow& row);
   void add_quant_stat_metrics(Trajectory& tr, int index, const std::vector<QuantStats>& stats, MetricRow& row);
   void add_attention_metrics(Trajectory& tr, MetricRow& row);
+  void add_attention_weight_metrics(Trajectory& tr, bool shadow_step, MetricRow& row);
   WeightSums reduce_weights();
   void add_weight_metrics(const Trajectory& tr, const double* sums, const double* fp32_sums, MetricRow& row);
   void add_gamma_metrics(const Trajectory& tr, MetricRow& row);

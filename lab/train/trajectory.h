@@ -67,6 +67,10 @@ struct Trajectory {
   double max_gamma_lastbin = std::numeric_limits<double>::quiet_NaN();
   // Per layer: the running sum of the logged attn_delta_bias (flash attention; empty until set).
   std::vector<double> delta_bias_cumsum;
+  // Attention networks, MX trajectories: the W_Q blocks of the gradient error g~ - g-bar at the
+  // last logged shadow step, layer after layer (depth * d * d floats; empty until the first), the
+  // "previous" of attn_dwq_err_cos.
+  std::vector<float> dwq_err_prev;
 };
 
 }  // namespace mxlab

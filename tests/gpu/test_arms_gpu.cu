@@ -367,3 +367,65 @@ TEST(ArmsGpu, TokenFlashRunMatchesTheCpu) {
     EXPECT_LE(worst, std::string(t) == "trajectories/fp32" ? 1e-5 : 1e-3) << t;
   }
 }
+
+// The attention projections' instruments on CUDA (CPU twin: tests/cpu/test_attn_instruments.cpp)
+// are computed on the host from downloaded buffers, so where the CPU and CUDA weights are the same
+// bits their spectral norms must be too. With lr = 1e-30 no element of Wqkv moves (every Adam
+// update is far below half an ulp of the weights), on either backend, so every row of every
+// trajectory holds the initial weights of the CPU run: attn_wq_spec, attn_wk_spec, attn_wv_spec
+// equal the CPU's bit for bit in every row. The gradients are not the CPU's bits (GEMM order), so
+// attn_dwq_err_cos is held to its pattern: NaN exactly where the CPU's is (the FP32 trajectory,
+// row 0, rows without a shadow pass), within [-1, 1] elsewhere, and printed beside the CPU's.
+TEST(ArmsGpu, AttentionWeightInstrumentsMatchTheCpuOnTheSameWeights) {
+  MXLAB_REQUIRE_GPU();
+  RunConfig c = token_run(5);
+  c.log.log_every = 1;
+  c.log.bias_every = 2;  // shadow rows 0, 2, 4: rows 1 and 3 have none
+  c.optimizer.lr = 1e-30f;
+  validate_config(c);
+  auto cpu = make_cpu_backend();
+  const MemorySink h = run_on(*cpu, c);
+  const MemorySink g = run_cuda(c);
+  auto rows_of = [](const MemorySink& s, const std::string& group, const std::string& m) {
+    std::vector<std::vector<double>> out;
+    for (const MetricRow& r : s.groups.at(group).rows)
+      if (r.axis == "step")
+        for (const auto& col : r.cols)
+          if (col.first == m) out.push_back(col.second);
+    return out;
+  };
+  size_t bitwise = 0, finite_cos = 0;
+  for (const char* t : {"trajectories/fp32", "trajectories/mx", "trajectories/flash", "trajectories/stabilized",
+                        "branches/flash_fp32"}) {
+    for (const char* m : {"attn_wq_spec", "attn_wk_spec", "attn_wv_spec"}) {
+      const auto a = rows_of(h, t, m), b = rows_of(g, t, m);
+      ASSERT_EQ(a.size(), b.size()) << t << " " << m;
+      ASSERT_FALSE(a.empty()) << t << " " << m;
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].size(), 2u);
+        ASSERT_EQ(b[i].size(), 2u);
+        for (size_t l = 0; l < 2; ++l) {
+          EXPECT_EQ(a[i][l], a[0][l]) << t << " " << m << " row " << i << ": the CPU weights moved (lr too large?)";
+          EXPECT_TRUE(std::memcmp(&a[i][l], &b[i][l], sizeof(double)) == 0)
+              << t << " " << m << " row " << i << " layer " << l << ": CPU " << a[i][l] << " CUDA " << b[i][l];
+          ++bitwise;
+        }
+      }
+    }
+    const auto a = rows_of(h, t, "attn_dwq_err_cos"), b = rows_of(g, t, "attn_dwq_err_cos");
+    ASSERT_EQ(a.size(), b.size()) << t;
+    for (size_t i = 0; i < a.size(); ++i)
+      for (size_t l = 0; l < 2; ++l) {
+        const double x = a[i][l], y = b[i][l];
+        std::printf("[attn_dwq_err_cos] %s row %zu layer %zu: CPU %.6f CUDA %.6f\n", t, i, l, x, y);
+        if (std::string(t) == "branches/flash_fp32") continue;  // g~ = g-bar bit for bit on the CPU; not required here
+        EXPECT_EQ(std::isnan(x), std::isnan(y)) << t << " row " << i << " layer " << l << ": CPU " << x << " CUDA " << y;
+        if (!std::isnan(y)) {
+          EXPECT_TRUE(y >= -1.0 && y <= 1.0) << t << " row " << i << ": " << y;
+          ++finite_cos;
+        }
+      }
+  }
+  EXPECT_EQ(bitwise, (4u * 5u + 1u) * 3u * 2u);  // 4 groups of 5 rows, the branch's 1 (it starts at 4); 3 norms, 2 layers
+  EXPECT_EQ(finite_cos, 3u * 2u * 2u);    // mx, flash, stabilized: rows 2 and 4, 2 layers
+}
