@@ -6,7 +6,7 @@ spectral norms). The trainer does not log them; the study stores every trajector
 every `log.snapshot_every` steps, and this script reads them on the GPU machine, where the run
 files stay, so only the CSV comes back.
 
-  python3 results/extract_spectral.py OUT.csv RUN.h5 [RUN.h5 ...]
+  python3 results/extract_spectral.py OUT.csv RUN.h5 [RUN.h5 ...]    (OUT.csv.gz: gzip-compressed)
 
 Every snapshot `snapshots/<trajectory>/step_<S>/layer<k>.Wqkv` ([3d x d], rows Q, K, V; lab/model
 README "The model") and `layer<k>.Wo` gives four matrices W_Q, W_K, W_V, W_O [d x d] (all heads
@@ -27,6 +27,7 @@ Trajectories and steps in sorted order; a run file without snapshots adds no row
 written when no run file has a snapshot of an attention layer.
 """
 import csv
+import gzip
 import math
 import re
 import sys
@@ -117,7 +118,7 @@ def main(argv):
     if not rows:
         print(f"extract_spectral: no attention snapshot in {len(paths)} run files: {out} not written")
         return 0
-    with open(out, "w", newline="") as fh:
+    with (gzip.open(out, "wt", newline="") if out.endswith(".gz") else open(out, "w", newline="")) as fh:
         w = csv.writer(fh)
         w.writerow(COLUMNS)
         for r in rows:

@@ -2,6 +2,7 @@
 the low-rank share and direction of a trajectory's difference to the FP32 trajectory, on a
 hand-built run file with known matrices and on a real run file of the trainer (MXLAB_BINARY)."""
 import csv
+import gzip
 import subprocess
 
 import h5py
@@ -85,6 +86,13 @@ def test_known_matrices(mod, tmp_path):
     assert float(r40["diff_dir_cos"]) == pytest.approx(0.0, abs=1e-12)
     # W_K, W_V, W_O of flash equal fp32's: zero difference
     assert all(float(_one(rows, "flash", 30, m)["diff_fro"]) == 0.0 for m in ("W_K", "W_V", "W_O"))
+
+
+def test_gzip_output(mod, tmp_path):
+    _write(tmp_path / "r.h5")
+    assert mod.main([str(tmp_path / "s.csv.gz"), str(tmp_path / "r.h5")]) == 0
+    assert mod.main([str(tmp_path / "s.csv"), str(tmp_path / "r.h5")]) == 0
+    assert gzip.decompress((tmp_path / "s.csv.gz").read_bytes()) == (tmp_path / "s.csv").read_bytes()
 
 
 def test_no_snapshot_writes_nothing(mod, tmp_path, capsys):
