@@ -12,7 +12,11 @@ then the datasets of lab/train/SCHEMA.md, "Attention networks only":
   attn_multi_max_frac      rows of S whose maximum is attained more than once (flash only);
   attn_multi_one_frac      rows with more than one bf16 P-bar = 1 (flash only);
   attn_delta_bias          sum over the rows of delta_lp - delta_hp (flash only);
-  attn_delta_bias_cumsum   its running sum over the logged rows (flash only).
+  attn_delta_bias_cumsum   its running sum over the logged rows (flash only);
+  attn_wq_spec, attn_wk_spec, attn_wv_spec   spectral norms of the layer's W_Q, W_K, W_V (every
+                           trajectory; files from before these datasets: empty cells);
+  attn_dwq_err_cos         cosine between this and the previous logged shadow step's W_Q gradient
+                           error (MX/flash arms, rows with a shadow pass; else empty).
 A value that is NaN in the file (a trajectory whose attention is exact has no flash instrument) is
 an empty cell; numbers have 9 significant digits (float64 datasets of float32 arithmetic). A run
 file without attention layers adds no row; nothing is written when none has any.
@@ -28,7 +32,7 @@ import numpy as np
 from extract_loss_blocks import _lr, _text  # results/ is on sys.path: this script's folder
 
 INSTRUMENTS = ("attn_logit_max", "attn_multi_max_frac", "attn_multi_one_frac", "attn_delta_bias",
-               "attn_delta_bias_cumsum")
+               "attn_delta_bias_cumsum", "attn_wq_spec", "attn_wk_spec", "attn_wv_spec", "attn_dwq_err_cos")
 COLUMNS = ("run_id", "seed", "lr", "trajectory", "step", "layer") + INSTRUMENTS
 
 

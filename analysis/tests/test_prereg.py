@@ -18,7 +18,7 @@ MARK = "## Amendments"
 PREREGS = [
     ("results/prereg/why_mx.md", "284cbbf39fb0b92f5a619e9894fba2d4df0d0ba2747a292c42f7dc7e59bb1f71",
      ("results/why_mx",)),
-    ("results/prereg/flash_bf16.md", "d217b68e291e1715708422d98ab0a821d3a24752a4e6565575eaed36baec78f9",
+    ("results/prereg/flash_bf16.md", "a0a135e7366664647e9258d4e055ac21d39988d3599c3d59f19a8576223c67dd",
      ("results/flash_pilot", "results/flash_study")),
 ]
 IDS = [os.path.basename(p) for p, _, _ in PREREGS]
