@@ -66,8 +66,30 @@ def _trajectories(paths):
     return out
 
 
-def load(directory):
-    """{(depth, lr, seed, trajectory): (primary event, secondary event)} of the finished pilot runs."""
+def read_plan(path):
+    """{run_id: (depth, lr, seed)} from `mxlab plan experiments/paper/flash_pilot.yaml` saved as text:
+    a summary of a shard that holds one run has no swept-key columns, so its run's depth and lr come
+    from the plan (run ids are the configurations' hashes)."""
+    out = {}
+    with open(path) as f:
+        header = f.readline().split()
+        need = ("run_id", "model.depth", "optimizer.lr", "seed")
+        if not all(k in header for k in need):
+            raise PilotError(f"{path}: not the run table of mxlab plan (columns {', '.join(need)})")
+        col = {k: header.index(k) for k in need}
+        for line in f:
+            cells = line.split()
+            if len(cells) != len(header):
+                continue
+            out[cells[col["run_id"]]] = (int(cells[col["model.depth"]]), float(cells[col["optimizer.lr"]]),
+                                         int(cells[col["seed"]]))
+    return out
+
+
+def load(directory, plan=None):
+    """{(depth, lr, seed, trajectory): (primary event, secondary event)} of the finished pilot runs;
+    `plan` (read_plan) supplies depth and lr where a summary lacks their columns, and must agree
+    where it has them."""
     blocks = sorted(glob.glob(os.path.join(directory, "blocks_flash_pilot_*.csv")))
     summaries = sorted(glob.glob(os.path.join(directory, "summary_flash_pilot_*.csv")))
     if not blocks or not summaries:
@@ -79,7 +101,16 @@ def load(directory):
             for r in csv.DictReader(f):
                 if r["status"] not in ("complete", "diverged") or r["group"] not in TRAJECTORIES:
                     continue
-                key = (int(r["model.depth"]), float(r["optimizer.lr"]), int(r["seed"]), r["group"])
+                if "model.depth" in r and "optimizer.lr" in r:
+                    cfg = (int(r["model.depth"]), float(r["optimizer.lr"]), int(r["seed"]))
+                    if plan is not None and plan.get(r["run_id"], cfg) != cfg:
+                        raise PilotError(f"run {r['run_id']}: the summary says {cfg}, the plan {plan[r['run_id']]}")
+                elif plan is not None and r["run_id"] in plan:
+                    cfg = plan[r["run_id"]]
+                else:
+                    raise PilotError(f"run {r['run_id']}: its summary has no model.depth / optimizer.lr column "
+                                     "(a shard of one run): give --plan (mxlab plan experiments/paper/flash_pilot.yaml)")
+                key = cfg + (r["group"],)
                 t = trajs.get((r["run_id"], r["group"]))
                 if t is None:
                     raise PilotError(f"run {r['run_id']} {r['group']}: in a summary CSV but not in the loss blocks")
@@ -130,9 +161,12 @@ def choose(table):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="the pilot's summary_ and blocks_ CSVs")
+    ap.add_argument("--plan", help="`mxlab plan experiments/paper/flash_pilot.yaml` saved as text (default: "
+                    "DIR/plan.txt when there): depth and lr of runs whose summary lacks those columns")
     a = ap.parse_args(argv)
     try:
-        table = cells(load(a.dir))
+        plan_path = a.plan or (os.path.join(a.dir, "plan.txt") if os.path.exists(os.path.join(a.dir, "plan.txt")) else None)
+        table = cells(load(a.dir, read_plan(plan_path) if plan_path else None))
     except (PilotError, R.DataError, OSError, KeyError, ValueError) as e:
         print(f"flash_pilot_choice: {e}", file=sys.stderr)
         return 2

@@ -127,3 +127,42 @@ def test_real_pilot_csvs(C, tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "results", "extract_loss_blocks.py"),
                     str(tmp_path / "blocks_flash_pilot_0of1.csv"), "100", *runs], check=True, capture_output=True)
     assert _choose(C, tmp_path) == ((4, 3e-2), "C")
+
+
+def _strip_config_columns(tmp):
+    """The summary as a one-run shard writes it: no model.depth / optimizer.lr columns."""
+    path = tmp / "summary_flash_pilot_0of1.csv"
+    rows = list(csv.DictReader(open(path, newline="")))
+    keep = [k for k in rows[0] if k not in ("model.depth", "optimizer.lr")]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _plan(tmp, C, wrong=None):
+    with open(tmp / "plan.txt", "w") as f:
+        f.write("index  run_id        model.depth  optimizer.lr  seed\n")
+        i = 0
+        for d in C.DEPTHS:
+            for lr in C.LRS:
+                for seed in C.SEEDS:
+                    rid = f"d{d}lr{lr:g}s{seed}"
+                    f.write(f"{i}  {rid}  {d if rid != wrong else 8}  {lr:.1e}  {seed}\n")
+                    i += 1
+
+
+def test_one_run_shards_take_depth_and_lr_from_the_plan(C, tmp_path):
+    _write(tmp_path, C, {(4, 3e-3, s, "flash"): "primary" for s in C.SEEDS})
+    want = C.load(str(tmp_path))
+    _strip_config_columns(tmp_path)
+    with pytest.raises(C.PilotError, match="--plan"):
+        C.load(str(tmp_path))
+    _plan(tmp_path, C)
+    assert C.load(str(tmp_path), C.read_plan(str(tmp_path / "plan.txt"))) == want
+    assert C.main(["--dir", str(tmp_path)]) == 0  # DIR/plan.txt is found by itself
+    # a plan that disagrees with a summary that has the columns is an error
+    _write(tmp_path, C, {})
+    _plan(tmp_path, C, wrong="d2lr0.001s1100")
+    with pytest.raises(C.PilotError, match="plan"):
+        C.load(str(tmp_path), C.read_plan(str(tmp_path / "plan.txt")))
