@@ -22,14 +22,13 @@ trajectory it forked from: its `from`, `mx` in files without it), at (its first 
 A value the file lacks (no curvature row at `at`, no v in the snapshot) is an empty cell. Nothing
 is written when no run file has a branch.
 """
-import csv
 import math
 import sys
 
 import h5py
 import numpy as np
 
-from extract_loss_blocks import _lr, _text  # results/ is on sys.path: this script's folder
+from extract_loss_blocks import _lr, _text, run_extractor  # results/ is on sys.path: this script's folder
 
 CURVATURE = ("hessian_lmax", "precond_lmax", "precond_threshold")
 QUANTILES = (("v_min", 0.0), ("v_q01", 0.01), ("v_q10", 0.10), ("v_q25", 0.25), ("v_median", 0.5),
@@ -94,21 +93,10 @@ def rows_of(path):
 
 
 def main(argv):
-    if len(argv) < 2:
-        raise SystemExit(__doc__)
-    out, paths = argv[0], argv[1:]
-    rows = [r for p in paths for r in rows_of(p)]
-    if not rows:
-        print(f"extract_branchpoints: no branch in {len(paths)} run files: {out} not written")
-        return 0
-    with open(out, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([r[c] if c in ("run_id", "seed", "lr", "branch", "parent", "at", "v_count") and r[c] is not None
-                        else _cell(r[c]) for c in COLUMNS])
-    print(f"extract_branchpoints: {len(rows)} branch points from {len(paths)} run files -> {out}")
-    return 0
+    keep = ("run_id", "seed", "lr", "branch", "parent", "at", "v_count")
+    return run_extractor(argv, __doc__, "extract_branchpoints", rows_of, COLUMNS,
+                         lambda r: [r[c] if c in keep and r[c] is not None else _cell(r[c]) for c in COLUMNS],
+                         "branch points", "branch")
 
 
 if __name__ == "__main__":

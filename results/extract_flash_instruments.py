@@ -21,15 +21,13 @@ A value that is NaN in the file (a trajectory whose attention is exact has no fl
 an empty cell; numbers have 9 significant digits (float64 datasets of float32 arithmetic). A run
 file without attention layers adds no row; nothing is written when none has any.
 """
-import csv
-import gzip
 import math
 import sys
 
 import h5py
 import numpy as np
 
-from extract_loss_blocks import _lr, _text  # results/ is on sys.path: this script's folder
+from extract_loss_blocks import _lr, _text, run_extractor  # results/ is on sys.path: this script's folder
 
 INSTRUMENTS = ("attn_logit_max", "attn_multi_max_frac", "attn_multi_one_frac", "attn_delta_bias",
                "attn_delta_bias_cumsum", "attn_wq_spec", "attn_wk_spec", "attn_wv_spec", "attn_dwq_err_cos")
@@ -62,19 +60,8 @@ def rows_of(path):
 
 
 def main(argv):
-    if len(argv) < 2:
-        raise SystemExit(__doc__)
-    out, paths = argv[0], argv[1:]
-    rows = [r for p in paths for r in rows_of(p)]
-    if not rows:
-        print(f"extract_flash_instruments: no attention layer in {len(paths)} run files: {out} not written")
-        return 0
-    with (gzip.open(out, "wt", newline="") if out.endswith(".gz") else open(out, "w", newline="")) as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        w.writerows(rows)
-    print(f"extract_flash_instruments: {len(rows)} rows from {len(paths)} run files -> {out}")
-    return 0
+    return run_extractor(argv, __doc__, "extract_flash_instruments", rows_of, COLUMNS, lambda r: r, "rows",
+                         "attention layer")
 
 
 if __name__ == "__main__":

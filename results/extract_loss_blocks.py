@@ -15,6 +15,7 @@ CSVs written before eps and beta2 existed lack the two columns; the readers
 (reanalysis_excursion.read_blocks) take them as empty.
 """
 import csv
+import gzip
 import math
 import sys
 
@@ -65,6 +66,26 @@ def blocks(loss, block):
         stats = (float(fin.min()), float(fin.max()), float(fin.mean())) if fin.size else (math.nan,) * 3
         out.append((i, len(b)) + stats + (int(b.size - fin.size), float(b[-1])))
     return out
+
+
+def run_extractor(argv, doc, tool, rows_of, header, cells, what_rows, what_missing):
+    """The command line of the extractors that read whole run files into one CSV (branch points,
+    spectral norms, flash instruments): OUT.csv RUN.h5 [RUN.h5 ...], OUT.csv.gz written
+    gzip-compressed; rows_of(path) gives a file's rows, cells(row) a row's CSV cells. Without any
+    row nothing is written (a line says what none of the files had)."""
+    if len(argv) < 2:
+        raise SystemExit(doc)
+    out, paths = argv[0], argv[1:]
+    rows = [r for p in paths for r in rows_of(p)]
+    if not rows:
+        print(f"{tool}: no {what_missing} in {len(paths)} run files: {out} not written")
+        return 0
+    with (gzip.open(out, "wt", newline="") if out.endswith(".gz") else open(out, "w", newline="")) as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(cells(r) for r in rows)
+    print(f"{tool}: {len(rows)} {what_rows} from {len(paths)} run files -> {out}")
+    return 0
 
 
 def main(argv):

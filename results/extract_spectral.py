@@ -26,8 +26,6 @@ error the trajectory has accumulated against exact arithmetic from the same init
 Trajectories and steps in sorted order; a run file without snapshots adds no row. Nothing is
 written when no run file has a snapshot of an attention layer.
 """
-import csv
-import gzip
 import math
 import re
 import sys
@@ -35,7 +33,7 @@ import sys
 import h5py
 import numpy as np
 
-from extract_loss_blocks import _lr, _text  # results/ is on sys.path: this script's folder
+from extract_loss_blocks import _lr, _text, run_extractor  # results/ is on sys.path: this script's folder
 
 COLUMNS = ("run_id", "seed", "lr", "trajectory", "step", "layer", "matrix", "sigma_max", "fro",
            "diff_fro", "diff_sigma1", "diff_rank1", "diff_dir_cos")
@@ -111,21 +109,9 @@ def rows_of(path):
 
 
 def main(argv):
-    if len(argv) < 2:
-        raise SystemExit(__doc__)
-    out, paths = argv[0], argv[1:]
-    rows = [r for p in paths for r in rows_of(p)]
-    if not rows:
-        print(f"extract_spectral: no attention snapshot in {len(paths)} run files: {out} not written")
-        return 0
-    with (gzip.open(out, "wt", newline="") if out.endswith(".gz") else open(out, "w", newline="")) as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([r[c] if c in ("run_id", "seed", "lr", "trajectory", "step", "layer", "matrix") else _cell(r[c])
-                        for c in COLUMNS])
-    print(f"extract_spectral: {len(rows)} rows from {len(paths)} run files -> {out}")
-    return 0
+    keep = ("run_id", "seed", "lr", "trajectory", "step", "layer", "matrix")
+    return run_extractor(argv, __doc__, "extract_spectral", rows_of, COLUMNS,
+                         lambda r: [r[c] if c in keep else _cell(r[c]) for c in COLUMNS], "rows", "attention snapshot")
 
 
 if __name__ == "__main__":
