@@ -578,12 +578,17 @@ def markdown_branchpoints(rows):
     return "\n".join(out)
 
 
-def main_e2(argv):
-    ap = argparse.ArgumentParser(prog="why_mx.py e2", description="E2 of results/prereg/why_mx.md")
+def _args(argv, name, what, default_dir, dir_help=None, e1_help="E1's directory, for the pairing check"):
+    """The command line of a subcommand: --dir (default results/why_mx/<default_dir>) and --e1."""
+    ap = argparse.ArgumentParser(prog=f"why_mx.py {name}", description=f"{what} of results/prereg/why_mx.md")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
-    ap.add_argument("--dir", default=os.path.join(here, "e2"))
-    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
-    a = ap.parse_args(argv)
+    ap.add_argument("--dir", default=os.path.join(here, default_dir), help=dir_help)
+    ap.add_argument("--e1", default=os.path.join(here, "e1"), help=e1_help)
+    return ap.parse_args(argv)
+
+
+def main_e2(argv):
+    a = _args(argv, "e2", "E2", "e2")
     try:
         ends = load_e2(a.dir)
         seeds = sorted({s for s, _ in ends})
@@ -899,11 +904,7 @@ def _seeds_line(events):
 
 
 def main_e3(argv):
-    ap = argparse.ArgumentParser(prog="why_mx.py e3", description="E3 of results/prereg/why_mx.md")
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
-    ap.add_argument("--dir", default=os.path.join(here, "e3"))
-    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
-    a = ap.parse_args(argv)
+    a = _args(argv, "e3", "E3", "e3")
     try:
         events = load_e3(a.dir)
         _, seeds = _seeds_line(events)
@@ -929,11 +930,7 @@ def main_e3(argv):
 
 
 def main_e4(argv):
-    ap = argparse.ArgumentParser(prog="why_mx.py e4", description="E4 of results/prereg/why_mx.md")
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
-    ap.add_argument("--dir", default=os.path.join(here, "e4"))
-    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory, for the pairing check")
-    a = ap.parse_args(argv)
+    a = _args(argv, "e4", "E4", "e4")
     try:
         events = load(a.dir)
         _, seeds = _seeds_line(events)
@@ -961,11 +958,8 @@ def main_e4(argv):
 
 
 def main_q0(argv):
-    ap = argparse.ArgumentParser(prog="why_mx.py q0", description="Question 0 of results/prereg/why_mx.md")
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
-    ap.add_argument("--dir", default=os.path.join(here, "paper_emulator"), help="the paper_emulator run set")
-    ap.add_argument("--e1", default=os.path.join(here, "e1"), help="E1's directory: mx_all, and the pairing check")
-    a = ap.parse_args(argv)
+    a = _args(argv, "q0", "Question 0", "paper_emulator", dir_help="the paper_emulator run set",
+              e1_help="E1's directory: mx_all, and the pairing check")
     try:
         events = load_q0(a.dir, a.e1)
         _, seeds = _seeds_line(events)
