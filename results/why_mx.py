@@ -61,6 +61,7 @@ bit for bit, every column as written; a difference, or a seed E1 lacks, stops th
 2). The count checked is printed."""
 import argparse
 import csv
+import functools
 import glob
 import os
 import statistics
@@ -163,20 +164,7 @@ def progress(events):
 
 def family(events):
     """E1's 16 pre-registered tests on complete data: [(label, LogRank, Cox, holm p)]."""
-    seeds = sorted({s for s, _ in events})
-    if seeds != SEEDS:
-        raise StudyError(f"the confirmatory tests need seeds 200-239; have {len(seeds)}")
-    keys = sorted(events)
-    time = [events[k][1] for k in keys]
-    event = [events[k][0] for k in keys]
-    seed = [k[0] for k in keys]
-    arm = [k[1] for k in keys]
-    res = []
-    for label, a, ref, _ in E1_TESTS:
-        pairs = P.make_pairs(time, event, seed, arm, a, ref)
-        res.append((label, P.permutation_logrank(pairs), P.cox_stratified(pairs, ties="breslow")))
-    adj = P.holm_family([(label, lr.p_perm) for label, lr, _ in res])
-    return [(label, lr, cox, h) for (label, lr, cox), (_, _, h) in zip(res, adj)]
+    return run_family(events, E1_TESTS)
 
 
 # The pre-registered verdict rules ("Verdicts" and "E1"): supported when the Holm-adjusted p is
@@ -225,15 +213,13 @@ def tails(directory):
 
 
 def secondary(events, tail):
-    """Per test of the family, the pre-registration's secondary readings (not tests): the asymptotic
-    stratified log-rank p and the paired Wilcoxon signed-rank test of tail_log_ratio (arm vs
-    reference, by seed): [(label, p_asym, Wilcoxon)]."""
+    """Per test of the family, the pre-registration's secondary reading beside the asymptotic
+    stratified log-rank p (the family's LogRank.p_asym): the paired Wilcoxon signed-rank test of
+    tail_log_ratio (arm vs reference, by seed): [(label, Wilcoxon)]."""
     out = []
     for label, a, ref, _ in E1_TESTS:
         seeds = sorted(s for s, b in events if b == a and (s, ref) in events)
-        lr = P.permutation_logrank(_pairs(events, a, ref))
-        w = P.wilcoxon_paired([tail[(s, a)] for s in seeds], [tail[(s, ref)] for s in seeds])
-        out.append((label, lr.p_asym, w))
+        out.append((label, P.wilcoxon_paired([tail[(s, a)] for s in seeds], [tail[(s, ref)] for s in seeds])))
     return out
 
 
@@ -243,13 +229,17 @@ def _pairs(events, a, ref):
                         [k[1] for k in keys], a, ref)
 
 
+def compare(events, a, ref):
+    """Arm `a` against `ref`, paired by seed: (LogRank, Cox), the primary test and the effect size."""
+    pairs = _pairs(events, a, ref)
+    return P.permutation_logrank(pairs), P.cox_stratified(pairs, ties="breslow")
+
+
 def every_arm(events, refs=(MX_ALL, FP32)):
     """Descriptive (pre-registration "E1": every arm's HR against MX-all and against FP32, not
     tests): [(arm, ref, LogRank, Cox)]."""
     arms = sorted({a for _, a in events}, key=lambda a: (a != FP32, a != MX_ALL, a))
-    return [(a, ref, P.permutation_logrank(_pairs(events, a, ref)),
-             P.cox_stratified(_pairs(events, a, ref), ties="breslow"))
-            for ref in refs for a in arms if a != ref]
+    return [(a, ref) + compare(events, a, ref) for ref in refs for a in arms if a != ref]
 
 
 def markdown_family(res, sec):
@@ -258,11 +248,11 @@ def markdown_family(res, sec):
            "| asymptotic log-rank p | tail_log_ratio: Hodges–Lehmann (95 %), Wilcoxon p |",
            "|---|---|---|---|---|---|---|---|---|"]
     verdicts = {}
-    for (label, lr, cox, h), (_, p_asym, w), (_, a, ref, d) in zip(res, sec, E1_TESTS):
+    for (label, lr, cox, h), (_, w), (_, a, ref, d) in zip(res, sec, E1_TESTS):
         v = verdict(label, d, cox, h)
         verdicts[label] = v
         out.append(f"| {label} | {a} vs {ref} (HR {d}) | {lr.arm_first}/{lr.ref_first} | {lr.p_perm:.3g} | {h:.3g} | "
-                   f"{R.hr_cell(cox)} | **{v}** | {p_asym:.3g} | {w.hl:+.3g} ({w.hl_lo:+.3g} to {w.hl_hi:+.3g}), {w.p:.3g} |")
+                   f"{R.hr_cell(cox)} | **{v}** | {lr.p_asym:.3g} | {w.hl:+.3g} ({w.hl_lo:+.3g} to {w.hl_hi:+.3g}), {w.p:.3g} |")
     drv = driver_verdict([verdicts["Wgrad vs Fprop"], verdicts["Wgrad vs Dgrad"]])
     out.append(f"\n\"Wgrad is the main driver\" (both of its tests): **{drv}**")
     return "\n".join(out)
@@ -578,6 +568,20 @@ def markdown_branchpoints(rows):
     return "\n".join(out)
 
 
+def _one_line_errors(main_fn):
+    """A subcommand's exit status: 0 when it ran, 2 with one line on stderr when the committed data
+    do not fit the study (StudyError, R.DataError, a file that cannot be read)."""
+    @functools.wraps(main_fn)
+    def run(argv):
+        try:
+            main_fn(argv)
+        except (StudyError, R.DataError, OSError) as e:
+            print(f"why_mx: {e}", file=sys.stderr)
+            return 2
+        return 0
+    return run
+
+
 def _args(argv, name, what, default_dir, dir_help=None, e1_help="E1's directory, for the pairing check"):
     """The command line of a subcommand: --dir (default results/why_mx/<default_dir>) and --e1."""
     ap = argparse.ArgumentParser(prog=f"why_mx.py {name}", description=f"{what} of results/prereg/why_mx.md")
@@ -587,31 +591,27 @@ def _args(argv, name, what, default_dir, dir_help=None, e1_help="E1's directory,
     return ap.parse_args(argv)
 
 
+@_one_line_errors
 def main_e2(argv):
     a = _args(argv, "e2", "E2", "e2")
-    try:
-        ends = load_e2(a.dir)
-        seeds = sorted({s for s, _ in ends})
-        paired = pairing_check(a.dir, a.e1)
-        print(f"e2: {len(seeds)} of {len(SEEDS)} seeds finished; endpoint: an excursion (k=10, B=100, W=500) with "
-              f"onset in [b, b + {E2_HORIZON}) on the parent's losses before b joined to the branch's; C++ and Python "
-              f"agree on all {len(ends)} branches; fp32 and mx_all equal E1's block for block on all {paired} "
-              "(seed, trajectory) both hold")
-        print(markdown_e2_progress(ends))
-        if seeds == SEEDS:
-            print()
-            print(markdown_e2_family(e2_family(ends)))
-            print("\nState has no pre-registered criterion of support (an equality): it is falsified or undecided.")
-        else:
-            print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
-        bp = branchpoints(a.dir)
-        if bp:
-            print("\nAt the branch points (descriptive):\n")
-            print(markdown_branchpoints(bp))
-    except (StudyError, R.DataError, OSError) as e:
-        print(f"why_mx: {e}", file=sys.stderr)
-        return 2
-    return 0
+    ends = load_e2(a.dir)
+    seeds = sorted({s for s, _ in ends})
+    paired = pairing_check(a.dir, a.e1)
+    print(f"e2: {len(seeds)} of {len(SEEDS)} seeds finished; endpoint: an excursion (k=10, B=100, W=500) with "
+          f"onset in [b, b + {E2_HORIZON}) on the parent's losses before b joined to the branch's; C++ and Python "
+          f"agree on all {len(ends)} branches; fp32 and mx_all equal E1's block for block on all {paired} "
+          "(seed, trajectory) both hold")
+    print(markdown_e2_progress(ends))
+    if seeds == SEEDS:
+        print()
+        print(markdown_e2_family(e2_family(ends)))
+        print("\nState has no pre-registered criterion of support (an equality): it is falsified or undecided.")
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
+    bp = branchpoints(a.dir)
+    if bp:
+        print("\nAt the branch points (descriptive):\n")
+        print(markdown_branchpoints(bp))
 
 
 # --------------------------------------------------------------------------- E3, E4, Question 0
@@ -781,8 +781,7 @@ def run_family(events, tests):
             if have.get(x, set()) != set(SEEDS):
                 raise StudyError(f"the confirmatory tests need seeds 200-239 for every arm; {x} has "
                                  f"{len(have.get(x, ()))}")
-    res = [(t[0], P.permutation_logrank(_pairs(events, t[1], t[2])),
-            P.cox_stratified(_pairs(events, t[1], t[2]), ties="breslow")) for t in tests]
+    res = [(t[0],) + compare(events, t[1], t[2]) for t in tests]
     adj = P.holm_family([(label, lr.p_perm) for label, lr, _ in res])
     return [(label, lr, cox, h) for (label, lr, cox), (_, _, h) in zip(res, adj)]
 
@@ -903,82 +902,70 @@ def _seeds_line(events):
     return seeds, f"{len(seeds)} of {len(SEEDS)} seeds ({', '.join(map(str, seeds))})"
 
 
+@_one_line_errors
 def main_e3(argv):
     a = _args(argv, "e3", "E3", "e3")
-    try:
-        events = load_e3(a.dir)
-        _, seeds = _seeds_line(events)
-        paired = pairing_check_blocks(a.dir, a.e1, keep_row=_default_setting)
-        print(f"e3: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
-              f"the default setting's fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} "
-              "(seed, trajectory)")
-        print(markdown_e3_progress(events))
-        if complete(events, E3_TESTS):
-            res = run_family(events, E3_TESTS)
-            print("\nE3's pre-registered family (m = 6, Holm; within-seed permutation log-rank, seed-stratified Cox, "
-                  "Breslow ties; across settings, a seed's trajectories of different runs are paired):\n")
-            print(markdown_tests(events, E3_TESTS, res, e3_readings(res)))
-            print("\nEvery trajectory against the default setting's mx_all and fp32 (descriptive, not tests):\n")
-            print(markdown_every_arm(every_arm(events)))
-        else:
-            print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
-                  "(pre-registration)")
-    except (StudyError, R.DataError, OSError) as e:
-        print(f"why_mx: {e}", file=sys.stderr)
-        return 2
-    return 0
+    events = load_e3(a.dir)
+    _, seeds = _seeds_line(events)
+    paired = pairing_check_blocks(a.dir, a.e1, keep_row=_default_setting)
+    print(f"e3: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
+          f"the default setting's fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} "
+          "(seed, trajectory)")
+    print(markdown_e3_progress(events))
+    if complete(events, E3_TESTS):
+        res = run_family(events, E3_TESTS)
+        print("\nE3's pre-registered family (m = 6, Holm; within-seed permutation log-rank, seed-stratified Cox, "
+              "Breslow ties; across settings, a seed's trajectories of different runs are paired):\n")
+        print(markdown_tests(events, E3_TESTS, res, e3_readings(res)))
+        print("\nEvery trajectory against the default setting's mx_all and fp32 (descriptive, not tests):\n")
+        print(markdown_every_arm(every_arm(events)))
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
+              "(pre-registration)")
 
 
+@_one_line_errors
 def main_e4(argv):
     a = _args(argv, "e4", "E4", "e4")
-    try:
-        events = load(a.dir)
-        _, seeds = _seeds_line(events)
-        paired = pairing_check_blocks(a.dir, a.e1)
-        print(f"e4: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
-              f"fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} (seed, trajectory)")
-        print(markdown_progress(progress(events), len(SEEDS)))
-        if complete(events, E4_TESTS):
-            res = run_family(events, E4_TESTS)
-            print("\nE4's pre-registered family (m = 6 with rot_e1, Holm; within-seed permutation log-rank, "
-                  "seed-stratified Cox, Breslow ties):\n")
-            print(markdown_tests(events, E4_TESTS, res, e4_readings(res)))
-            print(f"\nFixes (pre-registration: a fix has an HR vs fp32 whose 95 % interval contains 1 with upper bound "
-                  f"< {FIX_HI:g}; a candidate fix, HR vs mx_all <= {CANDIDATE_HR:g} with an interval vs fp32 containing "
-                  "1, is confirmed on seeds 240-259 at lr 6e-4 before it is called one):\n")
-            print(markdown_fixes(e4_fixes(res)))
-            print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
-            print(markdown_every_arm(every_arm(events)))
-        else:
-            print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
-    except (StudyError, R.DataError, OSError) as e:
-        print(f"why_mx: {e}", file=sys.stderr)
-        return 2
-    return 0
+    events = load(a.dir)
+    _, seeds = _seeds_line(events)
+    paired = pairing_check_blocks(a.dir, a.e1)
+    print(f"e4: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
+          f"fp32 and mx_all equal E1's loss blocks bit for bit on all {paired} (seed, trajectory)")
+    print(markdown_progress(progress(events), len(SEEDS)))
+    if complete(events, E4_TESTS):
+        res = run_family(events, E4_TESTS)
+        print("\nE4's pre-registered family (m = 6 with rot_e1, Holm; within-seed permutation log-rank, "
+              "seed-stratified Cox, Breslow ties):\n")
+        print(markdown_tests(events, E4_TESTS, res, e4_readings(res)))
+        print(f"\nFixes (pre-registration: a fix has an HR vs fp32 whose 95 % interval contains 1 with upper bound "
+              f"< {FIX_HI:g}; a candidate fix, HR vs mx_all <= {CANDIDATE_HR:g} with an interval vs fp32 containing "
+              "1, is confirmed on seeds 240-259 at lr 6e-4 before it is called one):\n")
+        print(markdown_fixes(e4_fixes(res)))
+        print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
+        print(markdown_every_arm(every_arm(events)))
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
 
 
+@_one_line_errors
 def main_q0(argv):
     a = _args(argv, "q0", "Question 0", "paper_emulator", dir_help="the paper_emulator run set",
               e1_help="E1's directory: mx_all, and the pairing check")
-    try:
-        events = load_q0(a.dir, a.e1)
-        _, seeds = _seeds_line(events)
-        paired = pairing_check_blocks(a.dir, a.e1, trajectories=(FP32,))
-        print(f"q0: {seeds} of the paper_emulator run set, mx_all of the same seeds from E1; excursion k=10, B=100, "
-              f"W=500; C++ and Python agree on every trajectory; its fp32 equals E1's loss blocks bit for bit on all "
-              f"{paired} seeds")
-        print(markdown_progress(progress(events), len(SEEDS)))
-        if complete(events, Q0_TESTS):
-            res = run_family(events, Q0_TESTS)
-            print("\nQuestion 0 (m = 4, Holm; two-sided within-seed permutation log-rank, seed-stratified Cox, "
-                  "Breslow ties; the question's direction only reads the result):\n")
-            print(markdown_tests(events, Q0_TESTS, res, q0_readings(res)))
-        else:
-            print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
-    except (StudyError, R.DataError, OSError) as e:
-        print(f"why_mx: {e}", file=sys.stderr)
-        return 2
-    return 0
+    events = load_q0(a.dir, a.e1)
+    _, seeds = _seeds_line(events)
+    paired = pairing_check_blocks(a.dir, a.e1, trajectories=(FP32,))
+    print(f"q0: {seeds} of the paper_emulator run set, mx_all of the same seeds from E1; excursion k=10, B=100, "
+          f"W=500; C++ and Python agree on every trajectory; its fp32 equals E1's loss blocks bit for bit on all "
+          f"{paired} seeds")
+    print(markdown_progress(progress(events), len(SEEDS)))
+    if complete(events, Q0_TESTS):
+        res = run_family(events, Q0_TESTS)
+        print("\nQuestion 0 (m = 4, Holm; two-sided within-seed permutation log-rank, seed-stratified Cox, "
+              "Breslow ties; the question's direction only reads the result):\n")
+        print(markdown_tests(events, Q0_TESTS, res, q0_readings(res)))
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
 
 
 def main(argv=None):
@@ -986,33 +973,33 @@ def main(argv=None):
     sub = {"e2": main_e2, "e3": main_e3, "e4": main_e4, "q0": main_q0}
     if argv[:1] and argv[0] in sub:
         return sub[argv[0]](argv[1:])
+    return main_e1(argv)
+
+
+@_one_line_errors
+def main_e1(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx", "e1"))
     ap.add_argument("--figure", metavar="PNG", help="also write the Kaplan-Meier figure of E1's arms (all 40 seeds)")
     a = ap.parse_args(argv)
-    try:
-        events = load(a.dir)
-        seeds = sorted({s for s, _ in events})
-        a.family = {x for t in E1_TESTS for x in t[1:3]} <= {arm for _, arm in events}
-        print(f"{os.path.basename(os.path.normpath(a.dir))}: {len(seeds)} of {len(SEEDS)} seeds finished ({', '.join(map(str, seeds))}); "
-              f"excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories")
-        print(markdown_progress(progress(events), len(SEEDS)))
-        if seeds == SEEDS and a.family:
-            print("\nE1's pre-registered family (m = 16, Holm; within-seed permutation log-rank, seed-stratified Cox, Breslow ties):\n")
-            print(markdown_family(family(events), secondary(events, tails(a.dir))))
-            print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
-            print(markdown_every_arm(every_arm(events)))
-            if a.figure:
-                figure(events, a.figure)
-                print(f"\nwrote {a.figure}")
-        elif seeds == SEEDS:
-            print("\n(the run set has all 40 seeds; its own family is not E1's: see the pre-registration)")
-        else:
-            print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
-    except (StudyError, R.DataError, OSError) as e:
-        print(f"why_mx: {e}", file=sys.stderr)
-        return 2
-    return 0
+    events = load(a.dir)
+    seeds = sorted({s for s, _ in events})
+    a.family = {x for t in E1_TESTS for x in t[1:3]} <= {arm for _, arm in events}
+    print(f"{os.path.basename(os.path.normpath(a.dir))}: {len(seeds)} of {len(SEEDS)} seeds finished ({', '.join(map(str, seeds))}); "
+          f"excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories")
+    print(markdown_progress(progress(events), len(SEEDS)))
+    if seeds == SEEDS and a.family:
+        print("\nE1's pre-registered family (m = 16, Holm; within-seed permutation log-rank, seed-stratified Cox, Breslow ties):\n")
+        print(markdown_family(family(events), secondary(events, tails(a.dir))))
+        print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
+        print(markdown_every_arm(every_arm(events)))
+        if a.figure:
+            figure(events, a.figure)
+            print(f"\nwrote {a.figure}")
+    elif seeds == SEEDS:
+        print("\n(the run set has all 40 seeds; its own family is not E1's: see the pre-registration)")
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
 
 
 if __name__ == "__main__":
