@@ -52,18 +52,7 @@ def _trajectories(paths):
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 rows.setdefault((r["run_id"], r["trajectory"]), []).append(r)
-    out = {}
-    for key, blocks in rows.items():
-        blocks.sort(key=lambda b: int(b["block_start"]))
-        starts = [int(b["block_start"]) for b in blocks]
-        sizes = [int(b["steps"]) for b in blocks]
-        if starts != [R.BLOCK * i for i in range(len(blocks))] or any(s != R.BLOCK for s in sizes[:-1]):
-            raise PilotError(f"run {key[0]} {key[1]}: blocks are not consecutive {R.BLOCK}-step blocks from step 0")
-        last = blocks[-1]["last"]
-        out[key] = {"first": 0, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
-                    "steps_run": sum(sizes), "absorbing": not (last and math.isfinite(float(last))),
-                    "partial": sizes[-1] != R.BLOCK}
-    return out
+    return {key: R.trajectory_of(key[0], key[1], blocks) for key, blocks in rows.items()}
 
 
 def read_plan(path):

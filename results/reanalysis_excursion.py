@@ -109,6 +109,24 @@ def optimizer_setting(row):
     return canon(row.get("eps")), canon(row.get("beta2"))
 
 
+def trajectory_of(run_id, name, blocks, block=BLOCK, branches=False):
+    """One run's trajectory as read_blocks gives it ({'run_id', 'first', 'mins', 'steps_run',
+    'absorbing', 'partial'}) from its rows of a blocks CSV (any order); DataError unless they are
+    consecutive `block`-step blocks from step 0 (with `branches`: from the first one), only the
+    last partial."""
+    blocks = sorted(blocks, key=lambda b: int(b["block_start"]))
+    starts = [int(b["block_start"]) for b in blocks]
+    sizes = [int(b["steps"]) for b in blocks]
+    first = starts[0] if branches else 0
+    if starts != [first + block * i for i in range(len(blocks))] or any(s != block for s in sizes[:-1]):
+        raise DataError(f"run {run_id} {name}: blocks are not consecutive {block}-step blocks from "
+                        f"{'its first one' if branches else 'step 0'}")
+    last = blocks[-1]["last"]
+    return {"run_id": run_id, "first": first, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
+            "steps_run": sum(sizes), "absorbing": not (last and math.isfinite(float(last))),
+            "partial": sizes[-1] != block}
+
+
 def read_blocks(paths, block=BLOCK, branches=False, optimizer=False):
     """{(seed, lr, trajectory): {'run_id', 'first', 'mins', 'steps_run', 'absorbing', 'partial'}}
     from results/extract_loss_blocks.py CSVs. Blocks must run from step 0 (with `branches`: from
@@ -135,18 +153,7 @@ def read_blocks(paths, block=BLOCK, branches=False, optimizer=False):
             raise DataError(f"seed {key[0]} lr {key[1]} {key[-1]}: runs at different Adam settings (eps, beta2) "
                             f"{sorted(settings)} under one name; read them apart (read_blocks(..., optimizer=True))")
         for rid, blocks in runs.items():
-            blocks = [b for _, b in blocks]
-            blocks.sort(key=lambda b: int(b["block_start"]))
-            starts = [int(b["block_start"]) for b in blocks]
-            sizes = [int(b["steps"]) for b in blocks]
-            first = starts[0] if branches else 0
-            if starts != [first + block * i for i in range(len(blocks))] or any(s != block for s in sizes[:-1]):
-                raise DataError(f"run {rid} {key[-1]}: blocks are not consecutive {block}-step blocks from "
-                                f"{'its first one' if branches else 'step 0'}")
-            last = blocks[-1]["last"]
-            t = {"run_id": rid, "first": first, "mins": [float(b["min"]) if b["min"] else math.inf for b in blocks],
-                 "steps_run": sum(sizes), "absorbing": not (last and math.isfinite(float(last))),
-                 "partial": sizes[-1] != block}
+            t = trajectory_of(rid, key[-1], [b for _, b in blocks], block, branches)
             if traj is not None and (t["mins"], t["steps_run"]) != (traj["mins"], traj["steps_run"]):
                 raise DataError(f"seed {key[0]} lr {key[1]} {key[-1]}: runs {traj['run_id']} and {rid} differ")
             traj = traj or t
