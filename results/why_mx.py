@@ -120,9 +120,10 @@ def _run_seeds(paths):
 
 
 def _summary_seed(row, run_seeds):
-    """The seed of a summary row: its `seed` column, or, where `mxlab summarize --csv` left it out
-    (it writes only the configuration keys that vary between the directory's runs: a shard of one
-    seed), its run's seed in the loss blocks."""
+    """The seed of a summary row: its `seed` column, or, where the CSV has none, its run's seed in
+    the loss blocks. `mxlab summarize --csv` always writes the column now; binaries before that
+    change (73f069c, which E1 and the paper_emulator set run with) left it out of a directory with
+    one seed."""
     if row.get("seed"):
         return int(row["seed"])
     if row["run_id"] not in run_seeds:
