@@ -29,6 +29,7 @@
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
+#include "tests/cpu/trainer_util.h"
 
 namespace mxlab {
 namespace {
@@ -253,15 +254,6 @@ RunConfig attn_run() {
   return c;
 }
 
-MemorySink run_all(const RunConfig& cfg) {
-  auto be = make_cpu_backend();
-  MemorySink sink;
-  Trainer tr(cfg, *be, sink);
-  tr.open_output();
-  tr.finish(tr.run(RunControl{}));
-  return sink;
-}
-
 // metric -> step -> the row's values, over the logged rows of `group`.
 std::map<std::string, std::map<int64_t, std::vector<double>>> by_step(const MemorySink& s, const std::string& group) {
   std::map<std::string, std::map<int64_t, std::vector<double>>> out;
@@ -278,7 +270,7 @@ const char* const kNew[] = {"attn_wq_spec", "attn_wk_spec", "attn_wv_spec", "att
 // first row compares with its source's last logged error (carried), and a to_fp32 branch has no
 // error at all (its gradient is the shadow's, bit for bit): NaN.
 TEST(AttnInstrumentsTrainer, TheCosineIsNaNWhereThereIsNoErrorOrNoPreviousOne) {
-  const MemorySink s = run_all(attn_run());
+  const MemorySink s = test::run_in_memory(attn_run());
   for (const char* g : {"trajectories/fp32", "trajectories/mx", "trajectories/flash", "branches/flash_fp32",
                         "branches/mx_stab"}) {
     const auto rows = by_step(s, g);
@@ -314,7 +306,7 @@ TEST(AttnInstrumentsTrainer, TheCosineIsNaNWhereThereIsNoErrorOrNoPreviousOne) {
 // cosine of consecutive E's in double with Eigen is the row's value. W_K's block would not be.
 TEST(AttnInstrumentsTrainer, TheCosineIsThatOfTheWqErrorAtThePreviousLoggedShadowStep) {
   const RunConfig cfg = attn_run();
-  const MemorySink whole = run_all(cfg);
+  const MemorySink whole = test::run_in_memory(cfg);
   auto be = make_cpu_backend();
   MemorySink sink;
   Trainer tr(cfg, *be, sink);
@@ -365,7 +357,7 @@ TEST(AttnInstrumentsTrainer, TheCosineIsThatOfTheWqErrorAtThePreviousLoggedShado
 // step 6 (the state before its update; also of the branch that starts there) gives, block by block of Wqkv, the row's values bit for
 // bit through spectral_norm, and a dense SVD agrees within the Gaussian bound.
 TEST(AttnInstrumentsTrainer, SpectralNormsAreThoseOfTheWeightsTheStepUsed) {
-  const MemorySink s = run_all(attn_run());
+  const MemorySink s = test::run_in_memory(attn_run());
   const char* const names[] = {"attn_wq_spec", "attn_wk_spec", "attn_wv_spec"};
   size_t compared = 0;
   for (const char* traj : {"fp32", "mx", "flash", "flash_fp32", "mx_stab"}) {
@@ -398,7 +390,7 @@ TEST(AttnInstrumentsTrainer, SpectralNormsAreThoseOfTheWeightsTheStepUsed) {
 // row 6's cosine needs step 0's error, which only the checkpoint holds.
 TEST(AttnInstrumentsTrainer, APreviousErrorResumesFromACheckpoint) {
   const RunConfig cfg = attn_run();
-  const MemorySink whole = run_all(cfg);
+  const MemorySink whole = test::run_in_memory(cfg);
   auto be = make_cpu_backend();
   test::TempDir dir("mxlab_attn_ckpt");
   const std::string path = dir.str() + "/run.ckpt";

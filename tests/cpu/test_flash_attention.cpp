@@ -27,6 +27,7 @@
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
+#include "tests/cpu/trainer_util.h"
 
 using namespace mxlab;
 
@@ -401,13 +402,7 @@ std::map<std::string, std::vector<std::vector<double>>> logged(const MemorySink&
 }
 
 TEST(FlashTrainer, LogsTheInstrumentsPerLayer) {
-  auto be = make_cpu_backend();
-  MemorySink sink;
-  {
-    Trainer tr(flash_run(), *be, sink);
-    tr.open_output();
-    tr.finish(tr.run(RunControl{}));
-  }
+  const MemorySink sink = test::run_in_memory(flash_run());
   EXPECT_EQ(sink.root.str.at("status"), "complete");
   const auto fp32 = logged(sink, "trajectories/fp32");
   for (const char* m : {"attn_multi_max_frac", "attn_multi_one_frac", "attn_delta_bias", "attn_delta_bias_cumsum"}) {
@@ -446,13 +441,8 @@ TEST(FlashTrainer, LogsTheInstrumentsPerLayer) {
 
 TEST(FlashTrainer, TheRunningSumResumesFromACheckpoint) {
   const RunConfig cfg = flash_run();
+  const MemorySink whole = test::run_in_memory(cfg);
   auto be = make_cpu_backend();
-  MemorySink whole;
-  {
-    Trainer tr(cfg, *be, whole);
-    tr.open_output();
-    tr.finish(tr.run(RunControl{}));
-  }
   test::TempDir dir("mxlab_flash_ckpt");
   const std::string path = dir.str() + "/run.ckpt";
   {

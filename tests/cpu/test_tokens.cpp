@@ -19,6 +19,7 @@
 #include "lab/train/trainer.h"
 #include "tests/cpu/run_binary_util.h"
 #include "tests/cpu/test_util.h"
+#include "tests/cpu/trainer_util.h"
 
 using namespace mxlab;
 
@@ -193,13 +194,7 @@ RunConfig token_run() {
 }
 
 TEST(TokenTrainer, PairedRunOnTokensLearnsInLockStep) {
-  auto be = make_cpu_backend();
-  MemorySink sink;
-  {
-    Trainer tr(token_run(), *be, sink);
-    tr.open_output();
-    tr.finish(tr.run(RunControl{}));
-  }
+  const MemorySink sink = test::run_in_memory(token_run());
   EXPECT_EQ(sink.root.str.at("status"), "complete");
   auto loss_all = [&](const std::string& g) { return sink.groups.at(g).loss_all; };
   for (const char* g : {"trajectories/fp32", "trajectories/mx", "trajectories/flash"}) {
