@@ -45,17 +45,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "analysis"))
 from mxlab import yamlcfg  # noqa: E402  (the project's YAML-subset reader, no PyYAML)
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    msg = (f"crosscheck: {sys.executable} cannot import torch; install Debian's python3-torch "
-           "(scripts/install-deps.sh) and run with /usr/bin/python3")
-    if os.environ.get("MXLAB_TORCH_OPTIONAL") == "1":
-        print(msg + " - skipped (MXLAB_TORCH_OPTIONAL=1)")
-        sys.exit(0)
-    print(msg)
-    sys.exit(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_required import require_torch  # noqa: E402  (this folder)
+
+require_torch("crosscheck")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 BLOCKS = ["mlp", "attention"]
 NORMS = ["layernorm", "rmsnorm", "mxnorm", "none"]

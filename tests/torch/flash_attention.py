@@ -37,16 +37,11 @@ import time
 
 import numpy as np
 
-try:
-    import torch
-except ImportError:
-    msg = (f"flash_attention: {sys.executable} cannot import torch; install Debian's python3-torch "
-           "(scripts/install-deps.sh) and run with /usr/bin/python3")
-    if os.environ.get("MXLAB_TORCH_OPTIONAL") == "1":
-        print(msg + " - skipped (MXLAB_TORCH_OPTIONAL=1)")
-        sys.exit(0)
-    print(msg)
-    sys.exit(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_required import require_torch  # noqa: E402  (this folder)
+
+require_torch("flash_attention")
+import torch  # noqa: E402
 
 F32 = torch.float32
 

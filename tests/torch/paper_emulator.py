@@ -77,18 +77,13 @@ MX_CANDIDATES = [os.environ.get("MXLAB_MICROXCALING", "")] + [
     os.path.join(ROOT, *([".."] * up), "shared", "peers", "microxcaling") for up in range(3)]
 MX_PATH = next((p for p in MX_CANDIDATES if p and os.path.isfile(os.path.join(p, "mx", "__init__.py"))), None)
 
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    msg = (f"paper_emulator: {sys.executable} cannot import torch; install Debian's python3-torch "
-           "(scripts/install-deps.sh) and run with /usr/bin/python3")
-    if os.environ.get("MXLAB_TORCH_OPTIONAL") == "1":
-        print(msg + " - skipped (MXLAB_TORCH_OPTIONAL=1)")
-        sys.exit(0)
-    print(msg)
-    sys.exit(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_required import require_torch  # noqa: E402  (this folder)
+
+require_torch("paper_emulator")
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 if MX_PATH is None:
     print("paper_emulator: microxcaling not found (looked for shared/peers/microxcaling beside and above the "
