@@ -3,8 +3,12 @@
 // row or key at a time, so every output (O_lp, O_hp, lse, the row maxima and row statistics, dQ, dK,
 // dV, delta, delta_hp) must be identical, on Gaussian inputs and on tie-heavy ones (repeated keys:
 // rows whose maximum is attained several times, bf16 P-bar entries equal to 1, the stabilized
-// softmax's shifts), tiled and untiled, causal or not, each softmax and each delta. Outputs are
-// poisoned (NaN) before each call, so an element the kernel does not write fails the comparison.
+// softmax's shifts), tiled and untiled, causal or not, each softmax and each delta, and on the shape
+// list of tests/cpu/flash_cases.h (head dims 16-160, key tiles 1-512, sequences of 1-600 tokens,
+// extreme values), on which tests/cpu/test_flash_tiled.cpp checks the kernels' decomposition on the
+// CPU. The tiled kernels (the launchers' own) also against the reference kernels (one thread per row
+// or key) on the flash pilot's shape. Outputs are poisoned (NaN) before each call, so an element the
+// kernel does not write fails the comparison.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,9 +17,12 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/flash_attention.cuh"
 #include "lab/core/error.h"
 #include "lab/model/backend.h"
+#include "lab/model/flash_attention_tiled.h"
 #include "lab/mx/scalar.h"
+#include "tests/cpu/flash_cases.h"
 #include "tests/gpu/backend_twin.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -128,6 +135,74 @@ TEST(FlashGpu, TieHeavyInputsMatchCpu) {
     }
     EXPECT_GT(tied, st.size() / Backend::kFlashRowStats / 4) << describe(f);
     if (!f.stabilized) EXPECT_GT(ones, 0u) << describe(f);
+  }
+}
+
+TEST(FlashGpu, ExtendedShapesMatchCpu) {
+  MXLAB_REQUIRE_GPU();
+  for (const flashcases::Case& c : flashcases::cases()) {
+    const flashcases::Tensors t = flashcases::inputs(c);
+    // The launchers take the tiled kernels for every head dim up to kFaMaxDh (dh 160: the reference
+    // kernels), key tiles that need opt-in shared memory included.
+    EXPECT_EQ(cuda::flash_fwd_tiled(c.items, c.S, c.dh, c.f), c.dh <= kFaMaxDh) << c.name();
+    EXPECT_EQ(cuda::flash_bwd_tiled(c.items, c.S, c.dh, c.f), c.dh <= kFaMaxDh) << c.name();
+    expect_flash_matches({c.items, c.S, c.dh, t.q, t.k, t.v, t.dout}, c.f, c.name());
+  }
+}
+
+// The tiled kernels against the reference kernels on the device, every output bit for bit, on the
+// flash pilot's shape (32 sequences x 4 heads, S = 128, dh = 32, causal, tile [128, 64]) and on dh 64.
+TEST(FlashGpu, TiledKernelsEqualReferenceKernelsOnThePilotShape) {
+  MXLAB_REQUIRE_GPU();
+  struct Shape {
+    int64_t items, S, dh;
+    Backend::FlashSpec f;
+  };
+  const Shape shapes[] = {{128, 128, 32, spec(128, 64, true, false, false)},
+                          {128, 128, 32, spec(128, 64, true, true, true)},
+                          {64, 128, 64, spec(128, 64, true, false, false)},
+                          {16, 200, 32, spec(128, 64, false, false, false)}};
+  for (const Shape& sh : shapes) {
+    const int64_t items = sh.items, S = sh.S, dh = sh.dh;
+    ASSERT_TRUE(cuda::flash_fwd_tiled(items, S, dh, sh.f) && cuda::flash_bwd_tiled(items, S, dh, sh.f));
+    const size_t n = static_cast<size_t>(items * S * dh), rows = static_cast<size_t>(items * S);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    const FlashInputs in = tie_heavy(items, S, dh, 9, 505);
+    test::Dev<float> q(n), k(n), v(n), dout(n),
+        scratch(static_cast<size_t>(cuda::flash_bwd_scratch_floats(items, S, dh)));
+    q.put(in.q);
+    k.put(in.k);
+    v.put(in.v);
+    dout.put(in.dout);
+    struct Outs {
+      test::Dev<float> o, o_hp, lse, rowmax, stats, dq, dk, dv, delta, delta_hp;
+      Outs(size_t n, size_t rows)
+          : o(n), o_hp(n), lse(rows), rowmax(rows), stats(rows * Backend::kFlashRowStats), dq(n), dk(n), dv(n),
+            delta(rows), delta_hp(rows) {
+        for (test::Dev<float>* d : {&o, &o_hp, &lse, &rowmax, &stats, &dq, &dk, &dv, &delta, &delta_hp})
+          d->put(std::vector<float>(d->n, kNaN));
+      }
+    };
+    Outs tiled(n, rows), ref(n, rows);
+    cuda::launch_flash_attn_fwd(q.p, k.p, v.p, tiled.o.p, tiled.o_hp.p, tiled.lse.p, tiled.rowmax.p, tiled.stats.p,
+                                items, S, dh, scale, sh.f, nullptr);
+    cuda::launch_flash_attn_bwd(q.p, k.p, v.p, tiled.o.p, tiled.o_hp.p, dout.p, tiled.lse.p, tiled.dq.p, tiled.dk.p,
+                                tiled.dv.p, tiled.delta.p, tiled.delta_hp.p, items, S, dh, scale, sh.f, scratch.p,
+                                nullptr);
+    cuda::launch_flash_attn_fwd_reference(q.p, k.p, v.p, ref.o.p, ref.o_hp.p, ref.lse.p, ref.rowmax.p, ref.stats.p,
+                                          items, S, dh, scale, sh.f, nullptr);
+    cuda::launch_flash_attn_bwd_reference(q.p, k.p, v.p, ref.o.p, ref.o_hp.p, dout.p, ref.lse.p, ref.dq.p, ref.dk.p,
+                                          ref.dv.p, ref.delta.p, ref.delta_hp.p, items, S, dh, scale, sh.f, scratch.p,
+                                          nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string where = msg(items, "x", S, "x", dh, " ", describe(sh.f));
+    const std::pair<const char*, std::pair<test::Dev<float>*, test::Dev<float>*>> outs[] = {
+        {"o", {&ref.o, &tiled.o}},          {"o_hp", {&ref.o_hp, &tiled.o_hp}},
+        {"lse", {&ref.lse, &tiled.lse}},    {"rowmax", {&ref.rowmax, &tiled.rowmax}},
+        {"stats", {&ref.stats, &tiled.stats}}, {"dq", {&ref.dq, &tiled.dq}},
+        {"dk", {&ref.dk, &tiled.dk}},       {"dv", {&ref.dv, &tiled.dv}},
+        {"delta", {&ref.delta, &tiled.delta}}, {"delta_hp", {&ref.delta_hp, &tiled.delta_hp}}};
+    for (const auto& [name, b] : outs) EXPECT_TRUE(same_bits(b.first->get(), b.second->get())) << name << ": " << where;
   }
 }
 
