@@ -1,8 +1,11 @@
 // FlashAttention-2 in bf16, the numerics of precision.attention: flash_bf16 (lab/model/README.md,
 // "Flash attention in bf16"), as scalar code shared by the CPU reference and the CUDA kernels
 // (kernels/flash_attention.cu): the forward one query row at a time, the backward one key (dK, dV)
-// or one query row (dQ) at a time. Each function is independent of every other row or key, so the
-// kernels run them one thread per row or key and get the CPU's bits; the CPU calls them in loops.
+// or one query row (dQ) at a time. Each function is independent of every other row or key; the CPU
+// calls them in loops. The CUDA kernels run their decomposition (lab/model/flash_attention_tiled.h:
+// a warp per row or key, lanes over keys for the dots and over columns for the sums, every sum in
+// the order below) and get the CPU's bits; where those do not apply, these functions one thread per
+// row or key.
 //
 // Against the flash-attention paper (Qiu & Yao, "Why low-precision transformer training fails",
 // Algorithms 1-3; FlashAttention-2's forward and backward) every rounding point is:
