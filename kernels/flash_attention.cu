@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kFaThreads, 4)
 // dK, dV. Shared memory: PD [per_block x rchunk] FaPair (bf16 P-bar, dS of each key's rows),
 // Kt, Vt [per_block x dh] (the group's keys), Qs, Ds [rchunk x ld] (a chunk of query rows of Q and
 // dO), Ls, Es [rchunk] (their lse and delta). Rows run in increasing order, chunk after chunk.
-__global__ void __launch_bounds__(kFaThreads, 4)
+__global__ void __launch_bounds__(kFaThreads, 3)  // 80 registers: 4 blocks (64) spill the 2 keys' dK, dV
     flash_bwd_key_tiled_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                const float* __restrict__ dout, const float* __restrict__ lse,
                                const float* __restrict__ delta, float* dk, float* dv, int S, int dh, float scale,

@@ -217,20 +217,20 @@ MXLAB_HD void fa_fwd_rescale_lane(int lane, int dh, float* acc, float alpha) {
 }
 
 // Keys [k0, k1) of the tile that starts at c0 (V staged at Vs, key t on row t - k0 of stride ldv):
-// l + p_t and acc_c + bf16(p_t) bf16(v_tc) for t increasing.
+// l + p_t and acc_c + bf16(p_t) bf16(v_tc) for t increasing. (Each column's sum runs over t in its
+// own loop: a column slot the lane does not own is skipped whole, not predicated key by key.)
 MXLAB_HD void fa_fwd_accumulate_lane(int lane, int dh, const FaPair* p, const float* Vs, int ldv, int k0, int k1, int c0,
                                      float* acc, float* l) {
   float sum = *l;
-  for (int t = k0; t < k1; ++t) {
-    const FaPair pt = p[t - c0];
-    sum = sum + pt.a;
-    const float* vr = Vs + (t - k0) * ldv;
-    for (int i = 0; i < kFaMaxCols; ++i) {
-      const int c = lane + i * kFaLanes;
-      if (c < dh) acc[i] = acc[i] + pt.b * vr[c];
-    }
-  }
+  for (int t = k0; t < k1; ++t) sum = sum + p[t - c0].a;
   *l = sum;
+  for (int i = 0; i < kFaMaxCols; ++i) {
+    const int c = lane + i * kFaLanes;
+    if (c >= dh) break;
+    float a = acc[i];
+    for (int t = k0; t < k1; ++t) a = a + p[t - c0].b * Vs[(t - k0) * ldv + c];
+    acc[i] = a;
+  }
 }
 
 // The row's outputs: the lane's columns of o_hp = acc (1 / l) and o = bf16(o_hp).
@@ -272,18 +272,18 @@ MXLAB_HD void fa_bwd_key_pds_lane(int lane, const float* kb, const float* vb, co
 // The lane's columns of the key's dV and dK over rows [rb, r1) of the chunk, r increasing.
 MXLAB_HD void fa_bwd_key_accumulate_lane(int lane, int dh, const FaPair* pd, const float* Qs, const float* Ds, int ld,
                                          int r0, int rb, int r1, float* dk, float* dv) {
-  for (int r = rb; r < r1; ++r) {
-    const int j = r - r0;
-    const FaPair x = pd[j];
-    const float* qr = Qs + j * ld;
-    const float* dr = Ds + j * ld;
-    for (int i = 0; i < kFaMaxCols; ++i) {
-      const int c = lane + i * kFaLanes;
-      if (c < dh) {
-        dv[i] = dv[i] + x.a * dr[c];
-        dk[i] = dk[i] + x.b * qr[c];
-      }
+  for (int i = 0; i < kFaMaxCols; ++i) {
+    const int c = lane + i * kFaLanes;
+    if (c >= dh) break;
+    float a = dv[i], b = dk[i];
+    for (int r = rb; r < r1; ++r) {
+      const int j = r - r0;
+      const FaPair x = pd[j];
+      a = a + x.a * Ds[j * ld + c];
+      b = b + x.b * Qs[j * ld + c];
     }
+    dv[i] = a;
+    dk[i] = b;
   }
 }
 
@@ -318,24 +318,23 @@ MXLAB_HD void fa_bwd_query_ds_lane(int lane, const float* qb, const float* db, f
 // part_c, part_c = 0.
 MXLAB_HD void fa_bwd_query_accumulate_lane(int lane, int dh, const float* ds, const float* Ks, int ld, int k0, int k1,
                                            int keys, int bc, float* part, float* dq) {
-  int64_t end = (static_cast<int64_t>(k0) / bc + 1) * bc;
-  if (end > keys) end = keys;
-  for (int t = k0; t < k1; ++t) {
-    const float d = ds[t - k0];
-    const float* kt = Ks + (t - k0) * ld;
-    for (int i = 0; i < kFaMaxCols; ++i) {
-      const int c = lane + i * kFaLanes;
-      if (c < dh) part[i] = part[i] + d * kt[c];
-    }
-    if (t + 1 == end) {
-      for (int i = 0; i < kFaMaxCols; ++i) {
-        if (lane + i * kFaLanes < dh) {
-          dq[i] = dq[i] + part[i];
-          part[i] = 0.0f;
-        }
+  int64_t first_end = (static_cast<int64_t>(k0) / bc + 1) * bc;
+  if (first_end > keys) first_end = keys;
+  for (int i = 0; i < kFaMaxCols; ++i) {
+    const int c = lane + i * kFaLanes;
+    if (c >= dh) break;
+    float pc = part[i], qc = dq[i];
+    int64_t end = first_end;
+    for (int t = k0; t < k1; ++t) {
+      pc = pc + ds[t - k0] * Ks[(t - k0) * ld + c];
+      if (t + 1 == end) {
+        qc = qc + pc;
+        pc = 0.0f;
+        end = end + bc < keys ? end + bc : keys;
       }
-      end = end + bc < keys ? end + bc : keys;
     }
+    part[i] = pc;
+    dq[i] = qc;
   }
 }
 
