@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_results_script
+from conftest import ROOT, load_results_script, run_device_script
 
 sys.path.insert(0, os.path.join(ROOT, "results"))
 import stats_util as su  # noqa: E402
@@ -61,25 +61,8 @@ def W():
 def pipeline(binary, tmp_path_factory):
     """(OUT, runs dir) of `run_why_mx.sh OUT 200 e2_tiny=0/1` run in a scratch tree."""
     root = tmp_path_factory.mktemp("why_mx_device")
-    (root / "experiments" / "paper").mkdir(parents=True)
-    (root / "experiments" / "paper" / "e2_tiny.yaml").write_text(TINY)
-    os.symlink(os.path.join(ROOT, "results"), root / "results")
-    (root / "build").mkdir()
-    wrapper = root / "build" / "mxlab"
-    wrapper.write_text('#!/usr/bin/env bash\n# the CPU binary: --gpus dropped\nargs=()\n'
-                       'while [ $# -gt 0 ]; do if [ "$1" = --gpus ]; then shift 2; continue; fi; args+=("$1"); shift; done\n'
-                       f'exec {binary} "${{args[@]}}"\n')
-    wrapper.chmod(0o755)
-    (root / "bin").mkdir()
-    smi = root / "bin" / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (UUID: none)'\n")
-    smi.chmod(0o755)
-    out = root / "out"
-    env = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}")
-    r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", "run_why_mx.sh"), str(out), "200",
-                        "e2_tiny=0/1"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return str(out), str(root / "runs" / "e2_tiny_0of1"), r.stdout
+    out, log = run_device_script(binary, root, {"e2_tiny": TINY}, ["e2_tiny=0/1"])
+    return out, str(root / "runs" / "e2_tiny_0of1"), log
 
 
 def read_csv(path):

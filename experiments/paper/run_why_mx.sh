@@ -20,6 +20,10 @@
 #   branchpoints_EXP_SHARDofN.csv  results/extract_branchpoints.py, only for runs with branches (E2):
 #                              at each branch point the parent's and the branch's curvature and Adam
 #                              v's quantiles from the parent's snapshot (descriptive)
+#   instruments_EXP_SHARDofN.csv.gz  results/extract_flash_instruments.py, attention networks only (the
+#                              flash study): the per-layer flash instruments of every logged step
+#   spectral_EXP_SHARDofN.csv.gz     results/extract_spectral.py, attention networks only: spectral norms
+#                              of W_Q, W_K, W_V, W_O and of their error against FP32 at every snapshot
 #   logs.tgz                   build, GPU-test and training logs, nvidia-smi
 #   digest_paper200.txt        (step `digest`) bench/dataset_digest.py of a 200-step CUDA run of
 #                              experiments/paper/fig4_baseline.yaml: the bit-for-bit reference of a
@@ -101,6 +105,9 @@ PY
   if [ "${#done_runs[@]}" -gt 0 ]; then
     python3 results/extract_loss_blocks.py "$OUT/blocks_$tag.csv" 100 "${done_runs[@]}"
     python3 results/extract_branchpoints.py "$OUT/branchpoints_$tag.csv" "${done_runs[@]}"
+    # attention networks only (the flash study's mechanism; both write nothing for other runs)
+    python3 results/extract_flash_instruments.py "$OUT/instruments_$tag.csv.gz" "${done_runs[@]}"
+    python3 results/extract_spectral.py "$OUT/spectral_$tag.csv.gz" "${done_runs[@]}"
   fi
 }
 if [ "${#SHARDS[@]}" -gt 0 ]; then

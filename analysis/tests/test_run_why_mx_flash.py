@@ -1,0 +1,69 @@
+"""experiments/paper/run_why_mx.sh on an attention network (the flash study's shards): besides the
+summary and the loss blocks, it brings back the per-layer flash instruments and the spectral norms
+of the attention projections, read from the shard's finished runs only, so that the mechanism of
+results/prereg/flash_bf16.md can be computed from what comes back (the run files stay on the GPU
+machine). A tiny flash study made by the CPU binary through the script (a stand-in nvidia-smi, the
+binary behind a wrapper that drops --gpus)."""
+import csv
+import gzip
+import os
+
+import pytest
+
+from conftest import run_device_script
+
+# flash_study.yaml in miniature: the FP32 trajectory and two flash arms, snapshots every 20 steps
+TINY = """name: flash_tiny
+seed: 1
+steps: 60
+device: cpu
+model: {depth: 2, width: 32, heads: 2, block: attention, causal: true}
+data: {kind: tokens, vocab: 16, seq_len: 32, batch: 2}
+loss: xent
+optimizer: {name: adamw, lr: 3.0e-3, beta2: 0.95}
+schedule: {name: constant, warmup: 10}
+precision: {weight: fp32, activation: fp32, grad: fp32, ln_affine: none, elementwise: fp32}
+log: {log_every: 10, bias_every: 20, snapshot_every: 20}
+arms:
+  - {name: flash, apply: flash_bf16}
+  - {name: stabilized, apply: stabilized_softmax}
+sweep:
+  seeds: [5, 6]
+"""
+
+
+def read_gz(path):
+    with gzip.open(path, "rt", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def flash_out(binary, tmp_path_factory):
+    root = tmp_path_factory.mktemp("flash_device")
+    out, log = run_device_script(binary, root, {"flash_tiny": TINY}, ["flash_tiny=0/1"])
+    return out, log
+
+
+def test_a_flash_shard_brings_back_its_instruments_and_spectral_norms(flash_out):
+    out, log = flash_out
+    tag = "flash_tiny_0of1"
+    assert sorted(os.listdir(out)) == sorted([f"summary_{tag}.csv", f"blocks_{tag}.csv", f"instruments_{tag}.csv.gz",
+                                              f"spectral_{tag}.csv.gz", "logs.tgz"]), log
+    inst = read_gz(os.path.join(out, f"instruments_{tag}.csv.gz"))
+    # 2 seeds x 3 trajectories x 2 layers x logged steps; flash instruments on the flash arms only
+    assert {r["seed"] for r in inst} == {"5", "6"}
+    assert {r["trajectory"] for r in inst} == {"fp32", "flash", "stabilized"}
+    assert {r["layer"] for r in inst} == {"0", "1"}
+    for r in inst:
+        assert r["attn_logit_max"] != "" and r["attn_wq_spec"] != ""
+        assert (r["attn_multi_max_frac"] == "") == (r["trajectory"] == "fp32")
+    steps = sorted({int(r["step"]) for r in inst})
+    assert len(steps) >= 6 and steps[-1] >= 50
+    spec = read_gz(os.path.join(out, f"spectral_{tag}.csv.gz"))
+    assert {r["matrix"] for r in spec} == {"W_Q", "W_K", "W_V", "W_O"}
+    assert {int(r["step"]) for r in spec} >= {20, 40}
+    # the error against FP32 exists for the flash arms, not for the FP32 trajectory itself
+    for r in spec:
+        assert (r["diff_fro"] == "") == (r["trajectory"] == "fp32")
+        assert float(r["sigma_max"]) > 0
+
