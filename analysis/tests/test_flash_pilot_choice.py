@@ -166,3 +166,26 @@ def test_one_run_shards_take_depth_and_lr_from_the_plan(C, tmp_path):
     _plan(tmp_path, C, wrong="d2lr0.001s1100")
     with pytest.raises(C.PilotError, match="plan"):
         C.load(str(tmp_path), C.read_plan(str(tmp_path / "plan.txt")))
+
+
+def test_the_committed_pilot_and_the_study_agree(C, capsys):
+    """The rule applied to the committed pilot's CSVs (results/flash_pilot/) gives the depth and lr
+    that experiments/paper/flash_study.yaml holds, and its output is recorded verbatim in the
+    pre-registration's "Configuration selected by the rule" (so the study cannot drift from the
+    pilot, nor the record from either)."""
+    import re
+    pilot = os.path.join(ROOT, "results", "flash_pilot")
+    assert C.main(["--dir", pilot]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"flash_study\.yaml: model\.depth: (\d+), optimizer\.lr: (\S+)", out)
+    assert m, out
+    with open(os.path.join(ROOT, "experiments", "paper", "flash_study.yaml")) as f:
+        study = f.read()
+    assert re.search(rf"^  depth: {m.group(1)}\b", study, re.M), "flash_study.yaml's model.depth is not the rule's"
+    lr = re.search(r"^  lr: (\S+)", study, re.M)
+    assert lr and float(lr.group(1)) == float(m.group(2)), "flash_study.yaml's optimizer.lr is not the rule's"
+    with open(os.path.join(ROOT, "results", "prereg", "flash_bf16.md")) as f:
+        prereg = f.read()
+    record = prereg[prereg.index("### Configuration selected by the rule"):]
+    for line in out.strip().splitlines():
+        assert "    " + line in record, f"not recorded verbatim: {line}"
