@@ -155,13 +155,7 @@ Result run(const Shape& sh, cudaStream_t s) {
 }
 
 Backend::FlashSpec spec(int64_t bc, bool causal, bool stabilized, bool delta_hp) {
-  Backend::FlashSpec f;
-  f.br = 128;
-  f.bc = bc;
-  f.causal = causal;
-  f.stabilized = stabilized;
-  f.delta_hp = delta_hp;
-  return f;
+  return Backend::FlashSpec::make(128, bc, causal, stabilized, delta_hp);
 }
 
 }  // namespace

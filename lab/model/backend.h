@@ -450,6 +450,16 @@ class Backend {
     bool stabilized = false;  // the paper's Algorithm 3 (beta, eps)
     float beta = 2.0f, eps = 1e-3f;
     bool delta_hp = false;    // backward: delta from the FP32 O (O_hp) instead of the bf16 one
+    static FlashSpec make(int64_t br, int64_t bc, bool causal, bool stabilized, bool delta_hp, float eps = 1e-3f) {
+      FlashSpec f;
+      f.br = br;
+      f.bc = bc;
+      f.causal = causal;
+      f.stabilized = stabilized;
+      f.delta_hp = delta_hp;
+      f.eps = eps;
+      return f;
+    }
   };
   static constexpr int kFlashRowStats = 2;
   // model.causal on the exact path: x [items x S x S] (attention logits) gets -inf where key t > query

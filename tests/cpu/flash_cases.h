@@ -48,14 +48,7 @@ struct Case {
 };
 
 inline Backend::FlashSpec spec(int64_t bc, bool causal, bool stabilized, bool delta_hp, float eps = 1e-3f) {
-  Backend::FlashSpec f;
-  f.br = 128;
-  f.bc = bc;
-  f.causal = causal;
-  f.stabilized = stabilized;
-  f.delta_hp = delta_hp;
-  f.eps = eps;
-  return f;
+  return Backend::FlashSpec::make(128, bc, causal, stabilized, delta_hp, eps);
 }
 
 inline std::vector<Case> cases() {

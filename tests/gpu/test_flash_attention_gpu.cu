@@ -63,14 +63,7 @@ FlashInputs tie_heavy(int64_t items, int64_t S, int64_t dh, int64_t vocab, uint6
 }
 
 Backend::FlashSpec spec(int64_t br, int64_t bc, bool causal, bool stabilized, bool delta_hp, float eps = 1e-3f) {
-  Backend::FlashSpec f;
-  f.br = br;
-  f.bc = bc;
-  f.causal = causal;
-  f.stabilized = stabilized;
-  f.delta_hp = delta_hp;
-  f.eps = eps;
-  return f;
+  return Backend::FlashSpec::make(br, bc, causal, stabilized, delta_hp, eps);
 }
 
 std::string describe(const Backend::FlashSpec& f) {
