@@ -462,7 +462,9 @@ def test_real_tiny_run(F, real, capsys):
     with open(real / "blocks_flash_study_0of40.csv") as f:
         assert tuple(next(csv.reader(f))) == BLOCKS
     study = F.load(str(real))
-    assert study.seeds() == [300] and study.lr == "0.003" and study.trajectories == 6
+    with open(EXPERIMENT) as f:  # the study's lr, as the blocks give it
+        lr = next(line.split(":")[1].split("#")[0] for line in f if line.strip().startswith("lr:"))
+    assert study.seeds() == [300] and float(study.lr) == float(lr) and study.trajectories == 6
     assert {a for _, a in study.events["primary"]} == set(F.ARMS)
     assert study.events["primary"][(300, "flash")] == (False, 100)  # censored at 600 - W
     mech = F.mechanism(study, str(real))
