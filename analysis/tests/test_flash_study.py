@@ -10,12 +10,12 @@ import csv
 import gzip
 import math
 import os
-import subprocess
-import sys
+import pathlib
+import re
 
 import pytest
 
-from conftest import ROOT, load_results_script, mxlab_binary
+from conftest import ROOT, load_results_script, run_device_script
 
 
 @pytest.fixture(scope="module")
@@ -430,36 +430,27 @@ EXPERIMENT = os.path.join(ROOT, "experiments", "paper", "flash_study.yaml")
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """experiments/paper/flash_study.yaml's seed 300 for 600 steps at tiny shapes, and the CSVs
-    run_why_mx.sh and the extractors make of it."""
-    binary = mxlab_binary()
-    d = tmp_path_factory.mktemp("flash_study_real")
-    runs = d / "runs"
-    subprocess.run([binary, "run", EXPERIMENT, "--device", "cpu", "--steps", "600", "--shard", "0/40", "--set",
-                    "data.batch=1", "--set", "model.width=32", "--set", "model.heads=1", "--set", "data.seq_len=32",
-                    "--set", "model.depth=2", "--set", "log.log_every=50", "--set", "log.bias_every=100", "--set",
-                    "log.snapshot_every=100", "--out", str(runs), "--quiet"], check=True, capture_output=True,
-                   timeout=600)
-    out = d / "csv"
-    out.mkdir()
-    summary = subprocess.run([binary, "summarize", str(runs), "--csv"], check=True, capture_output=True, text=True)
-    (out / "summary_flash_study_0of40.csv").write_text(summary.stdout)
-    files = sorted(str(p) for p in runs.glob("*.h5"))
-    for script, name, extra in (("extract_loss_blocks.py", "blocks_flash_study_0of40.csv", ["100"]),
-                                ("extract_flash_instruments.py", "instruments.csv.gz", []),
-                                ("extract_spectral.py", "spectral.csv.gz", [])):
-        subprocess.run([sys.executable, os.path.join(ROOT, "results", script), str(out / name), *extra, *files],
-                       check=True, capture_output=True)
-    return out
+def real(binary, tmp_path_factory):
+    """experiments/paper/flash_study.yaml itself (its arms, lr, instruments) at tiny shapes, seed 300
+    for 600 steps, through experiments/paper/run_why_mx.sh as on the device: what comes back."""
+    text = open(EXPERIMENT).read()
+    for key, value in (("steps", 600), ("depth", 2), ("width", 32), ("heads", 1), ("seq_len", 32), ("batch", 1),
+                       ("log_every", 50), ("bias_every", 100), ("snapshot_every", 100)):
+        text, n = re.subn(rf"^(\s*{key}:) \d+", rf"\g<1> {value}", text, flags=re.M)
+        assert n == 1, key
+    text, n = re.subn(r"seeds: \[[^\]]*\]", "seeds: [300]", text)
+    assert n == 1
+    out, log = run_device_script(binary, tmp_path_factory.mktemp("flash_study_device"), {"flash_study": text},
+                                 ["flash_study=0/1"])
+    return pathlib.Path(out)
 
 
 def test_real_tiny_run(F, real, capsys):
     """The binary's and the extractors' layout is what the analysis reads (and what write_study
     writes): summary and block columns, the trajectory names, the instruments and snapshots."""
-    with open(real / "summary_flash_study_0of40.csv") as f:
+    with open(real / "summary_flash_study_0of1.csv") as f:
         assert next(csv.reader(f)) == SUMMARY
-    with open(real / "blocks_flash_study_0of40.csv") as f:
+    with open(real / "blocks_flash_study_0of1.csv") as f:
         assert tuple(next(csv.reader(f))) == BLOCKS
     study = F.load(str(real))
     with open(EXPERIMENT) as f:  # the study's lr, as the blocks give it
@@ -488,7 +479,7 @@ def test_real_tiny_run(F, real, capsys):
     rc, out, _ = _main(F, ["--dir", str(real), "--pilot", str(real / "nopilot")], capsys)
     assert rc == 0 and "1 of 40 seeds complete" in out and "INTERIM COUNT (1 of 40 seeds, pilot incomplete)" in out
     # a row that two extracts give differently is an error; the same row twice is not
-    rows = gzip.decompress((real / "instruments.csv.gz").read_bytes()).decode().splitlines()
+    rows = gzip.decompress((real / "instruments_flash_study_0of1.csv.gz").read_bytes()).decode().splitlines()
     (real / "instruments_again.csv").write_text("\n".join(rows[:3]) + "\n")
     F.mechanism(study, str(real))
     head, first = rows[0], rows[1].split(",")
