@@ -119,6 +119,14 @@ def load(directory, plan=None):
     return out
 
 
+def load_dir(directory, plan_path=None):
+    """load() of the pilot's CSVs in `directory`, with the plan `plan_path` or else DIR/plan.txt
+    when there."""
+    default = os.path.join(directory, "plan.txt")
+    plan_path = plan_path or (default if os.path.exists(default) else None)
+    return load(directory, read_plan(plan_path) if plan_path else None)
+
+
 def cells(events):
     """{(depth, lr): {'flash10', 'fp3210', 'flash2', 'fp322'}} counts over the seeds."""
     out = {}
@@ -147,6 +155,23 @@ def choose(table):
     return (max(DEPTHS), max(calm) if calm else min(LRS)), "C"
 
 
+STEP_TEXT = {"A": "flash has primary excursions where FP32 has none",
+             "B": "no primary excursion of flash without FP32's; flash has secondary ones where FP32 has none",
+             "C": "no configuration explodes: the null fallback"}
+
+
+def report(table):
+    """The pilot's table (per cell: the counts over the seeds) and the chosen cell with the step of
+    the rule, as printed (also by results/flash_study.py)."""
+    out = [f"| depth | lr | flash k=10 | fp32 k=10 | flash k=2 | fp32 k=2 |  (of {len(SEEDS)} seeds)",
+           "|---|---|---|---|---|---|"]
+    for (d, lr), c in table.items():
+        out.append(f"| {d} | {lr:g} | {c['flash10']} | {c['fp3210']} | {c['flash2']} | {c['fp322']} |")
+    (d, lr), step = choose(table)
+    out.append(f"chosen: depth {d}, lr {lr:g} (rule step {step}: {STEP_TEXT[step]})")
+    return "\n".join(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="the pilot's summary_ and blocks_ CSVs")
@@ -154,20 +179,12 @@ def main(argv=None):
                     "DIR/plan.txt when there): depth and lr of runs whose summary lacks those columns")
     a = ap.parse_args(argv)
     try:
-        plan_path = a.plan or (os.path.join(a.dir, "plan.txt") if os.path.exists(os.path.join(a.dir, "plan.txt")) else None)
-        table = cells(load(a.dir, read_plan(plan_path) if plan_path else None))
+        table = cells(load_dir(a.dir, a.plan))
     except (PilotError, R.DataError, OSError, KeyError, ValueError) as e:
         print(f"flash_pilot_choice: {e}", file=sys.stderr)
         return 2
-    print(f"| depth | lr | flash k=10 | fp32 k=10 | flash k=2 | fp32 k=2 |  (of {len(SEEDS)} seeds)")
-    print("|---|---|---|---|---|---|")
-    for (d, lr), c in table.items():
-        print(f"| {d} | {lr:g} | {c['flash10']} | {c['fp3210']} | {c['flash2']} | {c['fp322']} |")
-    (d, lr), step = choose(table)
-    what = {"A": "flash has primary excursions where FP32 has none",
-            "B": "no primary excursion of flash without FP32's; flash has secondary ones where FP32 has none",
-            "C": "no configuration explodes: the null fallback"}[step]
-    print(f"chosen: depth {d}, lr {lr:g} (rule step {step}: {what})")
+    print(report(table))
+    (d, lr), _ = choose(table)
     print(f"flash_study.yaml: model.depth: {d}, optimizer.lr: {lr:.1e}")
     return 0
 

@@ -91,13 +91,19 @@ class StudyError(Exception):
 
 def load(directory):
     """{(seed, trajectory): (event, step)} from the blocks CSVs, checked against the summaries."""
+    return {k: R.excursion(t) for k, t in checked_trajectories(directory).items()}
+
+
+def checked_trajectories(directory):
+    """{(seed, trajectory): trajectory of reanalysis_excursion.read_blocks} of the blocks CSVs in
+    `directory`, once the excursion (k = 10, B = 100, W = 500) of each equals the binary's in the
+    summary CSVs and every finished trajectory has its blocks (else a StudyError): for an analysis
+    that reads more of the blocks than the primary event (results/flash_study.py's k = 2)."""
     blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
     if not blocks:
         raise StudyError(f"no blocks_*.csv in {directory}")
-    trajs = R.read_blocks(blocks)
-    out = {}
-    for (seed, _lr, name), t in trajs.items():
-        out[(seed, name)] = R.excursion(t)
+    trajs = {(seed, name): t for (seed, _lr, name), t in R.read_blocks(blocks).items()}
+    out = {k: R.excursion(t) for k, t in trajs.items()}
     seeds = _run_seeds(blocks)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
@@ -106,7 +112,7 @@ def load(directory):
                 if r["status"] in ("complete", "diverged"):
                     binary[(_summary_seed(r, seeds), r["group"])] = _binary_excursion(r)
     _agree(out, binary)
-    return out
+    return trajs
 
 
 def _run_seeds(paths):
