@@ -67,3 +67,24 @@ def test_a_flash_shard_brings_back_its_instruments_and_spectral_norms(flash_out)
         assert (r["diff_fro"] == "") == (r["trajectory"] == "fp32")
         assert float(r["sigma_max"]) > 0
 
+
+
+def test_two_runs_in_one_process_both_read_back_whole(binary, tmp_path):
+    """`mxlab run --jobs 2` (as `run_why_mx.sh` gives a shard two GPUs): the first run to finish
+    reads its file back in a forked child, which must not write the other run's open file (it did:
+    the other file then failed to decode, "inflate() failed", while `mxlab run` said complete)."""
+    import subprocess
+    study = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "paper", "flash_study.yaml")
+    out = tmp_path / "runs"
+    r = subprocess.run([binary, "run", study, "--device", "cpu", "--steps", "600", "--shard", "0/20", "--jobs", "2",
+                        "--set", "data.batch=1", "--set", "model.width=32", "--set", "model.heads=1",
+                        "--set", "data.seq_len=32", "--set", "model.depth=1", "--set", "log.log_every=100",
+                        "--set", "log.bias_every=300", "--set", "log.snapshot_every=100", "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = subprocess.run([binary, "summarize", str(out), "--csv"], capture_output=True, text=True, timeout=600)
+    rows = list(csv.DictReader(s.stdout.splitlines()))
+    assert len({row["run_id"] for row in rows}) == 2
+    assert all(row["status"] == "complete" for row in rows), [(row["run_id"], row["status"], row.get("error"))
+                                                               for row in rows if row["status"] != "complete"]
+    assert not list(out.glob("*.snapshot")), "a finished run's snapshot is left: its file did not read back whole"

@@ -268,9 +268,12 @@ std::string copy_to_image(hid_t src, const std::string& path) {
     o.text = copy_to_image(f->id(), path);
     f->close();
     f.reset();
-    // Everything HDF5 allocated is freed here: heap damage done while decoding the file
-    // surfaces in this process (free() aborts), not in the parent.
-    ok_or_throw(H5close() >= 0, "shut HDF5 down", path);
+    // What decoding the file allocated is freed here (its structures by the close above, HDF5's
+    // free lists now): heap damage done while decoding surfaces in this process (free() aborts),
+    // not in the parent. Not H5close(): it closes every file the library has open, and this
+    // process inherited the parent's open files with their unflushed state: closing them here
+    // would write that state, as of the fork, into files the parent is still writing.
+    ok_or_throw(H5garbage_collect() >= 0, "free HDF5's free lists", path);
   } catch (const IoError& e) {
     o = {'I', e.error_number(), e.path(), e.what()};
   } catch (const Error& e) {

@@ -32,7 +32,8 @@ namespace mxlab::h5 {
 // (device, inode, size, modification time), so opening one file several times in a row forks
 // once. In a multi-threaded program no other thread may be inside HDF5 meanwhile (mxlab holds
 // hdf5_mutex() around HDF5 calls, lab/runs/run_driver.h): the child starts as a copy of this
-// process.
+// process, and it leaves the files this process has open alone (it frees what it decoded, but does
+// not shut HDF5 down: that would flush the inherited state of those files into them).
 std::shared_ptr<const std::string> clean_image(const std::string& path);
 
 // True inside that child (h5file.h then opens the file itself).

@@ -314,3 +314,47 @@ TEST_F(H5FileTest, AtomicWriteAppearsOnlyWhenComplete) {
   EXPECT_EQ(f.get_attr_string("/", "status"), "complete");
   EXPECT_EQ(f.read_int64s("x"), (std::vector<int64_t>{42}));
 }
+
+// Reading a file checks it in a forked child first (h5check.h). The child starts as a copy of this
+// process, with the HDF5 state of every file this process has open for writing: it must leave
+// those files alone. (It used to shut HDF5 down before exiting, which flushed the copy of that
+// state into the other files: with `mxlab run --jobs 2`, the first run to finish read its file
+// back and wrote the state of the other run's file, as it was at the fork, into it; that file then
+// failed to decode, "inflate() failed".)
+TEST_F(H5FileTest, CheckingAFileLeavesTheFilesThisProcessHasOpenAlone) {
+  const std::string other = path_ + ".other.h5";
+  {
+    H5File f(other, H5File::Mode::create);
+    f.set_attr("/", "status", "complete");
+  }
+  std::vector<char> before;
+  auto bytes_of = [](const std::string& p) {
+    std::vector<char> b;
+    if (std::FILE* f = std::fopen(p.c_str(), "rb")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
+      std::fclose(f);
+    }
+    return b;
+  };
+  {
+    H5File w(path_, H5File::Mode::create);
+    w.set_attr("/", "status", "running");
+    H5Series s = H5Series::create(w, "trajectories/mx/loss", DType::f64, 0, 64);
+    for (int t = 0; t < 1000; ++t) s.append(0.25 * t);  // rows in HDF5's caches, not yet on disk
+    before = bytes_of(path_);
+    {
+      H5File r(other, H5File::Mode::read);  // the check's child runs now
+      EXPECT_EQ(r.get_attr_string("/", "status"), "complete");
+    }
+    EXPECT_TRUE(bytes_of(path_) == before) << "the check's child wrote into " << path_
+                                            << ", which only this process has open";
+    for (int t = 1000; t < 2000; ++t) s.append(0.25 * t);
+  }
+  H5File r(path_, H5File::Mode::read);
+  const std::vector<double> loss = r.read_doubles("trajectories/mx/loss");
+  ASSERT_EQ(loss.size(), 2000u);
+  for (int t = 0; t < 2000; ++t) ASSERT_EQ(loss[t], 0.25 * t) << "row " << t;
+  std::remove(other.c_str());
+}
