@@ -375,7 +375,16 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
       // Nothing resumes a finished run, so its snapshot goes, once the closed file reads back
       // whole (a kill before that leaves it for `mxlab gc`; disk_use.h).
       file.reset();
-      if (record_damage(out.path).empty()) ::unlink(RunFile::snapshot_path(out.path).c_str());
+      const std::string damage = record_damage(out.path);
+      if (damage.empty()) {
+        ::unlink(RunFile::snapshot_path(out.path).c_str());
+      } else {
+        // Damaged on disk under the writer (another process, the disk): what it says cannot be
+        // trusted, so the run is not reported finished.
+        out.status = RunStatus::failed;
+        out.error = msg("the run finished but its file ", out.path, " does not read back whole (", damage,
+                        "): its results cannot be trusted; run the same command again to train it anew");
+      }
     }
   } catch (const std::exception& e) {
     if (opt.progress) std::fprintf(stderr, "\n");
