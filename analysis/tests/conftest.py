@@ -200,28 +200,31 @@ def mxlab_run(tmp_path_factory):
     return path
 
 
-def run_device_script(binary, root, experiments, shards, deadline="200"):
-    """Run experiments/paper/run_why_mx.sh as on the GPU machine, in a scratch tree `root` (a
-    pathlib.Path): `experiments` maps EXP to its YAML text (written to experiments/paper/EXP.yaml),
-    `shards` are the EXP=SHARD/N arguments; the CPU binary stands in behind a wrapper that drops
-    --gpus, and a stand-in nvidia-smi names one GPU. Returns (OUT directory, stdout)."""
-    (root / "experiments" / "paper").mkdir(parents=True)
-    for name, text in experiments.items():
-        (root / "experiments" / "paper" / f"{name}.yaml").write_text(text)
-    os.symlink(os.path.join(ROOT, "results"), root / "results")
-    (root / "build").mkdir()
-    wrapper = root / "build" / "mxlab"
-    wrapper.write_text('#!/usr/bin/env bash\n# the CPU binary: --gpus dropped\nargs=()\n'
-                       'while [ $# -gt 0 ]; do if [ "$1" = --gpus ]; then shift 2; continue; fi; args+=("$1"); shift; done\n'
-                       f'exec {binary} "${{args[@]}}"\n')
-    wrapper.chmod(0o755)
-    (root / "bin").mkdir()
-    smi = root / "bin" / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (UUID: none)'\n")
-    smi.chmod(0o755)
+def run_device_script(binary, root, experiments, shards, deadline="200", script="run_why_mx.sh", gpus=1, env_extra=None):
+    """Run a device script of experiments/paper/ (run_why_mx.sh, or run_queue.sh, which calls it)
+    as on the GPU machine, in a scratch tree `root` (a pathlib.Path): `experiments` maps EXP to its
+    YAML text (written to experiments/paper/EXP.yaml), `shards` are the script's EXP=SHARD/N
+    arguments; the CPU binary stands in behind a wrapper that drops --gpus, and a stand-in
+    nvidia-smi names `gpus` GPUs. A second call on the same `root` runs in the same tree (its runs/
+    kept), as a second call on a warm machine would. Returns (OUT directory, stdout)."""
+    if not (root / "experiments").exists():
+        (root / "experiments" / "paper").mkdir(parents=True)
+        for name, text in experiments.items():
+            (root / "experiments" / "paper" / f"{name}.yaml").write_text(text)
+        os.symlink(os.path.join(ROOT, "results"), root / "results")
+        (root / "build").mkdir()
+        wrapper = root / "build" / "mxlab"
+        wrapper.write_text('#!/usr/bin/env bash\n# the CPU binary: --gpus dropped\nargs=()\n'
+                           'while [ $# -gt 0 ]; do if [ "$1" = --gpus ]; then shift 2; continue; fi; args+=("$1"); shift; done\n'
+                           f'exec {binary} "${{args[@]}}"\n')
+        wrapper.chmod(0o755)
+        (root / "bin").mkdir()
+        smi = root / "bin" / "nvidia-smi"
+        smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {g}: stand-in (UUID: none)'\n" for g in range(gpus)))
+        smi.chmod(0o755)
     out = root / "out"
-    env = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}")
-    r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", "run_why_mx.sh"), str(out), deadline,
-                        *shards], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}", **(env_extra or {}))
+    r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", script), str(out), deadline, *shards],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return str(out), r.stdout

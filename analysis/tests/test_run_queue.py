@@ -1,0 +1,59 @@
+"""experiments/paper/run_queue.sh: one-run shards dealt to the GPUs as they free up, each through
+run_why_mx.sh on one GPU, everything back in one OUTDIR; done items are skipped by the same
+command on the same machine, and nothing starts too close to the deadline. Through the real script
+with the CPU binary behind a wrapper and a stand-in nvidia-smi naming two GPUs."""
+import os
+import subprocess
+
+from conftest import ROOT, run_device_script
+
+TINY = """name: queue_tiny
+seed: 1
+steps: 40
+device: cpu
+model: {depth: 1, width: 32, hidden_mult: 2}
+data: {batch: 16}
+optimizer: {lr: 1.0e-3}
+precision: {weight: mxfp8_e4m3, activation: mxfp8_e4m3, grad: mxfp8_e4m3}
+log: {log_every: 10}
+sweep:
+  seeds: [1, 2, 3]
+"""
+ITEMS = ["queue_tiny=0/3", "queue_tiny=1/3", "queue_tiny=2/3"]
+TAGS = ["queue_tiny_0of3", "queue_tiny_1of3", "queue_tiny_2of3"]
+
+
+def test_every_item_comes_back_and_a_second_call_skips_them(binary, tmp_path):
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS, script="run_queue.sh", gpus=2)
+    assert "run_queue: 3 of 3 items done" in log, log
+    files = sorted(os.listdir(out))
+    # run_why_mx.sh's files of each item (no branch points: these runs have no branches), its logs
+    # renamed per item, nothing else (no item folder left behind)
+    assert files == sorted([f"{k}_{t}.csv" for t in TAGS for k in ("summary", "blocks")] +
+                           [f"logs_{t}.tgz" for t in TAGS]), files
+    for t in TAGS:
+        assert (tmp_path / "runs" / "queue" / t).exists()
+        with open(os.path.join(out, f"summary_{t}.csv")) as f:
+            assert len(f.read().strip().splitlines()) == 3  # header, fp32, mx: one run per item
+    # both GPUs took items
+    assert "GPU 0:" in log and "GPU 1:" in log, log
+    before = {p: os.path.getmtime(os.path.join(out, p)) for p in files}
+    out2, log2 = run_device_script(binary, tmp_path, {}, ITEMS, script="run_queue.sh", gpus=2)
+    assert "run_queue: 3 of 3 items done" in log2 and "GPU" not in log2, log2
+    assert {p: os.path.getmtime(os.path.join(out2, p)) for p in os.listdir(out2)} == before
+
+
+def test_nothing_starts_too_close_to_the_deadline(binary, tmp_path):
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS[:1], script="run_queue.sh",
+                                 env_extra={"MXLAB_QUEUE_MIN_LEFT": "1000"})
+    assert "run_queue: 0 of 1 items done" in log and "GPU" not in log, log
+    assert not (tmp_path / "runs" / "queue" / TAGS[0]).exists()
+
+
+def test_bad_items_are_refused_in_one_line(tmp_path):
+    script = os.path.join(ROOT, "experiments", "paper", "run_queue.sh")
+    for items, says in ((["why_mx_e2"], "is not EXP=SHARD/N"), (["no_such_exp=0/1"], "no experiments/paper/no_such_exp.yaml"),
+                        ([], "no items")):
+        r = subprocess.run(["bash", script, str(tmp_path / "out"), "100", *items], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, (items, r.stderr)

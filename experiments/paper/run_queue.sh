@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Many one-run shards over the GPUs of one machine as they free up, under a deadline, resumable
+# across calls: each GPU takes the next item that is neither done nor taken in this call and runs it
+# through experiments/paper/run_why_mx.sh on that GPU alone; what an item brings back lands in
+# OUTDIR (summary_*, blocks_*, ... as run_why_mx.sh names them; its logs as logs_TAG.tgz).
+#   bash experiments/paper/run_queue.sh OUTDIR DEADLINE_S ITEM [ITEM ...]
+#   ITEM = EXP=SHARD/N, e.g. why_mx_e2=31/40 (with N = the sweep's size, one seed per item)
+# e.g. bash experiments/paper/run_queue.sh $OUT 570 $(for k in $(seq 31 39); do echo why_mx_e2=$k/40; done)
+# An item is done once run_why_mx.sh brought back its loss blocks (a finished run); the marker
+# runs/queue/EXP_SHARDofN stays in runs/ (git-ignored), so the same command on the same machine
+# skips it. An item cut by the deadline resumes from its checkpoints when the command runs again
+# there. No item starts with less than MXLAB_QUEUE_MIN_LEFT seconds left (default 160: a run
+# should be able to finish; set it lower when the next call resumes it anyway). MXLAB_GPUS=0,1
+# uses only those GPUs; otherwise every GPU nvidia-smi lists. MXLAB_QUEUE_KEEP=1 keeps each item's
+# run_why_mx.sh output in /tmp/run_queue.*/TAG/log (an unfinished item's last lines are printed).
+set -uo pipefail
+OUT=${1:?usage: run_queue.sh OUTDIR DEADLINE_S EXP=SHARD/N ...}
+DEADLINE=${2:?usage: run_queue.sh OUTDIR DEADLINE_S EXP=SHARD/N ...}
+shift 2
+[ $# -gt 0 ] || { echo "run_queue.sh: no items (EXP=SHARD/N ...)" >&2; exit 2; }
+for it in "$@"; do
+  case "$it" in
+    *=*/*) [ -f "experiments/paper/${it%%=*}.yaml" ] || { echo "run_queue.sh: no experiments/paper/${it%%=*}.yaml (item $it)" >&2; exit 2; } ;;
+    *) echo "run_queue.sh: '$it' is not EXP=SHARD/N" >&2; exit 2 ;;
+  esac
+done
+T0=$(date +%s)
+MIN_LEFT=${MXLAB_QUEUE_MIN_LEFT:-160}
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLAIMS=$(mktemp -d /tmp/run_queue.XXXXXX)
+trap '[ -n "${MXLAB_QUEUE_KEEP:-}" ] || rm -rf "$CLAIMS"' EXIT
+mkdir -p "$OUT" runs/queue
+if [ -n "${MXLAB_GPUS:-}" ]; then
+  IFS=, read -r -a GPUS <<< "$MXLAB_GPUS"
+else
+  mapfile -t GPUS < <(seq 0 $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )))
+fi
+tag_of() { local s=${1#*=}; echo "${1%%=*}_${s/\//of}"; }  # run_why_mx.sh's name of the shard
+worker() {
+  local g=$1 it tag left
+  for it in "${ITEMS[@]}"; do
+    tag=$(tag_of "$it")
+    [ -e "runs/queue/$tag" ] && continue
+    left=$(( DEADLINE - ($(date +%s) - T0) ))
+    [ "$left" -ge "$MIN_LEFT" ] || break
+    mkdir "$CLAIMS/$tag" 2> /dev/null || continue
+    echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it"
+    MXLAB_GPUS=$g bash "$HERE/run_why_mx.sh" "$OUT/.item_$tag" "$left" "$it" > "$CLAIMS/$tag/log" 2>&1
+    if [ -e "$OUT/.item_$tag/blocks_$tag.csv" ]; then touch "runs/queue/$tag"; fi
+    [ -e "$OUT/.item_$tag/logs.tgz" ] && mv "$OUT/.item_$tag/logs.tgz" "$OUT/logs_$tag.tgz"
+    mv "$OUT/.item_$tag"/* "$OUT"/ 2> /dev/null
+    rmdir "$OUT/.item_$tag" 2> /dev/null
+    if [ -e "runs/queue/$tag" ]; then
+      echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it done"
+    else
+      echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it not finished (resumes from its checkpoints next time); its log ends:"
+      tail -4 "$CLAIMS/$tag/log" | sed 's/^/    /'
+    fi
+  done
+}
+ITEMS=("$@")
+pids=()
+for g in "${GPUS[@]}"; do worker "$g" & pids+=($!); done
+for p in "${pids[@]}"; do wait "$p"; done
+n_done=0
+for it in "${ITEMS[@]}"; do [ -e "runs/queue/$(tag_of "$it")" ] && n_done=$(( n_done + 1 )); done
+echo "run_queue: $n_done of ${#ITEMS[@]} items done after $(( $(date +%s) - T0 )) s"
