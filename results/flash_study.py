@@ -730,7 +730,12 @@ def markdown_per_trajectory(mech, seeds):
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------- figure
+# --------------------------------------------------------------------------- figures
+
+# one colour per arm in every figure of the study
+ARM_COLOR = {FP32: "black", "flash": "tab:red", "stabilized": "tab:blue", "delta_hp": "tab:green",
+             "mxfp8_flash": "tab:purple", "mxfp8_exact": "grey"}
+
 
 def _shown(path):
     """A path as the caption gives it: relative to the repository when inside it."""
@@ -754,9 +759,9 @@ def figure(study, path, command):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {FP32: dict(color="black", lw=2.2), "flash": dict(color="tab:red", lw=1.6),
-              "stabilized": dict(color="tab:blue", lw=1.4, ls="--"), "delta_hp": dict(color="tab:green", lw=1.4, ls="--"),
-              "mxfp8_flash": dict(color="tab:purple", lw=1.6), "mxfp8_exact": dict(color="grey", lw=1.6, ls=":")}
+    styles = {FP32: dict(lw=2.2), "flash": dict(lw=1.6), "stabilized": dict(lw=1.4, ls="--"),
+              "delta_hp": dict(lw=1.4, ls="--"), "mxfp8_flash": dict(lw=1.6), "mxfp8_exact": dict(lw=1.6, ls=":")}
+    styles = {a: dict(color=ARM_COLOR[a], **st) for a, st in styles.items()}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
     for ax, (name, k) in zip(axes, ENDPOINTS):
         ev = study.events[name]
