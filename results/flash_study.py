@@ -6,7 +6,7 @@ flash, stabilized, delta_hp, mxfp8_flash and mxfp8_exact in lock-step; `group` /
 the CSVs).
 
     python3 results/flash_study.py [--dir results/flash_study] [--pilot results/flash_pilot]
-        [--figure [PNG]] [--per-trajectory] [--power-sims 4000]
+        [--figure [PNG]] [--mechanism-figure [PNG]] [--per-trajectory] [--power-sims 4000]
 
 Reads, all from --dir (every file matching; several device calls may each have brought some):
   summary_*.csv        `mxlab summarize --csv` of the runs (status, the binary's excursion_step);
@@ -82,10 +82,20 @@ On the complete study:
     --per-trajectory adds items 1, 2 and 4 per trajectory and layer.
 --figure writes the Kaplan-Meier curves of the six arms (k = 10 and k = 2) to PNG (default
 results/figures/flash_study_km.png), the command, the data and the commit in its caption.
+--mechanism-figure writes the mechanism's items 1-3 over steps to PNG (default
+results/figures/flash_study_mechanism.png), descriptive, on an interim study too (its title says
+"interim: n of 40 seeds"): a row per item (1. attn_multi_one_frac and attn_multi_max_frac; 2. the
+running sum attn_delta_bias_cumsum, one line per seed, flash and mxfp8_flash; 3. W_Q's and W_K's
+sigma_max over FP32's and the rank-one share of their difference, at the snapshots), a column per
+arm (fp32, the reference, has none), of the layer with the largest mean attn_multi_one_frac; the
+median and interquartile band over the seeds without an event by then (item 2: the seeds' own
+lines), each trajectory before its event, an x at each event's onset; the command, the commit and
+the configuration in its caption. It needs instruments*.csv[.gz] and spectral*.csv[.gz] (else
+exit 2).
 
 Exit codes: 0 printed (an interim count included), 2 the data do not fit the study (one line on
-stderr), 74 the figure could not be written.
-numpy, scipy, statsmodels (results/paired_stats.py), matplotlib for --figure.
+stderr), 74 a figure could not be written.
+numpy, scipy, statsmodels (results/paired_stats.py), matplotlib for --figure and --mechanism-figure.
 """
 import argparse
 import csv
@@ -730,7 +740,12 @@ def markdown_per_trajectory(mech, seeds):
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------- figure
+# --------------------------------------------------------------------------- figures
+
+# one colour per arm in every figure of the study
+ARM_COLOR = {FP32: "black", "flash": "tab:red", "stabilized": "tab:blue", "delta_hp": "tab:green",
+             "mxfp8_flash": "tab:purple", "mxfp8_exact": "grey"}
+
 
 def _shown(path):
     """A path as the caption gives it: relative to the repository when inside it."""
@@ -754,9 +769,9 @@ def figure(study, path, command):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {FP32: dict(color="black", lw=2.2), "flash": dict(color="tab:red", lw=1.6),
-              "stabilized": dict(color="tab:blue", lw=1.4, ls="--"), "delta_hp": dict(color="tab:green", lw=1.4, ls="--"),
-              "mxfp8_flash": dict(color="tab:purple", lw=1.6), "mxfp8_exact": dict(color="grey", lw=1.6, ls=":")}
+    styles = {FP32: dict(lw=2.2), "flash": dict(lw=1.6), "stabilized": dict(lw=1.4, ls="--"),
+              "delta_hp": dict(lw=1.4, ls="--"), "mxfp8_flash": dict(lw=1.6), "mxfp8_exact": dict(lw=1.6, ls=":")}
+    styles = {a: dict(color=ARM_COLOR[a], **st) for a, st in styles.items()}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
     for ax, (name, k) in zip(axes, ENDPOINTS):
         ev = study.events[name]
@@ -776,6 +791,213 @@ def figure(study, path, command):
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# The mechanism figure: items 1-3 of the pre-registration per arm over steps (descriptive; drawn on
+# an interim study too, labelled so). Its rows (name, y label, arms with a panel); its columns the
+# arms but fp32, the reference of item 3 (its ratio is 1) without flash instruments.
+MECH_ARMS = ARMS[1:]
+MECH_ROWS = (("ties", "1. ties: fraction of rows", FLASH_KERNEL),
+             ("delta", "2. δ bias: running sum of\nattn_delta_bias", CHAIN_ARMS),
+             ("sigma", "3. σ_max / FP32's σ_max", MECH_ARMS),
+             ("rank1", "3. rank-one share of\nD = W_arm − W_fp32", MECH_ARMS))
+EXCURSION_MARKER = "x"
+
+
+@dataclass
+class MechanismSeries:
+    seeds: list        # the seeds drawn: every arm finished (Study.seeds)
+    lr: str            # the study's lr (the blocks')
+    layer: int         # the layer drawn (None without seeds)
+    depth: int         # attention layers in the instruments (None without)
+    layer_means: dict  # {layer: mean attn_multi_one_frac of the flash-kernel trajectories before their events}
+    onset: dict        # {(seed, arm): the first excursion's onset, primary or secondary, or None}
+    ties: dict         # {(seed, arm): [(step, attn_multi_one_frac, attn_multi_max_frac)]} before the event
+    delta: dict        # {(seed, arm): [(step, attn_delta_bias_cumsum)]} before the event
+    weights: dict      # {(seed, arm): {"W_Q" | "W_K": weight_series}} before the event
+
+
+def mechanism_series(study, directory):
+    """What the mechanism figure draws, from instruments*.csv[.gz] and spectral*.csv[.gz] of the
+    runs the summaries list as finished, for the seeds with every arm finished: each trajectory's
+    rows and snapshots before its event (the mechanism's "before"), of the layer with the largest
+    mean attn_multi_one_frac over the flash-kernel trajectories (item 1's mean before the event).
+    StudyError when either kind of CSV is missing, or when finished seeds have no tie fractions."""
+    for pattern, kind, how in (("instruments*.csv", "instruments", "results/extract_flash_instruments.py"),
+                               ("spectral*.csv", "spectral", "results/extract_spectral.py")):
+        if not _glob(directory, pattern + "*"):
+            raise StudyError(f"--mechanism-figure: no {kind} CSV ({pattern}[.gz]) in {directory}: bring back "
+                             f"{how}'s output of the study's runs with their summaries")
+    inst = read_instruments(directory, study.run_of)
+    spec = read_spectral(directory, study.run_of)
+    seeds = study.seeds()
+    onset = {(s, a): event_step(study, s, a) for s in seeds for a in ARMS}
+    by_layer = {}
+    for key in ((s, a) for s in seeds for a in FLASH_KERNEL):
+        for layer, rows in inst.get(key, {}).items():
+            m = layer_stats(rows, onset[key])["multi_one"]
+            if m == m:
+                by_layer.setdefault(layer, []).append(m)
+    means = {layer: statistics.fmean(v) for layer, v in sorted(by_layer.items())}
+    if seeds and not means:
+        raise StudyError(f"--mechanism-figure: the instruments CSVs in {directory} have no attn_multi_one_frac of a "
+                         "finished flash-kernel trajectory (re-extract with results/extract_flash_instruments.py)")
+    layer = max(means, key=means.get) if means else None  # the first (lowest) layer of the largest mean
+    ties, delta, weights = {}, {}, {}
+    for seed in seeds:
+        ref = spec.get((seed, FP32), {})
+        for arm in MECH_ARMS:
+            key, t = (seed, arm), onset[(seed, arm)]
+            rows = [r for r in inst.get(key, {}).get(layer, []) if _before(int(r["step"]), t)]
+            if arm in FLASH_KERNEL and key in inst:
+                ties[key] = [(int(r["step"]), _float(r["attn_multi_one_frac"]), _float(r["attn_multi_max_frac"]))
+                             for r in rows]
+            if arm in CHAIN_ARMS and key in inst:
+                delta[key] = [(int(r["step"]), _float(r["attn_delta_bias_cumsum"])) for r in rows]
+            if key in spec and ref:
+                weights[key] = {m: weight_series(spec[key], ref, layer, m, t) for m in ("W_Q", "W_K")}
+    depth = max((layer + 1 for v in inst.values() for layer in v), default=None)
+    return MechanismSeries(seeds, study.lr, layer, depth, means, onset, ties, delta, weights)
+
+
+def _band(traces):
+    """(steps, q25, median, q75) over the traces [(steps, values)] at every step where one of
+    them has a finite value (the quantiles over those), or None."""
+    import numpy as np
+
+    traces = [(np.asarray(x, dtype=np.int64), np.asarray(y, dtype=np.float64)) for x, y in traces if len(x)]
+    if not traces:
+        return None
+    steps = np.unique(np.concatenate([x for x, _ in traces]))
+    table = np.full((len(traces), steps.size), np.nan)
+    for k, (x, y) in enumerate(traces):
+        table[k, np.searchsorted(steps, x)] = y
+    keep = np.isfinite(table).any(axis=0)
+    if not keep.any():
+        return None
+    q25, med, q75 = np.nanquantile(table[:, keep], [0.25, 0.5, 0.75], axis=0)
+    return steps[keep], q25, med, q75
+
+
+def _value_before(xs, ys, step, default):
+    """The value of a drawn line at its last point before `step` (default where it has none)."""
+    before = [y for x, y in zip(xs, ys) if x < step and y == y]
+    return before[-1] if before else default
+
+
+def mechanism_figure_build(series, interim, caption):
+    """The mechanism figure (a matplotlib Figure, Agg): a row per item (1. ties, 2. δ bias, 3.
+    σ_max ratio and 3. rank-one share of W_Q and W_K), a column per arm but fp32, a legend column;
+    bands: median and 25-75 % over the trajectories without an event by that step; item 2: one
+    thin line per seed; an `x` at each excursion's onset on its line (on the median of
+    attn_multi_one_frac and of W_Q in the bands). Panels are labelled "row:arm" (Axes.get_label),
+    excursion markers have the gid "excursion SEED", item 2's lines "seed SEED". `interim`: the
+    line that says so ("" for the counted study)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=(3.1 * len(MECH_ARMS) + 2.6, 2.5 * len(MECH_ROWS) + 1.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(len(MECH_ROWS), len(MECH_ARMS) + 1, width_ratios=[1] * len(MECH_ARMS) + [0.85])
+    first = None
+    mark = dict(marker=EXCURSION_MARKER, ls="none", ms=6, mew=1.5)
+    for i, (row, ylabel, arms) in enumerate(MECH_ROWS):
+        row_first = None
+        for j, arm in enumerate(MECH_ARMS):
+            if arm not in arms:
+                continue
+            ax = fig.add_subplot(grid[i, j], sharex=first, sharey=row_first, label=f"{row}:{arm}")
+            first, row_first = first or ax, row_first or ax
+            colour = ARM_COLOR[arm]
+            keys = [(s, arm) for s in series.seeds]
+            if row == "delta":
+                have = [k for k in keys if k in series.delta]
+                for k in have:
+                    xs, ys = [x for x, _ in series.delta[k]], [y for _, y in series.delta[k]]
+                    ax.plot(xs, ys, color=colour, lw=0.6, alpha=0.6, gid=f"seed {k[0]}")
+                    if series.onset[k] is not None:
+                        ax.plot([series.onset[k]], [_value_before(xs, ys, series.onset[k], 0.0)], color=colour,
+                                gid=f"excursion {k[0]}", **mark)
+                ax.axhline(0.0, color="0.5", lw=0.6)
+            else:
+                if row == "ties":
+                    have = [k for k in keys if k in series.ties]
+                    lines = (("attn_multi_one_frac", "-", 1), ("attn_multi_max_frac", "--", 2))
+                    trace = lambda k, col: ([x[0] for x in series.ties[k]], [x[col] for x in series.ties[k]])
+                else:
+                    have = [k for k in keys if k in series.weights]
+                    col = 1 if row == "sigma" else 2
+                    lines = (("W_Q", "-", "W_Q"), ("W_K", "--", "W_K"))
+                    trace = lambda k, m, col=col: ([x[0] for x in series.weights[k][m]],
+                                                   [x[col] for x in series.weights[k][m]])
+                bands = [_band([trace(k, what) for k in have]) for _, _, what in lines]
+                for (name, ls, _), band in zip(lines, bands):
+                    if band is None:
+                        continue
+                    xs, lo, med, hi = band
+                    ax.fill_between(xs, lo, hi, color=colour, alpha=0.18, linewidth=0)
+                    ax.plot(xs, med, color=colour, ls=ls, lw=1.3, gid=f"median {name}")
+                if bands[0] is not None:  # the onsets on the first line's median
+                    xs, _, med, _ = bands[0]
+                    for k in have:
+                        if series.onset[k] is not None:
+                            ax.plot([series.onset[k]], [_value_before(xs, med, series.onset[k], med[0])],
+                                    color=colour, gid=f"excursion {k[0]}", **mark)
+                if row == "sigma":
+                    ax.axhline(1.0, color="0.5", lw=0.6)
+                if not any(b is not None for b in bands):
+                    ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5")
+            events = sum(1 for k in have if series.onset[k] is not None)
+            ax.set_title(f"{arm}: {len(have)} seeds, {events} with an excursion", fontsize=8, color=colour)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel(ylabel + f" (layer {series.layer})", fontsize=8)
+            if i == len(MECH_ROWS) - 1:
+                ax.set_xlabel("step", fontsize=8)
+        key = fig.add_subplot(grid[i, -1], label=f"legend:{row}")
+        key.axis("off")
+        grey = "0.3"
+        band = Patch(color=grey, alpha=0.3, label="median and 25–75 % over\nthe seeds without an event yet")
+        onset = Line2D([], [], color=grey, label="first excursion (k = 2 or 10)" +
+                       {"ties": ",\non attn_multi_one_frac's median", "delta": "", "sigma": ",\non W_Q's median",
+                        "rank1": ",\non W_Q's median"}[row], **mark)
+        handles = {"ties": [Line2D([], [], color=grey, label="attn_multi_one_frac (P̄ = 1)"),
+                            Line2D([], [], color=grey, ls="--", label="attn_multi_max_frac (tied max)"), band, onset],
+                   "delta": [Line2D([], [], color=grey, lw=0.6, label="one seed: attn_delta_bias_cumsum"), onset],
+                   "sigma": [Line2D([], [], color=grey, label="W_Q"), Line2D([], [], color=grey, ls="--", label="W_K"),
+                             band, onset],
+                   "rank1": [Line2D([], [], color=grey, label="W_Q: σ₁(D)² / ‖D‖²_F"),
+                             Line2D([], [], color=grey, ls="--", label="W_K"), band, onset]}[row]
+        key.legend(handles=handles, loc="center left", fontsize=7, frameon=False)
+    n = len(series.seeds)
+    fig.suptitle(f"Flash attention in bf16: the mechanism (pre-registered items 1–3; descriptive, no test), "
+                 f"{n} of {len(SEEDS)} seeds (300–339), lr {series.lr or '–'}, depth {series.depth}, layer {series.layer}" +
+                 (f"\n{interim}" if interim else ""), fontsize=10)
+    fig.supxlabel(caption, fontsize=7, color="grey", x=0.005, ha="left", multialignment="left")
+    return fig
+
+
+def mechanism_caption(series, command):
+    """The mechanism figure's caption: the command, the commit, the configuration and how it is
+    drawn."""
+    means = ", ".join(f"{layer}: {m:.3g}" for layer, m in series.layer_means.items())
+    return "\n".join([
+        f"{command}; commit {_commit()}; configuration experiments/paper/flash_study.yaml",
+        f"Layer {series.layer} in every row: the largest mean attn_multi_one_frac of the flash-kernel trajectories "
+        f"before their events (per layer: {means}). Each trajectory before its event (its first excursion, k = 2 or "
+        "k = 10: steps before the onset), as the report's mechanism; the seeds with every arm finished;",
+        "x: the onset, on the trajectory's line (item 2) or on the median of the row's solid line. Runs the summaries "
+        "do not list as finished are left out. fp32: the reference (its σ_max ratio is 1), no flash instruments; "
+        "mxfp8_exact: exact attention, no item 1; item 2: flash and mxfp8_flash."])
+
+
+def mechanism_figure(series, path, command, interim):
+    """The mechanism figure to `path` (PNG)."""
+    fig = mechanism_figure_build(series, interim, mechanism_caption(series, command))
+    fig.savefig(path, dpi=110)
 
 
 # --------------------------------------------------------------------------- main
@@ -873,6 +1095,10 @@ def main(argv=None):
     ap.add_argument("--figure", nargs="?", const=os.path.join(HERE, "figures", "flash_study_km.png"), metavar="PNG",
                     help="write the Kaplan-Meier figure (default path results/figures/flash_study_km.png); complete "
                          "study only")
+    ap.add_argument("--mechanism-figure", nargs="?", const=os.path.join(HERE, "figures", "flash_study_mechanism.png"),
+                    metavar="PNG", help="write the mechanism figure (items 1-3 per arm over steps, across seeds; default "
+                                        "path results/figures/flash_study_mechanism.png); on an interim study too, "
+                                        "labelled so; needs instruments*.csv[.gz] and spectral*.csv[.gz] in --dir")
     ap.add_argument("--per-trajectory", action="store_true", help="also print the mechanism per trajectory and layer")
     ap.add_argument("--power-sims", type=int, default=4000, help="simulated studies per power cell (default 4000, as "
                                                                  "the pre-registration)")
@@ -881,6 +1107,7 @@ def main(argv=None):
         if a.power_sims < 1:
             raise StudyError("--power-sims must be >= 1")
         text, study, counted = report(a)
+        series = mechanism_series(study, a.dir) if a.mechanism_figure else None
     except (W.StudyError, R.DataError, OSError) as e:
         print(f"flash_study: {e}", file=sys.stderr)
         return 2
@@ -888,14 +1115,31 @@ def main(argv=None):
     if a.figure:
         if not counted:
             print(f"\nfigure: not written ({a.figure}): the study does not count yet (interim)")
+        else:
+            command = f"python3 results/flash_study.py --dir {_shown(a.dir)} --figure {_shown(a.figure)}"
+            try:
+                figure(study, a.figure, command)
+            except OSError as e:
+                print(f"flash_study: cannot write {a.figure}: {e.strerror}; choose a writable path", file=sys.stderr)
+                return 74
+            print(f"\nwrote {a.figure}")
+    if a.mechanism_figure:
+        n = len(series.seeds)
+        if not n:
+            print(f"\nmechanism figure: not written ({a.mechanism_figure}): no seed has every arm finished")
             return 0
-        command = f"python3 results/flash_study.py --dir {_shown(a.dir)} --figure {_shown(a.figure)}"
+        interim = "" if counted else (f"interim: {n} of {len(SEEDS)} seeds" +
+                                      (", pilot incomplete" if study.complete() else "") +
+                                      " (descriptive; the study does not count yet)")
+        command = (f"python3 results/flash_study.py --dir {_shown(a.dir)} --pilot {_shown(a.pilot)} "
+                   f"--mechanism-figure {_shown(a.mechanism_figure)}")
         try:
-            figure(study, a.figure, command)
+            mechanism_figure(series, a.mechanism_figure, command, interim)
         except OSError as e:
-            print(f"flash_study: cannot write {a.figure}: {e.strerror}; choose a writable path", file=sys.stderr)
+            print(f"flash_study: cannot write {a.mechanism_figure}: {e.strerror}; choose a writable path",
+                  file=sys.stderr)
             return 74
-        print(f"\nwrote {a.figure}")
+        print(f"\nwrote {a.mechanism_figure}")
     return 0
 
 

@@ -496,12 +496,12 @@ SPECTRAL = ("run_id", "seed", "lr", "trajectory", "step", "layer", "matrix", "si
             "diff_sigma1", "diff_rank1", "diff_dir_cos")
 
 
-def write_mechanism(d, chain_of, extra_run=None):
+def write_mechanism(d, chain_of, extra_run=None, one_frac=(0.1, 0.1)):
     """instruments.csv.gz and spectral.csv.gz of the study in `d` (2 layers; rows every 500 steps,
     snapshots every 1000): the trajectories in chain_of (seed, arm) have the whole chain in layer 1
     (ties, a positive delta bias, W_Q's sigma_max rising over FP32's with a rank-one, steady error);
-    the flash-kernel arms have ties everywhere, no consistent delta bias, no growth. `extra_run`:
-    rows of a run the summaries do not list (to be ignored)."""
+    the flash-kernel arms have ties everywhere (attn_multi_one_frac one_frac[layer]), no consistent
+    delta bias, no growth. `extra_run`: rows of a run the summaries do not list (to be ignored)."""
     arms = ("fp32", "flash", "stabilized", "delta_hp", "mxfp8_flash", "mxfp8_exact")
     with gzip.open(d / "instruments.csv.gz", "wt", newline="") as fi, gzip.open(d / "spectral.csv.gz", "wt", newline="") as fs:
         wi, ws = csv.writer(fi), csv.writer(fs)
@@ -517,7 +517,7 @@ def write_mechanism(d, chain_of, extra_run=None):
                     for layer in (0, 1):
                         delta = (1.0 + 0.1 * (i % 2)) if chained and layer == 1 else (1.0 if i % 2 else -1.0)
                         cum[layer] += delta
-                        flash_cells = [0.2, 0.1, delta, cum[layer]] if flash else ["", "", "", ""]
+                        flash_cells = [0.2, one_frac[layer], delta, cum[layer]] if flash else ["", "", "", ""]
                         wi.writerow([rid, seed, "0.003", arm, step, layer, 5.0] + flash_cells + [1.0, 1.0, 1.0, ""])
                 for k, step in enumerate(range(0, 10001, 1000)):
                     for layer in (0, 1):
@@ -562,3 +562,203 @@ def test_complete_report_with_the_mechanism(F, tmp_path, capsys):
     write_pilot(tmp_path / "pilot4", chosen=(4, 3e-3))
     rc, _, err = _main(F, ["--dir", str(tmp_path / "s"), "--pilot", str(tmp_path / "pilot4")], capsys)
     assert rc == 2 and "2 attention layers, the pilot's rule chose depth 4" in err
+
+
+# --------------------------------------------------------------------------- the mechanism figure
+
+MECH_PANELS = ({f"ties:{a}" for a in ("flash", "stabilized", "delta_hp", "mxfp8_flash")} |
+               {"delta:flash", "delta:mxfp8_flash"} |
+               {f"{r}:{a}" for r in ("sigma", "rank1") for a in ("flash", "stabilized", "delta_hp", "mxfp8_flash",
+                                                                 "mxfp8_exact")})
+
+
+def _panels(fig):
+    return {ax.get_label(): ax for ax in fig.axes if not ax.get_label().startswith("legend:")}
+
+
+def _markers(ax):
+    """{seed: (x, y)} of the excursion markers of a panel."""
+    out = {}
+    for ln in ax.get_lines():
+        if ln.get_marker() == "x":
+            assert ln.get_gid().startswith("excursion ") and len(ln.get_xdata()) == 1
+            out[int(ln.get_gid().split()[1])] = (ln.get_xdata()[0], ln.get_ydata()[0])
+    return out
+
+
+def _line(ax, gid):
+    (ln,) = [ln for ln in ax.get_lines() if ln.get_gid() == gid]
+    return ln
+
+
+def _mech_figure(F, d, interim=""):
+    series = F.mechanism_series(F.load(str(d)), str(d))
+    return series, F.mechanism_figure_build(series, interim, F.mechanism_caption(series, "CMD"))
+
+
+def test_mechanism_figure_panels_excursions_and_caption(F, tmp_path, capsys):
+    import matplotlib.colors as mc
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    on = ordered()  # events: flash 300-319 at 4000, stabilized 300-303 at 6000, delta_hp 300-301 at 2000,
+    #                 mxfp8_flash 300-329 at 3000, mxfp8_exact 330-335 at 5000; fp32 none
+    write_study(tmp_path / "s", on)
+    chained = {(s, "flash") for s in range(300, 320)} | {(s, "mxfp8_flash") for s in range(300, 310)}
+    write_mechanism(tmp_path / "s", chained, extra_run=999, one_frac=(0.05, 0.3))
+    write_pilot(tmp_path / "pilot", chosen=(2, 3e-3))
+    png = tmp_path / "mech.png"
+    rc, out, err = _main(F, ["--dir", str(tmp_path / "s"), "--pilot", str(tmp_path / "pilot"), "--mechanism-figure",
+                             str(png)], capsys)
+    assert rc == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
+    series, fig = _mech_figure(F, tmp_path / "s")
+    # layer 1 has the larger mean attn_multi_one_frac: it is drawn, and the caption says so
+    assert series.layer == 1 and series.layer_means == pytest.approx({0: 0.05, 1: 0.3})
+    caption = fig._supxlabel.get_text()
+    assert caption.startswith("CMD; commit ") and "experiments/paper/flash_study.yaml" in caption
+    assert "Layer 1 in every row: the largest mean attn_multi_one_frac" in caption
+    assert "40 of 40 seeds (300–339), lr 0.003, depth 2, layer 1" in fig._suptitle.get_text()
+    assert "interim" not in fig._suptitle.get_text()
+    panels = _panels(fig)
+    assert set(panels) == MECH_PANELS  # a row per item, a panel per arm that has it
+    # a marker for every trajectory with an excursion, at its onset, and for no other
+    events = {"flash": (range(300, 320), 4000), "stabilized": (range(300, 304), 6000),
+              "delta_hp": (range(300, 302), 2000), "mxfp8_flash": (range(300, 330), 3000),
+              "mxfp8_exact": (range(330, 336), 5000)}
+    for label, ax in panels.items():
+        arm = label.split(":")[1]
+        seeds, step = events[arm]
+        marks = _markers(ax)
+        assert set(marks) == set(seeds), label
+        assert all(x == step for x, _ in marks.values()), label
+        assert f"{arm}: 40 seeds, {len(seeds)} with an excursion" == ax.get_title()
+        for ln in ax.get_lines():  # one colour per arm
+            if ln.get_gid():
+                assert mc.same_color(ln.get_color(), F.ARM_COLOR[arm]), label
+    # item 2: one line per finished seed (not run 999), each up to its onset; its marker on its line
+    delta = panels["delta:flash"]
+    assert sorted(ln.get_gid() for ln in delta.get_lines() if (ln.get_gid() or "").startswith("seed ")) == \
+        sorted(f"seed {s}" for s in range(300, 340))
+    chained_line = _line(delta, "seed 305")
+    assert list(chained_line.get_xdata()) == list(range(0, 4000, 500))
+    assert chained_line.get_ydata()[-1] == pytest.approx(8 * 1.0 + 4 * 0.1)  # the running sum before step 4000
+    assert _markers(delta)[305] == (4000, chained_line.get_ydata()[-1])
+    assert list(_line(delta, "seed 325").get_xdata()) == list(range(0, 10000, 500))  # no event: to the end
+    # item 3: the median over the trajectories without an event by then (the report's per-snapshot table)
+    sigma = _line(panels["sigma:flash"], "median W_Q")
+    assert list(sigma.get_xdata()) == list(range(1000, 10001, 1000))
+    assert list(sigma.get_ydata()[:4]) == pytest.approx([1.005, 1.01, 1.015, 1.0])
+    assert _markers(panels["sigma:flash"])[300] == (4000, pytest.approx(1.015))  # on the median, before the onset
+    rank1 = _line(panels["rank1:flash"], "median W_Q")
+    assert list(rank1.get_ydata()[:4]) == pytest.approx([0.5, 0.5, 0.5, 0.2])
+    ties = panels["ties:stabilized"]
+    assert list(_line(ties, "median attn_multi_one_frac").get_ydata()) == pytest.approx([0.3] * 20)
+    assert list(_line(ties, "median attn_multi_max_frac").get_ydata()) == pytest.approx([0.2] * 20)
+    # legends beside the data, never over it
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 4
+    for legend in legends:
+        for ax in panels.values():
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
+def test_mechanism_figure_on_an_interim_study(F, tmp_path, capsys, monkeypatch):
+    """39 seeds finished, run r339 still running (its instrument and spectral rows are in the CSVs,
+    its ties all in layer 1): the figure is drawn from the 39, labelled interim; markers only where
+    there is an excursion (a k = 2 one counts)."""
+    d = tmp_path / "s"
+    write_study(d, {(301, "flash"): (40, "primary"), (302, "stabilized"): (20, "secondary")}, seeds=range(300, 339))
+    with open(d / "summary_flash_study_0of1.csv", "a", newline="") as f:
+        csv.DictWriter(f, fieldnames=SUMMARY).writerow({"run_id": "r339", "group": "flash", "seed": 339,
+                                                        "status": "running", "file": "runs/r339.h5"})
+    write_mechanism(d, set())
+    with open(d / "instruments_r339.csv", "w", newline="") as f:  # unlike the rows above: ignored, not an error
+        w = csv.writer(f)
+        w.writerow(("run_id", "seed", "lr", "trajectory", "step", "layer") + INSTRUMENTS)
+        for step in range(0, 10000, 50):
+            w.writerow(["r339", 339, "0.003", "flash", step, 1, 5.0, 1.0, 1.0, 50.0, step, 1.0, 1.0, 1.0, ""])
+    km, png = tmp_path / "km.png", tmp_path / "mech.png"
+    rc, out, err = _main(F, ["--dir", str(d), "--pilot", str(tmp_path / "nopilot"), "--figure", str(km),
+                             "--mechanism-figure", str(png)], capsys)
+    assert rc == 0, err
+    assert "INTERIM COUNT (39 of 40 seeds" in out and "r339 running" in out
+    assert "figure: not written" in out and not km.exists()  # the Kaplan-Meier figure needs the whole study
+    assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    series, fig = _mech_figure(F, d, interim="interim: 39 of 40 seeds")
+    assert series.seeds == list(range(300, 339)) and series.layer == 0 and series.layer_means == {0: 0.1, 1: 0.1}
+    assert "interim: 39 of 40 seeds" in fig._suptitle.get_text() and "39 of 40 seeds (300–339)" in fig._suptitle.get_text()
+    panels = _panels(fig)
+    assert set(panels) == MECH_PANELS
+    for label, ax in panels.items():
+        assert ax.get_title().split(":")[1].startswith(" 39 seeds"), label
+        expected = {"flash": {301: 4000}, "stabilized": {302: 2000}}.get(label.split(":")[1], {})
+        assert {s: x for s, (x, _) in _markers(ax).items()} == expected, label
+    assert "seed 339" not in {ln.get_gid() for ln in panels["delta:flash"].get_lines()}
+    # main labels it the same way; 40 seeds without a complete pilot are interim too
+    drawn = []
+    real_build = F.mechanism_figure_build
+
+    def build(series, interim, *rest):
+        drawn.append((interim, real_build(series, interim, *rest)))
+        return drawn[-1][1]
+    monkeypatch.setattr(F, "mechanism_figure_build", build)
+    rc, _, _ = _main(F, ["--dir", str(d), "--pilot", str(tmp_path / "nopilot"), "--mechanism-figure", str(png)], capsys)
+    assert rc == 0 and drawn[-1][0] == "interim: 39 of 40 seeds (descriptive; the study does not count yet)"
+    assert "interim: 39 of 40 seeds" in drawn[-1][1]._suptitle.get_text()
+    write_study(tmp_path / "all", {})
+    write_mechanism(tmp_path / "all", set())
+    rc, _, _ = _main(F, ["--dir", str(tmp_path / "all"), "--pilot", str(tmp_path / "nopilot"), "--mechanism-figure",
+                         str(png)], capsys)
+    assert rc == 0 and drawn[-1][0].startswith("interim: 40 of 40 seeds, pilot incomplete")
+    # nothing finished: nothing drawn, said so
+    (tmp_path / "none").mkdir()
+    write_mechanism(tmp_path / "none", set())
+    rc, out, _ = _main(F, ["--dir", str(tmp_path / "none"), "--pilot", str(tmp_path / "nopilot"), "--mechanism-figure",
+                           str(tmp_path / "n.png")], capsys)
+    assert rc == 0 and "mechanism figure: not written" in out and not (tmp_path / "n.png").exists()
+
+
+def test_mechanism_figure_needs_the_instruments_and_the_spectral_csvs(F, tmp_path, capsys):
+    write_study(tmp_path / "s", {})
+    write_mechanism(tmp_path / "s", set())
+    png = tmp_path / "mech.png"
+    for present, missing in (("spectral", "instruments"), ("instruments", "spectral")):
+        d = tmp_path / f"only_{present}"
+        d.mkdir()
+        for f in (tmp_path / "s").iterdir():
+            if not f.name.startswith(missing):
+                (d / f.name).write_bytes(f.read_bytes())
+        rc, out, err = _main(F, ["--dir", str(d), "--pilot", str(tmp_path / "nopilot"), "--mechanism-figure", str(png)],
+                             capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"no {missing} CSV ({missing}*.csv[.gz]) in {d}" in err and err.startswith("flash_study: --mechanism-figure")
+        assert not png.exists()
+        rc, out, _ = _main(F, ["--dir", str(d), "--pilot", str(tmp_path / "nopilot")], capsys)  # the report alone
+        assert rc == 0                                                                           # does not need them
+    rc, _, err = _main(F, ["--dir", str(tmp_path / "s"), "--pilot", str(tmp_path / "nopilot"), "--mechanism-figure",
+                           str(tmp_path / "no" / "m.png")], capsys)
+    assert rc == 74 and "cannot write" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        F.main(["--help"])
+    assert "--mechanism-figure [PNG]" in capsys.readouterr().out
+
+
+def test_mechanism_figure_of_the_real_tiny_run(F, real):
+    """The real extractors' columns: every panel has data, no excursion (none in 600 steps)."""
+    study = F.load(str(real))
+    series, fig = _mech_figure(F, real)
+    assert series.seeds == [300] and series.layer in (0, 1) and set(series.layer_means) == {0, 1}
+    panels = _panels(fig)
+    assert set(panels) == MECH_PANELS
+    expected = {a: study.events["primary"][(300, a)][0] or study.events["secondary"][(300, a)][0] for a in F.ARMS}
+    for label, ax in panels.items():
+        arm = label.split(":")[1]
+        assert set(_markers(ax)) == ({300} if expected[arm] else set()), label
+        drawn = [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(("median", "seed"))]
+        assert drawn and all(len(ln.get_xdata()) > 0 for ln in drawn), label
+        assert all(math.isfinite(y) for ln in drawn for y in ln.get_ydata()), label
+    assert len(_line(panels["delta:flash"], "seed 300").get_xdata()) == 13  # rows every 50 steps to 600
+    assert list(_line(panels["sigma:mxfp8_exact"], "median W_K").get_xdata()) == [100, 200, 300, 400, 500, 600]
+    assert all(0 <= y <= 1 for y in _line(panels["rank1:flash"], "median W_Q").get_ydata())
