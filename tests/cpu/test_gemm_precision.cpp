@@ -370,8 +370,11 @@ TEST(GemmArms, EachArmEqualsItsSingleRunAndEveryGemmMatters) {
                     " grad_wgrad=" + std::string(name(arm.policy.grad_wgrad_fmt())) + " "));
     losses[arm.name] = m.groups.at("trajectories/" + arm.name).loss_all;
   }
-  for (const auto& [arm, loss] : losses)
-    if (arm != "mx") EXPECT_NE(loss, losses.at("mx")) << arm << " trains like the default arm";
+  for (const auto& [arm, loss] : losses) {
+    if (arm != "mx") {
+      EXPECT_NE(loss, losses.at("mx")) << arm << " trains like the default arm";
+    }
+  }
   EXPECT_NE(losses.at("wgrad_bf16"), losses.at("grad_wgrad_bf16"));  // activation_bwd matters too
   // The split key at the default's format is the default run.
   RunConfig same = tiny();
