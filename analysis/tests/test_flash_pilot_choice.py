@@ -2,7 +2,9 @@
 from the pilot (results/prereg/flash_bf16.md), each step of the rule on made-up pilot CSVs, and
 the column names on the CSVs of real (3-step) runs of experiments/paper/flash_pilot.yaml."""
 import csv
+import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -173,7 +175,6 @@ def test_the_committed_pilot_and_the_study_agree(C, capsys):
     that experiments/paper/flash_study.yaml holds, and its output is recorded verbatim in the
     pre-registration's "Configuration selected by the rule" (so the study cannot drift from the
     pilot, nor the record from either)."""
-    import re
     pilot = os.path.join(ROOT, "results", "flash_pilot")
     assert C.main(["--dir", pilot]) == 0
     out = capsys.readouterr().out
@@ -195,7 +196,6 @@ def test_results_readme_pilot_numbers():
     """results/README.md section 14's descriptive sentence on the pilot, from the committed summaries:
     the flash trajectory's final loss within 0.012 nats of FP32's (largest gaps +0.0119, +0.0087 at
     lr 3e-2), minimum within 0.008, every trajectory complete (none non-finite)."""
-    import glob
     runs = {}
     for p in glob.glob(os.path.join(ROOT, "results", "flash_pilot", "summary_flash_pilot_*.csv")):
         with open(p, newline="") as f:

@@ -3,14 +3,16 @@ summary and the loss blocks, it brings back the per-layer flash instruments and 
 of the attention projections, read from the shard's finished runs only, so that the mechanism of
 results/prereg/flash_bf16.md can be computed from what comes back (the run files stay on the GPU
 machine). A tiny flash study made by the CPU binary through the script (a stand-in nvidia-smi, the
-binary behind a wrapper that drops --gpus)."""
+binary behind a wrapper that drops --gpus). And the flash study's file with two runs in one
+process (`mxlab run --jobs 2`, as a shard given two GPUs): both run files read back whole."""
 import csv
 import gzip
 import os
+import subprocess
 
 import pytest
 
-from conftest import run_device_script
+from conftest import ROOT, run_device_script
 
 # flash_study.yaml in miniature: the FP32 trajectory and two flash arms, snapshots every 20 steps
 TINY = """name: flash_tiny
@@ -73,8 +75,7 @@ def test_two_runs_in_one_process_both_read_back_whole(binary, tmp_path):
     """`mxlab run --jobs 2` (as `run_why_mx.sh` gives a shard two GPUs): the first run to finish
     reads its file back in a forked child, which must not write the other run's open file (it did:
     the other file then failed to decode, "inflate() failed", while `mxlab run` said complete)."""
-    import subprocess
-    study = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "paper", "flash_study.yaml")
+    study = os.path.join(ROOT, "experiments", "paper", "flash_study.yaml")
     out = tmp_path / "runs"
     r = subprocess.run([binary, "run", study, "--device", "cpu", "--steps", "600", "--shard", "0/20", "--jobs", "2",
                         "--set", "data.batch=1", "--set", "model.width=32", "--set", "model.heads=1",
