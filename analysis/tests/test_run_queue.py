@@ -57,3 +57,27 @@ def test_bad_items_are_refused_in_one_line(tmp_path):
         r = subprocess.run(["bash", script, str(tmp_path / "out"), "100", *items], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, (items, r.stderr)
+
+
+def test_mxlab_bin_trains_with_another_binary_than_devbins(binary, tmp_path):
+    # .devbin holds a branch under test (here one that cannot train); MXLAB_BIN names the binary the
+    # study's runs use (main's, carried as .devref), through the queue to run_why_mx.sh
+    (tmp_path / ".devbin").mkdir()
+    broken = tmp_path / ".devbin" / "mxlab"
+    broken.write_text("#!/bin/sh\necho 'the branch binary ran' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    # without it the item does not train (so the check below can fail)
+    _, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS[:1], script="run_queue.sh")
+    assert "run_queue: 0 of 1 items done" in log, log
+    out, log2 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh",
+                                  env_extra={"MXLAB_BIN": "build/mxlab"})
+    assert "run_queue: 1 of 1 items done" in log2, log2
+    assert f"summary_{TAGS[0]}.csv" in os.listdir(out)
+
+
+def test_a_missing_mxlab_bin_is_refused_in_one_line(tmp_path):
+    script = os.path.join(ROOT, "experiments", "paper", "run_why_mx.sh")
+    r = subprocess.run(["bash", script, str(tmp_path / "out"), "100", "why_mx_e2=0/40"], cwd=tmp_path,
+                       env=dict(os.environ, MXLAB_BIN=str(tmp_path / "nothing"), MXLAB_GPUS="0"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "MXLAB_BIN=" in r.stderr and "not an executable" in r.stderr, r.stdout + r.stderr

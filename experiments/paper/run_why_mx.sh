@@ -3,7 +3,8 @@
 # GPU tests, then train a shard of one experiment's seeds over the GPUs under a deadline, and
 # bring back what the analysis needs (only runs that finished count: run files stay behind).
 #   bash experiments/paper/run_why_mx.sh OUTDIR DEADLINE_S [build] [gputests] EXP=SHARD/N ...
-# Without `build`, the binaries are .devbin/ when carried (bench/pack_devbin.sh), else build/.
+# Without `build`, the binaries are .devbin/ when carried (bench/pack_devbin.sh), else build/;
+# MXLAB_BIN=PATH trains with that mxlab instead (the GPU tests still run .devbin's or build's).
 # A shard stopped by the deadline resumes from its checkpoints when the same command runs again
 # on the same warm machine (runs/ is git-ignored and stays there).
 # e.g. bash experiments/paper/run_why_mx.sh $OUT 570 build gputests why_mx_e1=0/20
@@ -49,6 +50,13 @@ if [ -x .devbin/mxlab ]; then
   BIN=.devbin/mxlab; TESTS=.devbin/mxlab_gpu_tests
   echo "using .devbin (revision $(head -c 12 .devbin/REVISION 2>/dev/null || echo unknown))"
 fi
+# MXLAB_BIN=PATH trains with another mxlab than .devbin's or build's (e.g. .devref/mxlab, main's
+# binary, while .devbin holds a branch whose GPU tests and benchmarks run in the same call).
+if [ -n "${MXLAB_BIN:-}" ]; then
+  [ -x "$MXLAB_BIN" ] || { echo "run_why_mx.sh: MXLAB_BIN=$MXLAB_BIN is not an executable" >&2; exit 2; }
+  BIN=$MXLAB_BIN
+  echo "training with $BIN (MXLAB_BIN)"
+fi
 pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null; }
 trap pack EXIT
 SHARDS=()
@@ -61,7 +69,7 @@ for step in "$@"; do
       cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
       ninja -C build -j16 mxlab mxlab_gpu_tests > "$LOGS/build.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$LOGS/build.log"; exit 1; }
       echo "built in $(( $(date +%s) - T0 )) s"
-      BIN=build/mxlab; TESTS=build/mxlab_gpu_tests
+      BIN=${MXLAB_BIN:-build/mxlab}; TESTS=build/mxlab_gpu_tests
       ;;
     gputests)
       "$TESTS" --gtest_brief=1 > "$LOGS/gpu_tests.log" 2>&1
