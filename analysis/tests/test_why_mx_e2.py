@@ -470,3 +470,25 @@ def test_incomplete_data_gives_progress_only(W, tmp_path, capsys):
     blocks.write_text(blocks.read_text().replace("fp32_from_mx_4000", "fp32_from_mx_4100"))
     with pytest.raises(W.StudyError, match="none of E2"):
         W.e2_pairs(W.load_e2(str(tmp_path)))
+
+
+def test_e2_family_on_the_committed_40_seeds(W):
+    """E2's confirmatory family as results/README.md section 13 reports it (pre-registered: run once,
+    on all 40 seeds), the progress and branch-point tables verbatim, and the pairing check."""
+    d = os.path.join(ROOT, "results", "why_mx", "e2")
+    ends = W.load_e2(d)
+    assert sorted({s for s, _ in ends}) == W.SEEDS
+    assert W.pairing_check(d, os.path.join(ROOT, "results", "why_mx", "e1")) == 80
+    res = W.e2_family(ends)
+    by = {h: (r, q, v) for h, _, _, r, q, v in res}
+    r, q, v = by["Dynamics"]
+    assert v == "supported" and (r["at_risk"], r["only_branch"], r["only_control"]) == (119, 47, 1)
+    assert q == pytest.approx(6.96e-13, rel=1e-2) and r["lo"] == pytest.approx(8.03, rel=1e-2)
+    r, q, v = by["State"]
+    # significantly fewer events after the switch to FP32, but the odds ratio's upper bound (0.563)
+    # misses the pre-registered 0.5: not falsified
+    assert v == "undecided" and (r["at_risk"], r["only_branch"], r["only_control"]) == (86, 1, 12)
+    assert q == pytest.approx(0.00342, rel=1e-2) and 0.5 < r["hi"] < 0.6
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    for table in (W.markdown_e2_progress(ends), W.markdown_e2_family(res), W.markdown_branchpoints(W.branchpoints(d))):
+        assert table in readme, "section 13's E2 tables are not what results/why_mx.py e2 prints"
