@@ -223,7 +223,8 @@ def run_device_script(binary, root, experiments, shards, deadline="200", script=
         smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {g}: stand-in (UUID: none)'\n" for g in range(gpus)))
         smi.chmod(0o755)
     out = root / "out"
-    env = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}", **(env_extra or {}))
+    env = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}")
+    env.update(env_extra or {})  # may replace PATH (keep root/bin on it: the stand-in nvidia-smi)
     r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", script), str(out), deadline, *shards],
                        cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -81,3 +81,26 @@ def test_a_missing_mxlab_bin_is_refused_in_one_line(tmp_path):
                        env=dict(os.environ, MXLAB_BIN=str(tmp_path / "nothing"), MXLAB_GPUS="0"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "MXLAB_BIN=" in r.stderr and "not an executable" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_failed_extraction_leaves_the_item_undone_and_the_next_call_completes_it(binary, tmp_path):
+    # an extractor that fails (here: python3 refuses extract_spectral.py) must not leave a shard that
+    # looks complete: the loss blocks (the done marker) come last, no half-written file stays behind,
+    # and the next call extracts the finished run again
+    real = subprocess.run(["bash", "-c", "command -v python3"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "shim").mkdir()
+    shim = tmp_path / "shim" / "python3"
+    shim.write_text(f'#!/bin/sh\ncase "$*" in *extract_spectral.py*) echo "spectral refused" >&2; exit 1 ;; esac\n'
+                    f'exec {real} "$@"\n')
+    shim.chmod(0o755)
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS[:1], script="run_queue.sh",
+                                 env_extra={"PATH": f"{tmp_path / 'shim'}:{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert "run_queue: 0 of 1 items done" in log, log
+    files = os.listdir(out)
+    assert f"blocks_{TAGS[0]}.csv" not in files and not [f for f in files if ".tmp_" in f], files
+    # the item's log (its last lines, which run_queue.sh prints for an unfinished item) names the
+    # extractor that failed, timed
+    assert "extract spectral: exit 1 after" in log, log
+    out2, log2 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh")
+    assert "run_queue: 1 of 1 items done" in log2, log2
+    assert f"blocks_{TAGS[0]}.csv" in os.listdir(out2)

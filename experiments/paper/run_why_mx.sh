@@ -94,7 +94,9 @@ train_shard() {
   timeout -s TERM "$budget" "$BIN" run "experiments/paper/$exp.yaml" --gpus "$gpus" --shard "$shard" \
     --out "runs/$tag" > "$LOGS/train_$tag.log" 2>&1
   echo "$tag: mxlab run exit $? after $(( $(date +%s) - T0 )) s"; tail -3 "$LOGS/train_$tag.log"
+  local t=$(date +%s)
   "$BIN" summarize "runs/$tag" --csv > "$OUT/summary_$tag.csv" 2> "$LOGS/summarize_$tag.err"
+  echo "$tag: summarize after $(( $(date +%s) - t )) s"
   local done_runs
   mapfile -t done_runs < <(python3 - "runs/$tag" <<'PY'
 import glob, sys, h5py
@@ -111,12 +113,34 @@ PY
 )
   echo "$tag: finished runs: ${#done_runs[@]}"
   if [ "${#done_runs[@]}" -gt 0 ]; then
-    python3 results/extract_loss_blocks.py "$OUT/blocks_$tag.csv" 100 "${done_runs[@]}"
-    python3 results/extract_branchpoints.py "$OUT/branchpoints_$tag.csv" "${done_runs[@]}"
+    # The loss blocks come last: their file says the shard is complete (run_queue.sh's done
+    # marker), so every other file is in place before it. Each extractor writes under a temporary
+    # name, renamed when it succeeds, and stops at the deadline (a cut shard's finished runs are
+    # skipped by the next call, which extracts them again).
+    extract branchpoints "$OUT/branchpoints_$tag.csv" results/extract_branchpoints.py "${done_runs[@]}" &&
     # attention networks only (the flash study's mechanism; both write nothing for other runs)
-    python3 results/extract_flash_instruments.py "$OUT/instruments_$tag.csv.gz" "${done_runs[@]}"
-    python3 results/extract_spectral.py "$OUT/spectral_$tag.csv.gz" "${done_runs[@]}"
+    extract instruments "$OUT/instruments_$tag.csv.gz" results/extract_flash_instruments.py "${done_runs[@]}" &&
+    extract spectral "$OUT/spectral_$tag.csv.gz" results/extract_spectral.py "${done_runs[@]}" &&
+    extract blocks "$OUT/blocks_$tag.csv" results/extract_loss_blocks.py 100 "${done_runs[@]}"
   fi
+}
+# extract WHAT OUTFILE SCRIPT ARG...: python3 SCRIPT TMPFILE ARG..., renamed to OUTFILE when it exits 0
+# (an extractor with nothing to write leaves no file, and none is made), timed in the log; stopped
+# at the deadline. One BLAS thread each: several shards extract at once on a many-core machine,
+# and the extractors' matrices (d x d) are far too small to gain from threads.
+extract() {
+  local what=$1 dest=$2 script=$3 t=$(date +%s)
+  shift 3
+  local left=$(( DEADLINE - (t - T0) - 5 ))
+  local tmp
+  tmp="$(dirname "$dest")/.tmp_$(basename "$dest")"
+  [ "$left" -gt 0 ] || { echo "$tag: no time left to extract $what"; return 1; }
+  rm -f "$tmp"
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s KILL "$left" python3 "$script" "$tmp" "$@"
+  local rc=$?
+  echo "$tag: extract $what: exit $rc after $(( $(date +%s) - t )) s"
+  if [ "$rc" -ne 0 ]; then rm -f "$tmp"; return 1; fi
+  if [ -e "$tmp" ]; then mv "$tmp" "$dest"; fi
 }
 if [ "${#SHARDS[@]}" -gt 0 ]; then
   left=$(( DEADLINE - ($(date +%s) - T0) ))
