@@ -762,3 +762,18 @@ def test_mechanism_figure_of_the_real_tiny_run(F, real):
     assert len(_line(panels["delta:flash"], "seed 300").get_xdata()) == 13  # rows every 50 steps to 600
     assert list(_line(panels["sigma:mxfp8_exact"], "median W_K").get_xdata()) == [100, 200, 300, 400, 500, 600]
     assert all(0 <= y <= 1 for y in _line(panels["rank1:flash"], "median W_Q").get_ydata())
+
+
+def test_readme_interim_count_is_the_scripts_on_the_committed_seeds(F):
+    """results/README.md section 14 carries the interim count of the committed seeds verbatim (and
+    says how many): until all 40 have finished, counts only."""
+    import argparse
+    a = argparse.Namespace(dir=os.path.join(ROOT, "results", "flash_study"),
+                           pilot=os.path.join(ROOT, "results", "flash_pilot"), power_sims=10)
+    text, study, counted = F.report(a)
+    assert not counted and "INTERIM COUNT" in text
+    n = len(study.seeds())
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    sec = readme[readme.index("## 14. "):]
+    assert f"**The study: {n} of 40 seeds so far**" in sec
+    assert F.markdown_counts(study) in sec
