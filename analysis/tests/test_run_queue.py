@@ -104,3 +104,15 @@ def test_a_failed_extraction_leaves_the_item_undone_and_the_next_call_completes_
     out2, log2 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh")
     assert "run_queue: 1 of 1 items done" in log2, log2
     assert f"blocks_{TAGS[0]}.csv" in os.listdir(out2)
+
+
+def test_a_gpu_named_twice_takes_two_items_at_once(binary, tmp_path):
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS, script="run_queue.sh", gpus=1,
+                                 env_extra={"MXLAB_GPUS": "0,0"})
+    assert "run_queue: 3 of 3 items done" in log, log
+    started = [line for line in log.splitlines() if line.endswith(tuple(ITEMS)) and "GPU 0:" in line]
+    assert len(started) == 3 and "GPU 1" not in log, log
+    # two workers: the first two items start before either has finished
+    first_done = next(i for i, line in enumerate(log.splitlines()) if line.endswith(" done"))
+    assert sum(1 for line in log.splitlines()[:first_done] if line.endswith(tuple(ITEMS))) == 2, log
+    assert sorted(f for f in os.listdir(out) if f.startswith("blocks_")) == sorted(f"blocks_{t}.csv" for t in TAGS)
