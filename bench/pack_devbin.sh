@@ -65,6 +65,10 @@ for b in $PROGRAMS; do
   strip --strip-unneeded -o ".devbin/bin/$b.tmp" "$BUILD/$b"
   xz -T0 -6 -c ".devbin/bin/$b.tmp" > ".devbin/bin/$b.xz"
   rm ".devbin/bin/$b.tmp"
+  # The GPU tests that start mxlab run the one carried beside them (the build's path, compiled into
+  # them, is not on the device); MXLAB_TEST_BINARY set by the caller wins.
+  test_binary=""
+  [ "$b" = mxlab_gpu_tests ] && test_binary='[ -n "${MXLAB_TEST_BINARY:-}" ] || export MXLAB_TEST_BINARY="$d/mxlab"'
   cat > ".devbin/$b" <<WRAP
 #!/usr/bin/env bash
 # bench/pack_devbin.sh: $b built on the development machine (unpacked on first use), with the
@@ -77,6 +81,7 @@ if [ ! -x "\$d/bin/$b" ]; then
     chmod +x "\$d/bin/$b.\$\$" && mv "\$d/bin/$b.\$\$" "\$d/bin/$b" ||
     { echo "devbin: could not unpack \$d/bin/$b.xz" >&2; exit 2; }
 fi
+$test_binary
 LD_LIBRARY_PATH="\$d/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$d/bin/$b" "\$@"
 WRAP
   chmod +x ".devbin/$b"

@@ -73,13 +73,22 @@ struct Proc {
   double wall_s = 0.0;
 };
 
-// Runs MXLAB_BINARY with `args` (and `env`, "NAME=value" entries added to its environment).
+// The binary the tests drive: the build's (MXLAB_BINARY, compiled in), or $MXLAB_TEST_BINARY when
+// set: test binaries carried to another machine (bench/pack_devbin.sh's .devbin sets it to the
+// mxlab carried beside them) run where the build's path does not exist.
+inline std::string mxlab_binary() {
+  const char* e = std::getenv("MXLAB_TEST_BINARY");
+  return e && *e ? std::string(e) : std::string(MXLAB_BINARY);
+}
+
+// Runs mxlab_binary() with `args` (and `env`, "NAME=value" entries added to its environment).
 // `signal_when` (optional) is polled every millisecond from the start; when it returns true,
 // `sig` is sent to the process (once). A process that finished before the signal is reported as
 // finished.
 inline Proc run_mxlab(const std::vector<std::string>& args, const std::function<bool(double elapsed_s)>& signal_when = {},
                       int sig = SIGKILL, const std::vector<std::string>& env = {}) {
   const std::string log = make_temp_dir("log") + "/out.txt";
+  std::string bin = mxlab_binary();
   const auto t0 = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid < 0) throw Error("test: fork failed");
@@ -95,7 +104,6 @@ inline Proc run_mxlab(const std::vector<std::string>& args, const std::function<
       ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
     }
     std::vector<char*> argv;
-    std::string bin = MXLAB_BINARY;
     argv.push_back(bin.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());

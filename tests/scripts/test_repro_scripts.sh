@@ -174,13 +174,20 @@ if command -v cc > /dev/null && [ -e /usr/include/zlib.h ]; then
   pk="$tmp/pk"
   mkdir -p "$pk/build" "$pk/bench"
   cp "$ROOT/bench/pack_devbin.sh" "$ROOT/bench/device_parts.sh" "$pk/bench/"
-  printf '#include <zlib.h>\n#include <stdio.h>\nint main(void){ printf("zlib %%s\\n", zlibVersion()); return 0; }\n' > "$pk/z.c"
+  printf '#include <zlib.h>\n#include <stdio.h>\n#include <stdlib.h>\nint main(void){ const char* e = getenv("MXLAB_TEST_BINARY");\n  printf("zlib %%s\\ntest binary %%s\\n", zlibVersion(), e ? e : "(unset)"); return 0; }\n' > "$pk/z.c"
   cc "$pk/z.c" -o "$pk/build/mxlab" -lz && cp "$pk/build/mxlab" "$pk/build/mxlab_gpu_tests"
   (cd "$pk" && git init -q && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m x &&
      bash bench/pack_devbin.sh > pack.log 2>&1) || { echo "FAIL: pack_devbin.sh"; cat "$pk/pack.log"; fail=1; }
   [ -f "$pk/.devbin/lib/libz.so.1" ] || { echo "FAIL: pack_devbin did not pack libz"; fail=1; }
   ls "$pk/.devbin/lib" | grep -qE '^(libc|libm|libstdc)\.' && { echo "FAIL: pack_devbin packed the C runtime"; fail=1; }
   "$pk/.devbin/mxlab" | grep -q "^zlib " || { echo "FAIL: the packed wrapper does not run its binary"; fail=1; }
+  # the GPU tests' wrapper points the tests that start mxlab at the carried one, unless told otherwise
+  env -u MXLAB_TEST_BINARY "$pk/.devbin/mxlab_gpu_tests" | grep -qx "test binary $pk/.devbin/mxlab" ||
+    { echo "FAIL: .devbin/mxlab_gpu_tests does not set MXLAB_TEST_BINARY to .devbin/mxlab"; fail=1; }
+  MXLAB_TEST_BINARY=/other "$pk/.devbin/mxlab_gpu_tests" | grep -qx "test binary /other" ||
+    { echo "FAIL: .devbin/mxlab_gpu_tests overrides a MXLAB_TEST_BINARY the caller set"; fail=1; }
+  env -u MXLAB_TEST_BINARY "$pk/.devbin/mxlab" | grep -qx "test binary (unset)" ||
+    { echo "FAIL: .devbin/mxlab sets MXLAB_TEST_BINARY"; fail=1; }
   out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
   echo "$out" | grep -q "using .devbin (revision " || { echo "FAIL: device_parts.sh did not use .devbin"; echo "$out"; fail=1; }
   # --ref: the baseline, compressed, unpacked and run by its wrapper with .devbin's libraries;
