@@ -148,7 +148,9 @@ TEST_F(CrossoverRuns, ABranchFromFp32StartsFromTheFp32State) {
   const std::vector<double> fl = f.read_doubles("trajectories/fp32/loss");
   for (size_t i = 0; i < rows.size(); ++i)
     for (size_t j = 0; j < frows.size(); ++j)
-      if (frows[j] == rows[i]) EXPECT_TRUE(same_bits(rl[i], fl[j])) << "row at step " << rows[i];
+      if (frows[j] == rows[i]) {
+        EXPECT_TRUE(same_bits(rl[i], fl[j])) << "row at step " << rows[i];
+      }
   // Under MX dynamics it departs from FP32 at once (its first step's loss is the MX forward of
   // the FP32 weights) and is not the mx_all arm either.
   const std::vector<double> mx = f.read_doubles("branches/mx_from_fp32_20/loss_all");

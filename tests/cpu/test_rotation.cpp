@@ -235,7 +235,9 @@ TEST(HadamardRotation, NonFiniteBlocksGiveTheCanonicalNaN) {
   for (int i = 32; i < 64; ++i) nan += std::isnan(y[static_cast<size_t>(i)]);
   EXPECT_GT(nan, 0);
   for (int i = 32; i < 64; ++i)
-    if (std::isnan(y[static_cast<size_t>(i)])) EXPECT_EQ(bits(y[static_cast<size_t>(i)]), 0x7fc00000u) << i;
+    if (std::isnan(y[static_cast<size_t>(i)])) {
+      EXPECT_EQ(bits(y[static_cast<size_t>(i)]), 0x7fc00000u) << i;
+    }
   for (int i = 64; i < 96; ++i) EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(i)])) << i;
 }
 
@@ -689,7 +691,9 @@ TEST(RotationArms, EachArmEqualsItsSingleRunAndRotationMatters) {
     losses[arm.name] = lm;
   }
   for (const auto& [arm, loss] : losses)
-    if (arm != "mx") EXPECT_NE(loss, losses.at("mx")) << arm << " trains like the unrotated arm";
+    if (arm != "mx") {
+      EXPECT_NE(loss, losses.at("mx")) << arm << " trains like the unrotated arm";
+    }
   EXPECT_TRUE(has(m.groups.at("trajectories/rot_all").attrs.str.at("policy"), " rotation=hadamard rotation_block=32"));
 }
 

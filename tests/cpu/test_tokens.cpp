@@ -54,7 +54,9 @@ TEST(TokenData, BatchesAreSequencesOfTheChainFromABos) {
     for (int64_t i = 0; i < S; ++i) {
       const int64_t r = b * S + i;
       EXPECT_TRUE(tg[r] >= 1.0f && tg[r] < V && tg[r] == std::floor(tg[r])) << tg[r];
-      if (i + 1 < S) EXPECT_EQ(ids[r + 1], tg[r]);  // the next token is the target
+      if (i + 1 < S) {
+        EXPECT_EQ(ids[r + 1], tg[r]);  // the next token is the target
+      }
       const float u = u32_to_uniform(philox(5, Stream::data, 3, static_cast<uint64_t>(r)).v[0]);
       EXPECT_EQ(tg[r], static_cast<float>(token_successor(5, V, static_cast<int64_t>(ids[r]), u)));
       repeats += seen.count(ids[r]) ? 1 : 0;
