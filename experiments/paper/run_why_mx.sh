@@ -117,20 +117,20 @@ PY
     # marker), so every other file is in place before it. Each extractor writes under a temporary
     # name, renamed when it succeeds, and stops at the deadline (a cut shard's finished runs are
     # skipped by the next call, which extracts them again).
-    extract branchpoints "$OUT/branchpoints_$tag.csv" results/extract_branchpoints.py "${done_runs[@]}" &&
+    extract "$tag" branchpoints "$OUT/branchpoints_$tag.csv" results/extract_branchpoints.py "${done_runs[@]}" &&
     # attention networks only (the flash study's mechanism; both write nothing for other runs)
-    extract instruments "$OUT/instruments_$tag.csv.gz" results/extract_flash_instruments.py "${done_runs[@]}" &&
-    extract spectral "$OUT/spectral_$tag.csv.gz" results/extract_spectral.py "${done_runs[@]}" &&
-    extract blocks "$OUT/blocks_$tag.csv" results/extract_loss_blocks.py 100 "${done_runs[@]}"
+    extract "$tag" instruments "$OUT/instruments_$tag.csv.gz" results/extract_flash_instruments.py "${done_runs[@]}" &&
+    extract "$tag" spectral "$OUT/spectral_$tag.csv.gz" results/extract_spectral.py "${done_runs[@]}" &&
+    extract "$tag" blocks "$OUT/blocks_$tag.csv" results/extract_loss_blocks.py 100 "${done_runs[@]}"
   fi
 }
-# extract WHAT OUTFILE SCRIPT ARG...: python3 SCRIPT TMPFILE ARG..., renamed to OUTFILE when it exits 0
+# extract TAG WHAT OUTFILE SCRIPT ARG...: python3 SCRIPT TMPFILE ARG..., renamed to OUTFILE when it exits 0
 # (an extractor with nothing to write leaves no file, and none is made), timed in the log; stopped
 # at the deadline. One BLAS thread each: several shards extract at once on a many-core machine,
 # and the extractors' matrices (d x d) are far too small to gain from threads.
 extract() {
-  local what=$1 dest=$2 script=$3 t=$(date +%s)
-  shift 3
+  local tag=$1 what=$2 dest=$3 script=$4 t=$(date +%s)
+  shift 4
   local left=$(( DEADLINE - (t - T0) - 5 ))
   local tmp
   tmp="$(dirname "$dest")/.tmp_$(basename "$dest")"
