@@ -13,7 +13,10 @@
 # should be able to finish; set it lower when the next call resumes it anyway). MXLAB_GPUS=0,1
 # uses only those GPUs; otherwise every GPU nvidia-smi lists. A GPU named twice takes two items at
 # a time (MXLAB_GPUS=0,0,1,1: measured on 4 x H200, two E2 seeds on one GPU took 281-284 s where one
-# took 164, 1.16x the throughput; kernels/PERF.md, "Two runs on one GPU"). MXLAB_QUEUE_KEEP=1 keeps each item's
+# took 164, 1.16x the throughput; but two paper-emulator seeds on one GPU trained at 0.90x the
+# throughput of one: measure it on the study's own items first; kernels/PERF.md, "Two runs on one
+# GPU"). The deadline check knows nothing of an item's length: list items that can finish in the
+# time left first (or raise MXLAB_QUEUE_MIN_LEFT). MXLAB_QUEUE_KEEP=1 keeps each item's
 # run_why_mx.sh output in /tmp/run_queue.*/TAG/log (an unfinished item's last lines are printed).
 set -uo pipefail
 OUT=${1:?usage: run_queue.sh OUTDIR DEADLINE_S EXP=SHARD/N ...}
