@@ -116,3 +116,24 @@ def test_a_gpu_named_twice_takes_two_items_at_once(binary, tmp_path):
     first_done = next(i for i, line in enumerate(log.splitlines()) if line.endswith(" done"))
     assert sum(1 for line in log.splitlines()[:first_done] if line.endswith(tuple(ITEMS))) == 2, log
     assert sorted(f for f in os.listdir(out) if f.startswith("blocks_")) == sorted(f"blocks_{t}.csv" for t in TAGS)
+
+
+def test_an_experiment_whose_items_took_longer_than_the_time_left_is_passed_over(binary, tmp_path):
+    # what a done item took is kept per experiment on the machine (runs/queue/EXP.seconds); an item of
+    # an experiment that took longer than the time left (+ the 75 s run_why_mx.sh keeps) does not
+    # start, and a later item of another experiment (no history: the MIN_LEFT rule alone) still does
+    slow = TINY.replace("name: queue_tiny", "name: queue_slow")
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY, "queue_slow": slow}, ITEMS[:1],
+                                 script="run_queue.sh")
+    assert "run_queue: 1 of 1 items done" in log, log
+    took = int((tmp_path / "runs" / "queue" / "queue_tiny.seconds").read_text())
+    assert 0 < took < 200 and f"an item of queue_tiny took up to {took} s here" in log, log
+    (tmp_path / "runs" / "queue" / "queue_slow.seconds").write_text("1000\n")
+    out2, log2 = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3", ITEMS[1]], script="run_queue.sh")
+    assert "run_queue: 1 of 2 items done" in log2 and "queue_slow=0/3" not in log2.split("run_queue:")[0], log2
+    assert (tmp_path / "runs" / "queue" / TAGS[1]).exists()
+    assert not (tmp_path / "runs" / "queue" / "queue_slow_0of3").exists()
+    # with the deadline beyond its length + 75 s, it starts
+    _, log3 = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3"], script="run_queue.sh", deadline="1200",
+                                env_extra={"MXLAB_QUEUE_MIN_LEFT": "0"})
+    assert "run_queue: 1 of 1 items done" in log3, log3

@@ -15,8 +15,11 @@
 # a time (MXLAB_GPUS=0,0,1,1: measured on 4 x H200, two E2 seeds on one GPU took 281-284 s where one
 # took 164, 1.16x the throughput; but two paper-emulator seeds on one GPU trained at 0.90x the
 # throughput of one: measure it on the study's own items first; kernels/PERF.md, "Two runs on one
-# GPU"). The deadline check knows nothing of an item's length: list items that can finish in the
-# time left first (or raise MXLAB_QUEUE_MIN_LEFT). MXLAB_QUEUE_KEEP=1 keeps each item's
+# GPU"). An item's length is learnt on the machine: each done item's seconds from start to done
+# are kept per experiment (runs/queue/EXP.seconds, the longest seen), and once an experiment has
+# one, its items start only with at least that + 75 s left (run_why_mx.sh keeps 75 s for what
+# follows the training), so a short item later in the list takes the time a long one could not
+# use. MXLAB_QUEUE_KEEP=1 keeps each item's
 # run_why_mx.sh output in /tmp/run_queue.*/TAG/log (an unfinished item's last lines are printed).
 set -uo pipefail
 OUT=${1:?usage: run_queue.sh OUTDIR DEADLINE_S EXP=SHARD/N ...}
@@ -41,17 +44,26 @@ else
   mapfile -t GPUS < <(seq 0 $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )))
 fi
 tag_of() { local s=${1#*=}; echo "${1%%=*}_${s/\//of}"; }  # run_why_mx.sh's name of the shard
+seconds_of() { local f="runs/queue/${1%%=*}.seconds"; if [ -s "$f" ]; then cat "$f"; else echo 0; fi; }
 worker() {
-  local g=$1 it tag left
+  local g=$1 it tag left took t_start
   for it in "${ITEMS[@]}"; do
     tag=$(tag_of "$it")
     [ -e "runs/queue/$tag" ] && continue
     left=$(( DEADLINE - ($(date +%s) - T0) ))
     [ "$left" -ge "$MIN_LEFT" ] || break
+    took=$(seconds_of "$it")
+    [ "$took" -eq 0 ] || [ "$left" -ge $(( took + 75 )) ] || continue
     mkdir "$CLAIMS/$tag" 2> /dev/null || continue
     echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it"
+    t_start=$(date +%s)
     MXLAB_GPUS=$g bash "$HERE/run_why_mx.sh" "$OUT/.item_$tag" "$left" "$it" > "$CLAIMS/$tag/log" 2>&1
-    if [ -e "$OUT/.item_$tag/blocks_$tag.csv" ]; then touch "runs/queue/$tag"; fi
+    if [ -e "$OUT/.item_$tag/blocks_$tag.csv" ]; then
+      touch "runs/queue/$tag"
+      took=$(( $(date +%s) - t_start ))
+      # the longest seen (workers may race; either value is one an item of it took here)
+      [ "$took" -le "$(seconds_of "$it")" ] || echo "$took" > "runs/queue/${it%%=*}.seconds"
+    fi
     [ -e "$OUT/.item_$tag/logs.tgz" ] && mv "$OUT/.item_$tag/logs.tgz" "$OUT/logs_$tag.tgz"
     mv "$OUT/.item_$tag"/* "$OUT"/ 2> /dev/null
     rmdir "$OUT/.item_$tag" 2> /dev/null
@@ -69,4 +81,7 @@ for g in "${GPUS[@]}"; do worker "$g" & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p"; done
 n_done=0
 for it in "${ITEMS[@]}"; do [ -e "runs/queue/$(tag_of "$it")" ] && n_done=$(( n_done + 1 )); done
+for exp in $(printf '%s\n' "${ITEMS[@]}" | sed 's/=.*//' | sort -u); do
+  [ "$(seconds_of "$exp=")" -eq 0 ] || echo "run_queue: an item of $exp took up to $(seconds_of "$exp=") s here"
+done
 echo "run_queue: $n_done of ${#ITEMS[@]} items done after $(( $(date +%s) - T0 )) s"
