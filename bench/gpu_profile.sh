@@ -12,6 +12,11 @@
 #         of gap_one_pass_kernel: the MX trajectory's first two weights of the first logged step
 #         (per logged step 32 launches: the FP32 trajectory's 16, then the MX one's γ ×4, β ×4, W ×8);
 #         OUTDIR/ncu_gapsfull.txt is ncu's details page (no per-launch summary).
+#   arms: where an extra recipe arm's time goes (bench --only data --arms K, K = MXLAB_PROFILE_ARMS,
+#         default 8, against --arms 1, MXLAB_PROFILE_STEPS timed steps, default 20; graphs on):
+#         OUTDIR/ncu_arms.txt, per kernel the serialized device time an extra arm adds per step,
+#         beside the wall-clock per-extra-arm cost the same bench measured without the profiler
+#         (OUTDIR/bench_arms.txt); bench/ncu_arms.py.
 #   ewfull: Nsight Compute's full set on the first launch of each element-wise kernel of the MX
 #         step (activation forward/backward with their producer quantization, layernorm forward
 #         and backward, column partials, residual add, Adam) and of the FP32 step (activation
@@ -45,6 +50,27 @@ for f in "${@:-mx}"; do
       echo "ncu $f $only $name: rc $?"
     done
     grep -E "^=== |^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Executed Ipc Active|No Eligible" "$OUT/ncu_$f.txt" | head -150
+    continue
+  fi
+  if [ "$f" = arms ]; then
+    # Where an extra recipe arm's time goes: the same bench with --arms K and with --arms 1 under
+    # ncu (durations only, caches not flushed, CUDA graphs' kernel nodes one at a time), their
+    # difference per kernel per extra arm-step (bench/ncu_arms.py), beside the per-extra-arm cost
+    # the same bench measures without the profiler first.
+    K=${MXLAB_PROFILE_ARMS:-8}; N=${MXLAB_PROFILE_STEPS:-20}
+    "$BIN" bench "$CFG" --device cuda --only data --arms "$K" > "$OUT/bench_arms.txt" 2>&1
+    echo "bench --arms $K: rc $?"; grep "per extra arm" "$OUT/bench_arms.txt"
+    for k in "$K" 1; do
+      ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        --log-file "$TMP/ncu_arms$k.csv" "$BIN" bench "$CFG" --device cuda --only data --arms "$k" --steps "$N" \
+        --warmup 0 > "$TMP/ncu_arms$k.out" 2>&1
+      rc=$?
+      echo "ncu arms $k: rc $rc"
+      if [ "$rc" -ne 0 ]; then tail -20 "$TMP/ncu_arms$k.out"; cp "$TMP/ncu_arms$k.out" "$OUT/"; fi
+    done
+    python3 bench/ncu_arms.py "$TMP/ncu_arms$K.csv" "$TMP/ncu_arms1.csv" --arms "$K" --steps $(( N + 1 )) \
+      --bench "$OUT/bench_arms.txt" > "$OUT/ncu_arms.txt"
+    echo "ncu_arms: rc $?"; head -40 "$OUT/ncu_arms.txt"
     continue
   fi
   if [ "$f" = gapsfull ]; then

@@ -494,7 +494,8 @@ struct ArmsFigures {
   int K = 0;  // 0: not timed
   int bias_every = 1;
   double one_ms = 0.0, arms_ms = 0.0;  // the trainer's step with 1 arm, with K arms
-  double serial_ms = 0.0;              // FP32 + K x (MX + shadow / bias_every) + data, from the step figures
+  double serial_ms = kNaN;             // FP32 + K x (MX + shadow / bias_every) + data, from the step figures
+                                       // (NaN when --only left one of them untimed)
   double saving = 0.0;                 // per recipe-step: 1 arm over K arms / K
   // What each arm beyond the first adds, (t_K - t_1) / (K - 1) (K >= 2, else NaN), and that over
   // the MX trajectory step measured in the same run (NaN without it: --only).
@@ -503,7 +504,8 @@ struct ArmsFigures {
 
 // The arms figures' arithmetic on the two trainer steps and the step figures.
 void derive_arms_figures(ArmsFigures& r, const std::vector<Figure>& figs) {
-  r.serial_ms = figs[kFigFp32].ms + r.K * (figs[kFigMx].ms + figs[kFigShadow].ms / r.bias_every) + figs[kFigData].ms;
+  if (figs[kFigFp32].ms > 0 && figs[kFigMx].ms > 0 && figs[kFigShadow].ms > 0 && figs[kFigData].ms > 0)
+    r.serial_ms = figs[kFigFp32].ms + r.K * (figs[kFigMx].ms + figs[kFigShadow].ms / r.bias_every) + figs[kFigData].ms;
   r.saving = r.one_ms / (r.arms_ms / r.K);
   r.mx_ms = figs[kFigMx].ms;
   if (r.K >= 2) r.per_extra_ms = (r.arms_ms - r.one_ms) / (r.K - 1);
@@ -532,8 +534,12 @@ void print_arms(const Setup& s, const ArmsFigures& r) {
   std::printf("\n  trainer step (shadow every %d steps%s):\n", r.bias_every,
               s.graphs ? ", CUDA graphs as the trainer uses them" : "");
   std::printf("  %-36s %10.3f\n", "1 arm (a run of one recipe)", r.one_ms);
-  std::printf("  %-36s %10.3f   serial sum of parts %.3f (FP32 + %d x (MX + shadow/%d) + data): ratio %.3f\n",
-              msg(r.K, " arms").c_str(), r.arms_ms, r.serial_ms, r.K, r.bias_every, r.arms_ms / r.serial_ms);
+  if (std::isfinite(r.serial_ms))
+    std::printf("  %-36s %10.3f   serial sum of parts %.3f (FP32 + %d x (MX + shadow/%d) + data): ratio %.3f\n",
+                msg(r.K, " arms").c_str(), r.arms_ms, r.serial_ms, r.K, r.bias_every, r.arms_ms / r.serial_ms);
+  else
+    std::printf("  %-36s %10.3f   serial sum of parts: - (--only left the step figures untimed)\n",
+                msg(r.K, " arms").c_str(), r.arms_ms);
   std::printf("  per recipe-step: %d arms %.3f ms vs separate runs %.3f ms: %.2fx cheaper\n", r.K, r.arms_ms / r.K,
               r.one_ms, r.saving);
   if (r.K < 2)
@@ -733,8 +739,8 @@ std::string json_line(const Setup& s, const StepFigures& st, const Floors& fl, c
     json += msg(",\"sgemm_default_floor_ms\":", fl.sgemm_default, ",\"sgemm_default_rel_diff\":", fl.sgemm_default_diff);
   if (arms.K > 0) {  // full precision: per_extra_arm_ms is (trainer_arms_ms - trainer_1arm_ms) / (arms - 1)
     json += msg(",\"arms\":", arms.K, ",\"trainer_1arm_ms\":", shortest_repr(arms.one_ms),
-                ",\"trainer_arms_ms\":", shortest_repr(arms.arms_ms), ",\"arms_serial_ms\":", arms.serial_ms,
-                ",\"arms_saving\":", arms.saving);
+                ",\"trainer_arms_ms\":", shortest_repr(arms.arms_ms), ",\"arms_saving\":", arms.saving);
+    if (std::isfinite(arms.serial_ms)) json += msg(",\"arms_serial_ms\":", arms.serial_ms);
     if (std::isfinite(arms.per_extra_ms)) json += msg(",\"per_extra_arm_ms\":", shortest_repr(arms.per_extra_ms));
     if (std::isfinite(arms.per_extra_mx_ratio))
       json += msg(",\"per_extra_arm_mx_ratio\":", shortest_repr(arms.per_extra_mx_ratio));

@@ -354,6 +354,12 @@ TEST(ArmsCli, BenchTimesTheTrainerWithOneAndKArms) {
   const auto [rc2, out2] = bench_cpu(exp2, "--steps 2 --warmup 1");
   ASSERT_EQ(rc2, 0) << out2;
   EXPECT_EQ(json_number(out2, "arms"), 2.0) << out2;
+  // --only times one step figure: the serial sum of parts (which needs all four) is not made up
+  const auto [rc3, out3] = bench_cpu(exp, "--arms 2 --steps 1 --warmup 0 --only data");
+  ASSERT_EQ(rc3, 0) << out3;
+  EXPECT_GT(json_number(out3, "per_extra_arm_ms"), 0.0) << out3;
+  EXPECT_TRUE(std::isnan(json_number(out3, "arms_serial_ms"))) << out3;
+  EXPECT_NE(out3.find("serial sum of parts: - (--only"), std::string::npos) << out3;
 }
 
 TEST(ArmsCli, BranchFromAnArmAndSnapshotsAsNpy) {
