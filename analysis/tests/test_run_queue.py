@@ -50,6 +50,15 @@ def test_nothing_starts_too_close_to_the_deadline(binary, tmp_path):
     assert not (tmp_path / "runs" / "queue" / TAGS[0]).exists()
 
 
+def test_a_min_left_below_what_run_why_mx_needs_is_raised(binary, tmp_path):
+    # with 130 s left run_why_mx.sh would skip the shard (it keeps 75 s and trains only with more than
+    # 60 beyond): the queue does not claim it, so no "not finished" line for an item that never ran
+    _, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS[:1], script="run_queue.sh",
+                               deadline="130", env_extra={"MXLAB_QUEUE_MIN_LEFT": "10"})
+    assert "MXLAB_QUEUE_MIN_LEFT=10 raised to 136" in log, log
+    assert "run_queue: 0 of 1 items done" in log and "GPU" not in log, log
+
+
 def test_bad_items_are_refused_in_one_line(tmp_path):
     script = os.path.join(ROOT, "experiments", "paper", "run_queue.sh")
     for items, says in ((["why_mx_e2"], "is not EXP=SHARD/N"), (["no_such_exp=0/1"], "no experiments/paper/no_such_exp.yaml"),

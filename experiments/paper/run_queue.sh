@@ -9,7 +9,7 @@
 # An item is done once run_why_mx.sh brought back its loss blocks (a finished run); the marker
 # runs/queue/EXP_SHARDofN stays in runs/ (git-ignored), so the same command on the same machine
 # skips it. An item cut by the deadline resumes from its checkpoints when the command runs again
-# there. No item starts with less than MXLAB_QUEUE_MIN_LEFT seconds left (default 160: a run
+# there. No item starts with less than MXLAB_QUEUE_MIN_LEFT seconds left (default 160, at least 136: a run
 # should be able to finish; set it lower when the next call resumes it anyway). MXLAB_GPUS=0,1
 # uses only those GPUs; otherwise every GPU nvidia-smi lists. A GPU named twice takes two items at
 # a time (MXLAB_GPUS=0,0,1,1: measured on 4 x H200, two E2 seeds on one GPU took 281-284 s where one
@@ -34,6 +34,12 @@ for it in "$@"; do
 done
 T0=$(date +%s)
 MIN_LEFT=${MXLAB_QUEUE_MIN_LEFT:-160}
+# run_why_mx.sh keeps 75 s for what follows the training and trains only with more than 60 s
+# beyond that: an item started with less would be claimed, skipped and reported as unfinished.
+if [ "$MIN_LEFT" -lt 136 ]; then
+  echo "run_queue: MXLAB_QUEUE_MIN_LEFT=$MIN_LEFT raised to 136 (run_why_mx.sh skips a shard with less)"
+  MIN_LEFT=136
+fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLAIMS=$(mktemp -d /tmp/run_queue.XXXXXX)
 trap '[ -n "${MXLAB_QUEUE_KEEP:-}" ] || rm -rf "$CLAIMS"' EXIT
