@@ -81,3 +81,12 @@ def test_known_events_at_both_thresholds(tmp_path):
     assert r.returncode == 2 and "run r2 fp32: finished, but no loss blocks" in r.stderr, r.stderr
     r = script(["--dir", str(tmp_path / "nothing")])
     assert r.returncode == 2 and "no blocks_*.csv" in r.stderr, r.stderr
+
+
+def test_readme_cpu_table_is_the_scripts_on_the_committed_csvs():
+    # results/README.md §14 quotes the CPU check's table verbatim (results/flash_mxfp8_lr_cpu/)
+    r = script(["--dir", os.path.join(ROOT, "results", "flash_mxfp8_lr_cpu")])
+    assert r.returncode == 0, r.stderr
+    tbl = r.stdout[r.stdout.index("| lr |"):].strip()
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    assert tbl in readme
