@@ -42,11 +42,7 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
     } else if (args->run < 0) {
       cfg = load_config(args->path, args->sets);
     } else {
-      std::vector<ExpandedRun> runs = expand_experiment(args->path, args->sets);
-      if (static_cast<size_t>(args->run) >= runs.size())
-        throw Error(msg("--run ", args->run, ": ", args->path, " has runs 0 to ", runs.size() - 1, " (see `mxlab plan ",
-                        args->path, "`)"));
-      cfg = runs[static_cast<size_t>(args->run)].cfg;
+      cfg = run_of_experiment(args->path, args->sets, args->run);
     }
     const std::string out = args->id_only ? config_hash(cfg) + "\n" : dump_config(cfg);
     std::fwrite(out.data(), 1, out.size(), stdout);

@@ -1,4 +1,4 @@
-// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--step N] [--trajectory T] [--gemm G]`:
+// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--run I] [--step N] [--trajectory T] [--gemm G]`:
 // one training step of the student on the CPU reference backend, written out as float32 .npy
 // files so that an outside implementation (tests/torch/crosscheck.py, PyTorch autograd;
 // tests/torch/paper_emulator.py, the MX emulation library) can rebuild the network, load the
@@ -43,6 +43,7 @@
 #include "lab/model/mlp.h"
 #include "lab/train/batch.h"
 #include "lab/config/config_io.h"
+#include "lab/config/sweep.h"
 #include "lab/runs/memory_estimate.h"
 #include "lab/io/table_text.h"
 
@@ -55,6 +56,7 @@ struct Args {
   std::string path, out;
   std::vector<std::string> sets;
   int step = 0;
+  int run = -1;  // --run: run I of a sweep
   std::string trajectory = "fp32";
   std::string gemm = "eigen";
 };
@@ -77,7 +79,7 @@ void dump_step(const Args& a) {
   if (a.step < 0) throw Error(msg("--step ", a.step, " must be >= 0"));
   if (a.gemm != "eigen" && a.gemm != "double")
     throw Error(msg("--gemm ", a.gemm, ": use eigen (the reference FP32 product) or double"));
-  const RunConfig cfg = load_config(a.path, a.sets);
+  const RunConfig cfg = a.run < 0 ? load_config(a.path, a.sets) : run_of_experiment(a.path, a.sets, a.run);
   check_run_fits_memory(cfg, false, a.path);  // its parameters are built on the host
   // The trajectory's policy: fp32, or one of the run's MX arms.
   PrecisionConfig policy = PrecisionConfig::fp32();
@@ -176,11 +178,13 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "dump-step",
       "Write one CPU training step (weights, batch, loss, every gradient, updated weights) as .npy for outside checks");
-  sub->add_option("config", args->path, "experiment YAML file (one run)")->required();
+  sub->add_option("config", args->path, "experiment YAML file (one run, or a sweep with --run)")->required();
   sub->add_option("--out", args->out, "directory to write the .npy files and config.yaml into")->required();
   sub->add_option("--set", args->sets, "override a key, e.g. --set model.block=attention (repeatable)")
       ->allow_extra_args(false);
   sub->add_option("--step", args->step, "the step whose batch to use (default 0)")->check(integer_in(0));
+  sub->add_option("--run", args->run, "for a sweep: the index of the run to step (see `mxlab plan`)")
+      ->check(integer_in(0));
   sub->add_option("--trajectory", args->trajectory,
                   "fp32 (default) or an MX arm of the run (mx without arms:): the step under its policy");
   sub->add_option("--gemm", args->gemm,

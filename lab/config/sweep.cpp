@@ -255,6 +255,14 @@ std::string example_arm_name(const std::string& value, const std::string& fallba
 
 }  // namespace
 
+RunConfig run_of_experiment(const std::string& path, const std::vector<std::string>& overrides, int run) {
+  std::vector<ExpandedRun> runs = expand_experiment(path, overrides);
+  if (run < 0 || static_cast<size_t>(run) >= runs.size())
+    throw Error(msg("--run ", run, ": ", path, " has ", runs.size() == 1 ? "one run, 0" : msg("runs 0 to ", runs.size() - 1),
+                    " (see `mxlab plan ", path, "`)"));
+  return std::move(runs[static_cast<size_t>(run)].cfg);
+}
+
 std::string precision_only_sweep_warning(const std::vector<ExpandedRun>& runs) {
   std::map<std::vector<std::pair<std::string, std::string>>, const ExpandedRun*> first_of;
   for (const ExpandedRun& r : runs) {

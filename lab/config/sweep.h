@@ -41,6 +41,10 @@ std::vector<ExpandedRun> expand_experiment_string(const std::string& text, const
                                                   const std::vector<std::string>& overrides = {},
                                                   const std::string& base_dir = ".");
 
+// Run `run` (its index in the expansion order, as `mxlab plan` lists it) of an experiment file;
+// Error naming the valid range when there is no such run.
+RunConfig run_of_experiment(const std::string& path, const std::vector<std::string>& overrides, int run);
+
 // When two runs differ only in `precision` keys (the same seed and every other swept key), each
 // trains the same FP32 trajectory again and the recipes are not one run's paired arms: the one
 // line that says so and shows the `arms:` form of the first such pair (for `mxlab plan` and

@@ -331,7 +331,7 @@ TEST(InputLimits, NpyRankBeyondWhatNumpyLoadsIsRefused) {
 
 TEST(InputLimits, ShardAndGpuIndicesAreNotNarrowedSilently) {
   // 4294967297 = 2^32 + 1 would become 1 as an int: --shard 0/4294967297 is not shard 0 of 1.
-  for (const std::string& s : {"0/4294967297", "4294967296/4294967297", "0/0", "-1/4", "4/4", "1/x"}) {
+  for (const char* s : {"0/4294967297", "4294967296/4294967297", "0/0", "-1/4", "4/4", "1/x"}) {
     SCOPED_TRACE(s);
     const std::string e = error_of([&] { parse_shard(s); });
     EXPECT_TRUE(has(e, "--shard")) << e;

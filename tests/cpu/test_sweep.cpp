@@ -248,6 +248,29 @@ TEST(Sweep, PlanCommand) {
   std::tie(rc, out) = run_command(std::string(MXLAB_BINARY) + " dump-config " + p + " --run 5");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out, dump_config(runs[5].cfg));
+  std::tie(rc, out) = run_command(std::string(MXLAB_BINARY) + " dump-config " + p + " --run 8");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--run 8: " + p + " has runs 0 to 7 (see `mxlab plan"), std::string::npos) << out;
+}
+
+TEST(Sweep, RunOfExperimentPicksOneRunOfTheExpansion) {
+  TempDir dir;
+  const std::string p = dir.write("exp.yaml", "model: {width: 32, depth: 1}\ndata: {batch: 8}\nsweep:\n  seeds: [4, 5, 6]\n");
+  const auto runs = expand_experiment(p);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(dump_config(run_of_experiment(p, {}, i)), dump_config(runs[i].cfg)) << i;
+  EXPECT_EQ(run_of_experiment(p, {"model.width=64"}, 2).model.width, 64);
+  EXPECT_NE(error_of([&] { run_of_experiment(p, {}, 3); }).find("--run 3: " + p + " has runs 0 to 2"), std::string::npos);
+  const std::string one = dir.write("one.yaml", "model: {width: 32, depth: 1}\n");
+  EXPECT_NE(error_of([&] { run_of_experiment(one, {}, 1); }).find("has one run, 0 (see"), std::string::npos);
+  // dump-step --run I steps that run: its config.yaml is run I's resolved configuration
+  const std::string out = dir.str() + "/step";
+  auto [rc, text] = run_command(std::string(MXLAB_BINARY) + " dump-step " + p + " --run 2 --out " + out);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_EQ(load_config(out + "/config.yaml").seed, 6u);
+  // without --run a sweep is refused, as before
+  std::tie(rc, text) = run_command(std::string(MXLAB_BINARY) + " dump-step " + p + " --out " + out + "2");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("is a sweep of 3 runs"), std::string::npos) << text;
 }
 
 // Every experiment committed under experiments/ loads: a schema change that breaks one fails here.
