@@ -71,25 +71,17 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
 from mxlab import yamlcfg  # noqa: E402
 
-# microxcaling lives outside the repository, in shared/peers beside (or above) the checkout;
-# MXLAB_MICROXCALING names another copy.
-MX_CANDIDATES = [os.environ.get("MXLAB_MICROXCALING", "")] + [
-    os.path.join(ROOT, *([".."] * up), "shared", "peers", "microxcaling") for up in range(3)]
-MX_PATH = next((p for p in MX_CANDIDATES if p and os.path.isfile(os.path.join(p, "mx", "__init__.py"))), None)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_required import require_torch  # noqa: E402  (this folder)
+from torch_required import require_microxcaling, require_torch  # noqa: E402  (this folder)
 
 require_torch("paper_emulator")
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-if MX_PATH is None:
-    print("paper_emulator: microxcaling not found (looked for shared/peers/microxcaling beside and above the "
-          "checkout); set MXLAB_MICROXCALING to its directory")
-    sys.exit(1)
-sys.path.insert(0, MX_PATH)
+# microxcaling lives outside the repository (shared/peers beside or above the checkout, or
+# MXLAB_MICROXCALING)
+require_microxcaling("paper_emulator")
 import importlib  # noqa: E402
 
 import mx  # noqa: E402
