@@ -20,11 +20,11 @@ import glob
 import math
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reanalysis_excursion as R  # noqa: E402
+from flash_study import repo_commit  # noqa: E402
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flash_mxfp8_lr")
 FACTORS = (10.0, 2.0)
@@ -40,13 +40,8 @@ def read(directory):
     blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
     if not blocks:
         raise CheckError(f"no blocks_*.csv in {directory}")
-    rows = {}
-    for path in blocks:
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                rows.setdefault((r["run_id"], r["trajectory"]), []).append(r)
     trajs = {}
-    for key, rs in rows.items():
+    for key, rs in R.blocks_by_run(blocks).items():
         t = R.trajectory_of(key[0], key[1], rs)
         last = max(rs, key=lambda r: int(r["block_start"]))
         mean = float(last["mean"]) if last["mean"] else math.inf
@@ -93,14 +88,6 @@ def table(trajs):
     return "\n".join(out)
 
 
-def revision():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=DEFAULT_DIR, help="the folder of the check's CSVs (default results/flash_mxfp8_lr)")
@@ -113,7 +100,7 @@ def main(argv=None):
         return 2
     print(f"flash_mxfp8_lr: {len(trajs)} trajectories of {len({k[0] for k in trajs})} runs in {a.dir}; "
           f"C++ and Python agree on every k = 10 excursion; B = 100, W = 500; "
-          f"`python3 results/flash_mxfp8_lr.py` at {revision()}")
+          f"`python3 results/flash_mxfp8_lr.py` at {repo_commit()}")
     print()
     print(table(trajs))
     return 0

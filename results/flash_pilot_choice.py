@@ -47,12 +47,7 @@ class PilotError(Exception):
 def _trajectories(paths):
     """{(run_id, trajectory): traj} (reanalysis_excursion's trajectory dict) from blocks CSVs, keyed
     by run: the pilot has two runs (depths) per (seed, lr), which read_blocks would merge."""
-    rows = {}
-    for path in paths:
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                rows.setdefault((r["run_id"], r["trajectory"]), []).append(r)
-    return {key: R.trajectory_of(key[0], key[1], blocks) for key, blocks in rows.items()}
+    return {key: R.trajectory_of(key[0], key[1], blocks) for key, blocks in R.blocks_by_run(paths).items()}
 
 
 def read_plan(path):

@@ -753,7 +753,8 @@ def _shown(path):
     return path if rel.startswith("..") else rel
 
 
-def _commit():
+def repo_commit():
+    """The repository's short commit (what a caption names), "unknown" outside git."""
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -787,7 +788,7 @@ def figure(study, path, command):
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle(f"Flash attention in bf16, {len(study.seeds())} seeds (300-339), lr {study.lr}, {STEPS:,} steps "
                  "(Kaplan-Meier)", fontsize=10)
-    fig.text(0.01, 0.005, f"{command}; commit {_commit()}; experiments/paper/flash_study.yaml", fontsize=7, color="grey")
+    fig.text(0.01, 0.005, f"{command}; commit {repo_commit()}; experiments/paper/flash_study.yaml", fontsize=7, color="grey")
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -985,7 +986,7 @@ def mechanism_caption(series, command):
     drawn."""
     means = ", ".join(f"{layer}: {m:.3g}" for layer, m in series.layer_means.items())
     return "\n".join([
-        f"{command}; commit {_commit()}; configuration experiments/paper/flash_study.yaml",
+        f"{command}; commit {repo_commit()}; configuration experiments/paper/flash_study.yaml",
         f"Layer {series.layer} in every row: the largest mean attn_multi_one_frac of the flash-kernel trajectories "
         f"before their events (per layer: {means}). Each trajectory before its event (its first excursion, k = 2 or "
         "k = 10: steps before the onset), as the report's mechanism; the seeds with every arm finished;",

@@ -127,6 +127,17 @@ def trajectory_of(run_id, name, blocks, block=BLOCK, branches=False):
             "partial": sizes[-1] != block}
 
 
+def blocks_by_run(paths):
+    """{(run_id, trajectory): [rows]} of results/extract_loss_blocks.py CSVs, the rows as csv gives
+    them: for a study with several runs of one (seed, lr), which read_blocks would merge."""
+    rows = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                rows.setdefault((r["run_id"], r["trajectory"]), []).append(r)
+    return rows
+
+
 def read_blocks(paths, block=BLOCK, branches=False, optimizer=False):
     """{(seed, lr, trajectory): {'run_id', 'first', 'mins', 'steps_run', 'absorbing', 'partial'}}
     from results/extract_loss_blocks.py CSVs. Blocks must run from step 0 (with `branches`: from
