@@ -142,6 +142,11 @@ def test_an_experiment_whose_items_took_longer_than_the_time_left_is_passed_over
     assert "run_queue: 1 of 2 items done" in log2 and "queue_slow=0/3" not in log2.split("run_queue:")[0], log2
     assert (tmp_path / "runs" / "queue" / TAGS[1]).exists()
     assert not (tmp_path / "runs" / "queue" / "queue_slow_0of3").exists()
+    # with MXLAB_QUEUE_RESUME (the next call resumes it), it starts all the same
+    _, log_r = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3"], script="run_queue.sh",
+                                 env_extra={"MXLAB_QUEUE_RESUME": "1"})
+    assert "GPU 0: queue_slow=0/3" in log_r and "run_queue: 1 of 1 items done" in log_r, log_r
+    (tmp_path / "runs" / "queue" / "queue_slow_0of3").unlink()
     # with the deadline beyond its length + 75 s, it starts
     _, log3 = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3"], script="run_queue.sh", deadline="1200",
                                 env_extra={"MXLAB_QUEUE_MIN_LEFT": "0"})

@@ -19,7 +19,10 @@
 # are kept per experiment (runs/queue/EXP.seconds, the longest seen), and once an experiment has
 # one, its items start only with at least that + 75 s left (run_why_mx.sh keeps 75 s for what
 # follows the training), so a short item later in the list takes the time a long one could not
-# use. MXLAB_QUEUE_KEEP=1 keeps each item's
+# use. MXLAB_QUEUE_RESUME=1 drops that rule (MIN_LEFT alone): for a call the next call on the same
+# warm machine follows, which resumes an item cut here from its checkpoints (list the cut items
+# first there), so no GPU idles through the end of a call; leave it off in a session's last call.
+# MXLAB_QUEUE_KEEP=1 keeps each item's
 # run_why_mx.sh output in /tmp/run_queue.*/TAG/log (an unfinished item's last lines are printed).
 set -uo pipefail
 OUT=${1:?usage: run_queue.sh OUTDIR DEADLINE_S EXP=SHARD/N ...}
@@ -59,7 +62,7 @@ worker() {
     left=$(( DEADLINE - ($(date +%s) - T0) ))
     [ "$left" -ge "$MIN_LEFT" ] || break
     took=$(seconds_of "$it")
-    [ "$took" -eq 0 ] || [ "$left" -ge $(( took + 75 )) ] || continue
+    [ -n "${MXLAB_QUEUE_RESUME:-}" ] || [ "$took" -eq 0 ] || [ "$left" -ge $(( took + 75 )) ] || continue
     mkdir "$CLAIMS/$tag" 2> /dev/null || continue
     echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it"
     t_start=$(date +%s)
