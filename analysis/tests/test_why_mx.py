@@ -152,12 +152,21 @@ def test_tails_take_fp32_as_zero_and_the_figure_is_written(W, tmp_path):
     assert n == 4 and xs[:3] == [0, 100, 300] and ys[1] == pytest.approx(0.75) and ys[2] == pytest.approx(0.25)
 
 
-def test_readme_paper_emulator_table_is_the_scripts(W):
+def test_readme_paper_emulator_table_is_the_scripts(W, capsys):
     d = os.path.join(ROOT, "results", "why_mx", "paper_emulator")
     events = W.load(d)
     assert {a for _, a in events} == {"fp32", "paper_emulator", "mx_ops"}
     readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
-    assert W.markdown_progress(W.progress(events), len(W.SEEDS)) in readme
+    # Question 0 (its run set complete): results/why_mx.py q0's tables, verbatim in section 13
+    assert W.main(["q0"]) == 0
+    out = capsys.readouterr().out
+    assert "Question 0 (m = 4, Holm" in out, out
+    tables = [b for b in out.split("\n\n") if b.lstrip().startswith("|") or "\n|" in b]
+    assert len(tables) == 2, out
+    for t in tables:
+        t = t[t.index("|"):].strip()
+        assert t in readme, "results/README.md section 13's Question 0 table is not what why_mx.py q0 prints:\n" + t
+    assert "**What Question 0 says** (n = 40 seeds" in readme
     # the pairing check: each seed's FP32 trajectory is E1's, block for block (bit-identical losses)
     import glob
     pe = W.R.read_blocks(glob.glob(os.path.join(d, "blocks_*.csv")))
