@@ -13,10 +13,14 @@
 #         (per logged step 32 launches: the FP32 trajectory's 16, then the MX one's γ ×4, β ×4, W ×8);
 #         OUTDIR/ncu_gapsfull.txt is ncu's details page (no per-launch summary).
 #   arms: where an extra recipe arm's time goes (bench --only data --arms K, K = MXLAB_PROFILE_ARMS,
-#         default 8, against --arms 1, MXLAB_PROFILE_STEPS timed steps, default 20; graphs on):
+#         default 8, against --arms 1, MXLAB_PROFILE_STEPS timed steps, default 20, after the 3
+#         warm-up steps CUDA graphs need and the bench's logged step 0; graphs on):
 #         OUTDIR/ncu_arms.txt, per kernel the serialized device time an extra arm adds per step,
 #         beside the wall-clock per-extra-arm cost the same bench measured without the profiler
-#         (OUTDIR/bench_arms.txt); bench/ncu_arms.py.
+#         (OUTDIR/bench_arms.txt); bench/ncu_arms.py. Both logs kept, OUTDIR/ncu_arms{K,1}.csv.gz.
+#         The profiled steps mix step kinds unlike the bench's timed ones (one logged step in N + 4,
+#         shadow steps every bias_every, against the bench's 200 unlogged steps): the fewer the steps,
+#         the more the logged step's kernels (FP32 SGEMMs, gap_*, reductions) weigh.
 #   ewfull: Nsight Compute's full set on the first launch of each element-wise kernel of the MX
 #         step (activation forward/backward with their producer quantization, layernorm forward
 #         and backward, column partials, residual add, Adam) and of the FP32 step (activation
@@ -63,12 +67,14 @@ for f in "${@:-mx}"; do
     for k in "$K" 1; do
       ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         --log-file "$TMP/ncu_arms$k.csv" "$BIN" bench "$CFG" --device cuda --only data --arms "$k" --steps "$N" \
-        --warmup 0 > "$TMP/ncu_arms$k.out" 2>&1
+        --warmup 3 > "$TMP/ncu_arms$k.out" 2>&1
       rc=$?
       echo "ncu arms $k: rc $rc"
       if [ "$rc" -ne 0 ]; then tail -20 "$TMP/ncu_arms$k.out"; cp "$TMP/ncu_arms$k.out" "$OUT/"; fi
+      gzip -c "$TMP/ncu_arms$k.csv" > "$OUT/ncu_arms$k.csv.gz" 2> /dev/null
     done
-    python3 bench/ncu_arms.py "$TMP/ncu_arms$K.csv" "$TMP/ncu_arms1.csv" --arms "$K" --steps $(( N + 1 )) \
+    # bench's trainer figure runs 1 + warm-up + N steps (step 0 logs; graphs need a warm-up of 3)
+    python3 bench/ncu_arms.py "$TMP/ncu_arms$K.csv" "$TMP/ncu_arms1.csv" --arms "$K" --steps $(( N + 4 )) \
       --bench "$OUT/bench_arms.txt" > "$OUT/ncu_arms.txt"
     echo "ncu_arms: rc $?"; head -40 "$OUT/ncu_arms.txt"
     continue

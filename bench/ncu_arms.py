@@ -1,13 +1,13 @@
 """Where an extra recipe arm's time goes, kernel by kernel: two Nsight Compute logs of the same
-`mxlab bench EXP --device cuda --only data --arms K --steps N --warmup 0`, one with --arms K and
+`mxlab bench EXP --device cuda --only data --arms K --steps N --warmup 3`, one with --arms K and
 one with --arms 1 (bench/gpu_profile.sh OUTDIR arms makes both), differ by (K - 1) arms of the
-trainer's step for N + 1 steps (the first one logged; everything else in the two commands is the
-same). Per kernel name it prints the device time an extra arm adds per step, serialized (ncu runs
+trainer's step for N + 4 steps (step 0 logged, 3 warm-up steps that CUDA graphs need, N timed;
+everything else in the two commands is the same). Per kernel name it prints the device time an extra arm adds per step, serialized (ncu runs
 one kernel at a time, caches not flushed), and the launches; the total beside the wall-clock cost
 of an extra arm that `mxlab bench --arms K` measured without the profiler (its text output,
 --bench) says how much of the serialized time the arms' overlap on the GPU hides.
 
-    python3 bench/ncu_arms.py ncu_K.csv ncu_1.csv --arms K --steps N+1 [--bench bench.txt] [--top 25]
+    python3 bench/ncu_arms.py ncu_K.csv ncu_1.csv --arms K --steps N+4 [--bench bench.txt] [--top 25]
 """
 import argparse
 import collections
@@ -57,7 +57,7 @@ def report(rows, arms, steps, measured_ms=None, top=25):
     total = sum(r[1] for r in rows)
     launches = sum(r[2] for r in rows)
     out = [f"per extra arm-step, serialized (ncu, one kernel at a time; K = {arms}, {steps} steps each, "
-           f"the first logged): {total / 1000:.3f} ms in {launches:.1f} launches",
+           f"step 0 logged): {total / 1000:.3f} ms in {launches:.1f} launches",
            "", "| kernel | us per extra arm-step | share | launches |", "|---|---|---|---|"]
     for k, us, n in rows[:top]:
         out.append(f"| {k} | {us:.1f} | {us / total:.1%} | {n:.2f} |")
@@ -77,7 +77,7 @@ def main(argv=None):
     ap.add_argument("many", help="ncu --csv log of the run with --arms K")
     ap.add_argument("one", help="ncu --csv log of the same command with --arms 1")
     ap.add_argument("--arms", type=int, required=True, help="K")
-    ap.add_argument("--steps", type=int, required=True, help="trainer steps per run (bench --steps N: N + 1)")
+    ap.add_argument("--steps", type=int, required=True, help="trainer steps per run (bench --steps N --warmup 3: N + 4)")
     ap.add_argument("--bench", help="mxlab bench --arms K output without the profiler (its per-extra-arm line)")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args(argv)

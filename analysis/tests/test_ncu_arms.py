@@ -83,3 +83,19 @@ def test_the_per_extra_arm_line_of_mxlab_bench(binary, tmp_path):
     assert r.returncode == 0, r.stderr
     ms = ncu_arms.measured_per_extra_arm(r.stdout)
     assert ms is not None and ms > 0, r.stdout
+
+
+def test_gpu_profile_passes_the_warm_up_cuda_graphs_need():
+    # `mxlab bench --device cuda` refuses --warmup below 3 with CUDA graphs on (the first pass of a step
+    # runs eagerly, the second records); bench/gpu_profile.sh's commands run on the GPU only, so this
+    # reads them: every bench command with graphs on asks for at least 3 (or leaves the default)
+    import re
+    text = open(os.path.join(ROOT, "bench", "gpu_profile.sh"), encoding="utf-8").read().replace("\\\n", " ")
+    commands = [line for line in text.splitlines() if re.search(r'"\$BIN" bench ', line)]
+    assert len(commands) >= 4, commands
+    for c in commands:
+        m = re.search(r"--warmup (\S+)", c)
+        if m and "--no-graphs" not in c:
+            assert m.group(1).isdigit() and int(m.group(1)) >= 3, c
+    # and the arms figure's step count for ncu_arms.py is the bench's 1 + 3 + N
+    assert "--steps $(( N + 4 ))" in text and "--warmup 3 >" in text
