@@ -1,5 +1,5 @@
-// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--run I] [--step N] [--trajectory T] [--gemm G]`:
-// one training step of the student on the CPU reference backend, written out as float32 .npy
+// `mxlab dump-step EXP.yaml --out DIR [--set KEY=VALUE ...] [--run I] [--step N] [--trajectory T] [--gemm G]
+// [--weights DIR]`: one training step of the student on the CPU reference backend, written out as float32 .npy
 // files so that an outside implementation (tests/torch/crosscheck.py, PyTorch autograd;
 // tests/torch/paper_emulator.py, the MX emulation library) can rebuild the network, load the
 // same weights and batch, and compare the loss, every gradient and the updated weights:
@@ -27,7 +27,12 @@
 // whose step is the trainer's: that arm's policy, its own targets under data.mx_teacher_targets
 // (target.npy then holds them). `--gemm double` accumulates every GEMM product in double and
 // rounds it once (lab/cpu/cpu_backend.h), which makes the step independent of the summation
-// order an outside GEMM uses.
+// order an outside GEMM uses. `--weights DIR` steps from other student parameters than the initial
+// ones: DIR/<group>.npy for every student group, e.g. a snapshot that `mxlab export RUN.h5
+// --snapshot S --npy OUT` wrote as OUT/<trajectory>/ (a state a run trained to); student.*.npy
+// then holds them, and the optimizer state is still zero.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -59,12 +64,39 @@ struct Args {
   int run = -1;  // --run: run I of a sweep
   std::string trajectory = "fp32";
   std::string gemm = "eigen";
+  std::string weights;  // --weights DIR: DIR/<group>.npy in place of the initial student parameters
 };
 
 std::vector<float> host(Backend& be, const float* p, size_t n) {
   std::vector<float> v(n);
   be.download(v.data(), p, n);
   return v;
+}
+
+// The student parameters from DIR/<group>.npy, one file per group of `s`, each of the group's shape
+// (a vector as [cols] or [1, cols]); every file must be there and finite, so that a step never
+// mixes loaded and initial parameters.
+void load_groups(const std::string& dir, const NetShape& s, std::vector<float>& flat) {
+  if (!std::filesystem::is_directory(dir))
+    throw Error(msg("--weights ", dir, ": no such directory (give the folder of <group>.npy files, e.g. what "
+                    "`mxlab export RUN.h5 --snapshot S --npy OUT` wrote as OUT/<trajectory>)"));
+  for (const ParamGroup& g : s.groups) {
+    const std::string path = dir + "/" + g.name + ".npy";
+    if (!std::filesystem::exists(path))
+      throw Error(msg("--weights ", dir, ": no ", g.name, ".npy (the student has groups ", [&] {
+                        std::string names;
+                        for (const ParamGroup& h : s.groups) names += (names.empty() ? "" : ", ") + h.name;
+                        return names;
+                      }(), ")"));
+    const NpyArray arr = read_npy(path);
+    if (arr.rows() != g.rows || arr.cols() != g.cols || (g.rows > 1 && arr.shape.size() != 2))
+      throw Error(msg(path, ": shape [", arr.rows(), " x ", arr.cols(), "], the configuration's ", g.name, " is [",
+                      g.rows, " x ", g.cols, "] (same model.* and data.* as the run that wrote it? pass its --set too)"));
+    for (size_t i = 0; i < arr.data.size(); ++i)
+      if (!std::isfinite(arr.data[i]))
+        throw Error(msg(path, ": element ", i, " is not finite (", arr.data[i], "): no step from such a state"));
+    std::copy(arr.data.begin(), arr.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(g.offset));
+  }
 }
 
 // One file per parameter group: <dir>/<prefix>.<group>.npy, vectors as 1-D arrays.
@@ -108,7 +140,8 @@ void dump_step(const Args& a) {
   std::unique_ptr<Backend> be = make_cpu_backend(a.gemm == "double" ? CpuGemm::double_sum : CpuGemm::eigen);
   be->set_step(step_scalars(cfg, a.step));
 
-  const std::vector<float> sp = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
+  std::vector<float> sp = init_params(S, cfg.model.init, cfg.model.init_gain, cfg.seed, Stream::init);
+  if (!a.weights.empty()) load_groups(a.weights, S, sp);
   const std::vector<float> tp = teacher_params_host(cfg, T);
   float* P = be->alloc(sp.size());
   float* TP = be->alloc(tp.size());
@@ -189,6 +222,9 @@ const Registrar kRegister(kOrder, [](CLI::App& app) {
                   "fp32 (default) or an MX arm of the run (mx without arms:): the step under its policy");
   sub->add_option("--gemm", args->gemm,
                   "eigen (default: the reference FP32 product) or double (products summed in double, rounded once)");
+  sub->add_option("--weights", args->weights,
+                  "step from the student parameters in DIR/<group>.npy (e.g. `mxlab export RUN.h5 --snapshot S --npy "
+                  "OUT` wrote OUT/<trajectory>/) instead of the initial ones; the optimizer state stays zero");
   sub->callback([args] { dump_step(*args); });
 });
 
