@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Does MXFP8 train the flash study's token model at a lower lr? An exploratory check beside the
-pre-registered study (experiments/paper/flash_mxfp8_lr.yaml: FP32 and the study's mxfp8_exact arm
-over the pilot's lr grid, seeds 1200-1201), from the CSVs experiments/paper/run_why_mx.sh brings
-back: `blocks_flash_mxfp8_lr_*.csv` (results/extract_loss_blocks.py, 100-step blocks) and
-`summary_flash_mxfp8_lr_*.csv` (mxlab summarize --csv).
+"""Does MXFP8 train the flash study's token model, at a lower lr, and which MX role fails it?
+Exploratory checks beside the pre-registered study: experiments/paper/flash_mxfp8_lr.yaml (FP32 and
+the study's mxfp8_exact arm over the pilot's lr grid, seeds 1200-1201) and
+experiments/paper/flash_mxfp8_roles.yaml (FP32, mxfp8_exact, each role kept in FP32 and each alone in
+MXFP8, seeds 1210-1212), from the CSVs of their runs: `blocks_*.csv` (results/extract_loss_blocks.py,
+100-step blocks) and `summary_*.csv` (mxlab summarize --csv).
 
     python3 results/flash_mxfp8_lr.py [--dir results/flash_mxfp8_lr]
 
 Per lr and trajectory: the seeds, the excursions at k = 10 (the study's primary event) and at
-k = 2 (its secondary one) with their onsets (B = 100, W = 500), and the mean loss of the last
-100-step block (median and range over the seeds; the vocabulary's uniform guess is ln 64 = 4.16
-nats). Every k = 10 excursion computed here is checked against the binary's `excursion_step` in
+k = 2 (its secondary one) with their onsets (B = 100, W = 500), where it leaves FP32 (the first
+100-step block whose mean loss exceeds the same run's FP32 block mean by more than 0.1 nats, per
+seed), and the mean loss of the last 100-step block (median and range over the seeds; the
+vocabulary's uniform guess is ln 64 = 4.16 nats). Every k = 10 excursion computed here is checked against the binary's `excursion_step` in
 the summaries (a disagreement, or a finished trajectory without blocks: exit 2). Descriptive: no
 test, no verdict (the check is not pre-registered).
 """
@@ -35,7 +37,8 @@ class CheckError(Exception):
 
 
 def read(directory):
-    """({(run_id, trajectory): (lr, seed, trajectory dict of R.trajectory_of, last block's mean)},
+    """({(run_id, trajectory): (lr, seed, trajectory dict of R.trajectory_of, last block's mean,
+    {block_start: mean})},
     {(run_id, trajectory): binary excursion_step or None}) of the CSVs in `directory`."""
     blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
     if not blocks:
@@ -45,7 +48,8 @@ def read(directory):
         t = R.trajectory_of(key[0], key[1], rs)
         last = max(rs, key=lambda r: int(r["block_start"]))
         mean = float(last["mean"]) if last["mean"] else math.inf
-        trajs[key] = (float(rs[0]["lr"]), int(rs[0]["seed"]), t, mean)
+        means = {int(r["block_start"]): float(r["mean"]) if r["mean"] else math.inf for r in rs}
+        trajs[key] = (float(rs[0]["lr"]), int(rs[0]["seed"]), t, mean, means)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
         with open(path, newline="") as f:
@@ -69,21 +73,37 @@ def check(trajs, binary):
                              f"binary {step if step is not None else 'none'}")
 
 
+LEAVES = 0.1  # nats: a block mean this far above the same run's FP32 block mean
+
+
+def leaves_fp32(means, fp32_means):
+    """The first block start whose mean exceeds the FP32 trajectory's block mean by more than LEAVES
+    (over the blocks both have), or None."""
+    for start in sorted(set(means) & set(fp32_means)):
+        if means[start] > fp32_means[start] + LEAVES:
+            return start
+    return None
+
+
 def table(trajs):
     """The markdown table: a row per (lr, trajectory), lr ascending, fp32 first."""
     groups = {}
-    for (run_id, name), (lr, seed, t, mean) in trajs.items():
-        groups.setdefault((lr, name), []).append((seed, t, mean))
+    for (run_id, name), (lr, seed, t, mean, means) in trajs.items():
+        fp = trajs.get((run_id, "fp32"))
+        left = "–" if name == "fp32" or fp is None else leaves_fp32(means, fp[4])
+        groups.setdefault((lr, name), []).append((seed, t, mean, left))
     out = ["| lr | trajectory | seeds | k = 10 excursions (onsets) | k = 2 excursions (onsets) "
-           "| last-block mean loss: median (range) |", "|---|---|---|---|---|---|"]
+           "| leaves FP32 (block, per seed) | last-block mean loss: median (range) |", "|---|---|---|---|---|---|---|"]
     for (lr, name) in sorted(groups, key=lambda k: (k[0], k[1] != "fp32", k[1])):
         g = sorted(groups[(lr, name)], key=lambda x: x[0])
         cols = []
         for k in FACTORS:
-            onsets = [at for ev, at in (R.excursion(t, factor=k) for _, t, _ in g) if ev]
+            onsets = [at for ev, at in (R.excursion(t, factor=k) for _, t, _, _ in g) if ev]
             cols.append(f"{len(onsets)}/{len(g)}" + (f" ({', '.join(str(s) for s in sorted(onsets))})" if onsets else ""))
-        means = [m for _, _, m in g]
-        out.append(f"| {lr:g} | {name} | {', '.join(str(s) for s, _, _ in g)} | {cols[0]} | {cols[1]} "
+        lefts = [x[3] for x in g]
+        left = "–" if all(x == "–" for x in lefts) else ", ".join("never" if x is None else str(x) for x in lefts)
+        means = [x[2] for x in g]
+        out.append(f"| {lr:g} | {name} | {', '.join(str(x[0]) for x in g)} | {cols[0]} | {cols[1]} | {left} "
                    f"| {statistics.median(means):.3g} ({min(means):.3g}–{max(means):.3g}) |")
     return "\n".join(out)
 

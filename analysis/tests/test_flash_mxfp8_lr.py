@@ -72,8 +72,20 @@ def test_known_events_at_both_thresholds(tmp_path):
     write(tmp_path / "summary_x.csv", summary)
     r = script(["--dir", str(tmp_path)])
     assert r.returncode == 0, r.stderr
-    assert "| 0.03 | fp32 | 1200 | 0/1 | 0/1 | 0.75 (0.75–0.75) |" in r.stdout, r.stdout
-    assert "| 0.03 | mxfp8_exact | 1200 | 0/1 | 1/1 (600) | 3.5 (3.5–3.5) |" in r.stdout, r.stdout
+    assert "| 0.03 | fp32 | 1200 | 0/1 | 0/1 | – | 0.75 (0.75–0.75) |" in r.stdout, r.stdout
+    # it leaves FP32 (block mean more than 0.1 above FP32's) at block 600
+    assert "| 0.03 | mxfp8_exact | 1200 | 0/1 | 1/1 (600) | 600 | 3.5 (3.5–3.5) |" in r.stdout, r.stdout
+    # a second seed whose MX trajectory stays within 0.1 of FP32's (0.08 above it): "never"
+    fp2 = [m + 0.01 for m in fp]
+    write(tmp_path / "blocks_y.csv", blocks_rows("r3", 1201, 0.03, "fp32", fp2) +
+          blocks_rows("r3", 1201, 0.03, "mxfp8_exact", [m + 0.08 for m in fp2]))
+    write(tmp_path / "summary_y.csv", [{"run_id": "r3", "group": g, "status": "complete", "excursion_step": "-1"}
+                                       for g in ("fp32", "mxfp8_exact")])
+    r = script(["--dir", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    assert "| 0.03 | mxfp8_exact | 1200, 1201 | 0/2 | 1/2 (600) | 600, never |" in r.stdout, r.stdout
+    for f in ("blocks_y.csv", "summary_y.csv"):
+        (tmp_path / f).unlink()
     # a finished trajectory without blocks, and a folder without CSVs: one line each, exit 2
     write(tmp_path / "summary_x.csv", summary + [{"run_id": "r2", "group": "fp32", "status": "complete",
                                                   "excursion_step": "-1"}])
