@@ -95,10 +95,12 @@ def test_known_events_at_both_thresholds(tmp_path):
     assert r.returncode == 2 and "no blocks_*.csv" in r.stderr, r.stderr
 
 
-def test_readme_cpu_table_is_the_scripts_on_the_committed_csvs():
-    # results/README.md §14 quotes the CPU check's table verbatim (results/flash_mxfp8_lr_cpu/)
-    r = script(["--dir", os.path.join(ROOT, "results", "flash_mxfp8_lr_cpu")])
-    assert r.returncode == 0, r.stderr
-    tbl = r.stdout[r.stdout.index("| lr |"):].strip()
+def test_readme_cpu_tables_are_the_scripts_on_the_committed_csvs():
+    # results/README.md §14 quotes both CPU checks' tables verbatim (the lr check, the roles check)
     readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
-    assert tbl in readme
+    for d, n in (("flash_mxfp8_lr_cpu", 8), ("flash_mxfp8_roles_cpu", 27)):
+        r = script(["--dir", os.path.join(ROOT, "results", d)])
+        assert r.returncode == 0, r.stderr
+        assert f"{n} trajectories" in r.stdout, r.stdout
+        tbl = r.stdout[r.stdout.index("| lr |"):].strip()
+        assert tbl in readme, d
