@@ -37,8 +37,7 @@ class CheckError(Exception):
 
 
 def read(directory):
-    """({(run_id, trajectory): (lr, seed, trajectory dict of R.trajectory_of, last block's mean,
-    {block_start: mean})},
+    """({(run_id, trajectory): (lr, seed, trajectory dict of R.trajectory_of, {block_start: mean})},
     {(run_id, trajectory): binary excursion_step or None}) of the CSVs in `directory`."""
     blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
     if not blocks:
@@ -46,10 +45,8 @@ def read(directory):
     trajs = {}
     for key, rs in R.blocks_by_run(blocks).items():
         t = R.trajectory_of(key[0], key[1], rs)
-        last = max(rs, key=lambda r: int(r["block_start"]))
-        mean = float(last["mean"]) if last["mean"] else math.inf
         means = {int(r["block_start"]): float(r["mean"]) if r["mean"] else math.inf for r in rs}
-        trajs[key] = (float(rs[0]["lr"]), int(rs[0]["seed"]), t, mean, means)
+        trajs[key] = (float(rs[0]["lr"]), int(rs[0]["seed"]), t, means)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
         with open(path, newline="") as f:
@@ -88,10 +85,10 @@ def leaves_fp32(means, fp32_means):
 def table(trajs):
     """The markdown table: a row per (lr, trajectory), lr ascending, fp32 first."""
     groups = {}
-    for (run_id, name), (lr, seed, t, mean, means) in trajs.items():
+    for (run_id, name), (lr, seed, t, means) in trajs.items():
         fp = trajs.get((run_id, "fp32"))
-        left = "–" if name == "fp32" or fp is None else leaves_fp32(means, fp[4])
-        groups.setdefault((lr, name), []).append((seed, t, mean, left))
+        left = "–" if name == "fp32" or fp is None else leaves_fp32(means, fp[3])
+        groups.setdefault((lr, name), []).append((seed, t, means[max(means)], left))
     out = ["| lr | trajectory | seeds | k = 10 excursions (onsets) | k = 2 excursions (onsets) "
            "| leaves FP32 (block, per seed) | last-block mean loss: median (range) |", "|---|---|---|---|---|---|---|"]
     for (lr, name) in sorted(groups, key=lambda k: (k[0], k[1] != "fp32", k[1])):
