@@ -39,7 +39,7 @@ class CheckError(Exception):
 def read(directory):
     """({(run_id, trajectory): (lr, seed, trajectory dict of R.trajectory_of, {block_start: mean})},
     {(run_id, trajectory): binary excursion_step or None}) of the CSVs in `directory`."""
-    blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    blocks = R.csv_paths(directory, "blocks_*")
     if not blocks:
         raise CheckError(f"no blocks_*.csv in {directory}")
     trajs = {}
@@ -49,7 +49,7 @@ def read(directory):
         trajs[key] = (float(rs[0]["lr"]), int(rs[0]["seed"]), t, means)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 if r["status"] in ("complete", "diverged"):
                     step = int(r["excursion_step"]) if r["excursion_step"] not in ("", "-1") else None

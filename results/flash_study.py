@@ -185,12 +185,12 @@ def load(directory):
     rates, the excursions from the blocks unlike the binary's: why_mx.checked_trajectories)."""
     if not os.path.isdir(directory):
         raise StudyError(f"no directory {directory} (0 of 40 seeds): give --dir the folder of the study's CSVs")
-    if not _glob(directory, "summary_*.csv") and not _glob(directory, "blocks_*.csv"):
+    if not _glob(directory, "summary_*.csv") and not R.csv_paths(directory, "blocks_*"):
         return Study({"primary": {}, "secondary": {}}, {}, "", [], 0)
     trajs = W.checked_trajectories(directory)
     run_of, lrs = {}, set()
-    for path in _glob(directory, "blocks_*.csv"):
-        with open(path, newline="") as f:
+    for path in R.csv_paths(directory, "blocks_*"):
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 lrs.add(r["lr"])
     for (seed, arm), t in trajs.items():

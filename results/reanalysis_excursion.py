@@ -57,6 +57,7 @@ numpy, scipy, statsmodels (through results/paired_stats.py).
 import argparse
 import csv
 import glob
+import gzip
 import math
 import os
 import statistics
@@ -98,6 +99,27 @@ class DataError(Exception):
     """Committed data that do not fit together: a one-line message naming the problem."""
 
 
+
+# --------------------------------------------------------------------------- CSV files, plain or gzip
+
+def open_csv(path):
+    """A CSV file opened for csv.DictReader: gzip-compressed when its name ends in .gz (the committed
+    loss blocks of the larger studies are, to keep the repository small), plain text otherwise."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", newline="")
+    return open(path, newline="")
+
+
+def csv_paths(directory, pattern):
+    """The files `pattern`.csv and `pattern`.csv.gz in `directory` (pattern a glob without the
+    suffix, e.g. "blocks_*"), sorted; one file present both ways is a DataError (which is the data?)."""
+    plain = glob.glob(os.path.join(directory, pattern + ".csv"))
+    packed = glob.glob(os.path.join(directory, pattern + ".csv.gz"))
+    both = sorted(set(plain) & {p[:-3] for p in packed})
+    if both:
+        raise DataError(f"{both[0]} is there both plain and as .gz: keep one")
+    return sorted(plain + packed)
+
 # --------------------------------------------------------------------------- excursions from blocks
 
 def optimizer_setting(row):
@@ -132,7 +154,7 @@ def blocks_by_run(paths):
     them: for a study with several runs of one (seed, lr), which read_blocks would merge."""
     rows = {}
     for path in paths:
-        with open(path, newline="") as f:
+        with open_csv(path) as f:
             for r in csv.DictReader(f):
                 rows.setdefault((r["run_id"], r["trajectory"]), []).append(r)
     return rows
@@ -151,7 +173,7 @@ def read_blocks(paths, block=BLOCK, branches=False, optimizer=False):
     DataError, not taken as reruns."""
     rows = {}
     for path in paths:
-        with open(path, newline="") as f:
+        with open_csv(path) as f:
             for r in csv.DictReader(f):
                 setting = optimizer_setting(r)
                 key = ((int(r["seed"]), r["lr"]) + (setting if optimizer else ()) + (r["trajectory"],))
@@ -201,8 +223,8 @@ def load_studies(fresh_dir, cf_dir):
     """(trajectories {(seed, lr, arm): traj}, notes): the fresh study's arms and FP32, the
     code-faithful study's MX as `code_faithful` and its FP32 (the same trajectory: checked equal
     where both studies have it; FP32 of a seed only the code-faithful study has is taken from it)."""
-    fresh = read_blocks(sorted(glob.glob(os.path.join(fresh_dir, "loss_blocks_*.csv"))))
-    cf = read_blocks(sorted(glob.glob(os.path.join(cf_dir, "loss_blocks_*.csv"))))
+    fresh = read_blocks(csv_paths(fresh_dir, "loss_blocks_*"))
+    cf = read_blocks(csv_paths(cf_dir, "loss_blocks_*"))
     if not fresh or not cf:
         raise DataError(f"no loss_blocks_*.csv in {fresh_dir if not fresh else cf_dir}")
     out = dict(fresh)

@@ -99,7 +99,7 @@ def checked_trajectories(directory):
     `directory`, once the excursion (k = 10, B = 100, W = 500) of each equals the binary's in the
     summary CSVs and every finished trajectory has its blocks (else a StudyError): for an analysis
     that reads more of the blocks than the primary event (results/flash_study.py's k = 2)."""
-    blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    blocks = R.csv_paths(directory, "blocks_*")
     if not blocks:
         raise StudyError(f"no blocks_*.csv in {directory}")
     trajs = {(seed, name): t for (seed, _lr, name), t in R.read_blocks(blocks).items()}
@@ -107,7 +107,7 @@ def checked_trajectories(directory):
     seeds = _run_seeds(blocks)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 if r["status"] in ("complete", "diverged"):
                     binary[(_summary_seed(r, seeds), r["group"])] = _binary_excursion(r)
@@ -119,7 +119,7 @@ def _run_seeds(paths):
     """{run_id: seed} of the loss blocks CSVs `paths`."""
     out = {}
     for path in paths:
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 out[r["run_id"]] = int(r["seed"])
     return out
@@ -211,7 +211,7 @@ def tails(directory):
     """{(seed, trajectory): tail_log_ratio} from the summaries (FP32's own is 0: log(fp32 / fp32))."""
     out = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 if r["status"] in ("complete", "diverged"):
                     v = r["tail_log_ratio"]
@@ -400,7 +400,7 @@ def _binary_endpoint(row):
 def load_e2(directory, factor=R.FACTOR, window=R.PRIMARY_W, block=R.BLOCK, horizon=E2_HORIZON):
     """{(seed, branch): {'at', 'parent', 'at_risk', 'window_end', 'branch', 'control'}} of every
     branch of the finished runs, from the blocks CSVs, checked against the summaries' columns."""
-    blocks = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    blocks = R.csv_paths(directory, "blocks_*")
     if not blocks:
         raise StudyError(f"no blocks_*.csv in {directory}")
     trajs = {}
@@ -410,7 +410,7 @@ def load_e2(directory, factor=R.FACTOR, window=R.PRIMARY_W, block=R.BLOCK, horiz
         trajs[(seed, name)] = t
     out = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             reader = csv.DictReader(f)
             missing = [c for c in E2_COLUMNS if c not in (reader.fieldnames or ())]
             if missing:
@@ -440,11 +440,11 @@ def pairing_check(directory, e1_directory, trajectories=(FP32, MX_ALL)):
     """The pre-registration's pairing check: each seed's `trajectories` in `directory` (E2) have the
     block minima of the same seed's in `e1_directory` (E1), block for block. Returns how many
     (seed, trajectory) both hold; a difference is a StudyError."""
-    e1_paths = sorted(glob.glob(os.path.join(e1_directory, "blocks_*.csv")))
+    e1_paths = R.csv_paths(e1_directory, "blocks_*")
     if not e1_paths:
         return 0
     e1 = {(s, t): v for (s, _, t), v in R.read_blocks(e1_paths).items() if t in trajectories}
-    here = {(s, t): v for (s, _, t), v in R.read_blocks(sorted(glob.glob(os.path.join(directory, "blocks_*.csv"))),
+    here = {(s, t): v for (s, _, t), v in R.read_blocks(R.csv_paths(directory, "blocks_*"),
                                                          branches=True).items() if t in trajectories}
     shared = sorted(set(e1) & set(here))
     for k in shared:
@@ -544,7 +544,7 @@ def branchpoints(directory):
     """The rows of results/extract_branchpoints.py's CSVs in `directory` ([] when none)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(directory, "branchpoints_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             rows += list(csv.DictReader(f))
     return rows
 
@@ -673,12 +673,12 @@ def load_e3(directory):
     blocks; the summaries' rows are matched to a setting by run_id (and checked against their
     optimizer.eps / optimizer.beta2 columns where the CSV has them), then the excursions are
     checked against the binary's as in load()."""
-    paths = sorted(glob.glob(os.path.join(directory, "blocks_*.csv")))
+    paths = R.csv_paths(directory, "blocks_*")
     if not paths:
         raise StudyError(f"no blocks_*.csv in {directory}")
     runs = {}
     for path in paths:
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 here = (int(r["seed"]), setting_label(*R.optimizer_setting(r)))
                 if runs.setdefault(r["run_id"], here) != here:
@@ -695,7 +695,7 @@ def load_e3(directory):
         out[key] = R.excursion(t)
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
-        with open(path, newline="") as f:
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 if r["status"] not in ("complete", "diverged"):
                     continue
@@ -732,8 +732,8 @@ def _block_rows(directory, trajectories, keep_row=None):
     """{(seed, trajectory): {run_id: ((block_start, steps, min, max, mean, nonfinite, last), ...)}}
     of the loss blocks in `directory`, as written (the CSV's text: equal text is equal bits)."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(directory, "blocks_*.csv"))):
-        with open(path, newline="") as f:
+    for path in R.csv_paths(directory, "blocks_*"):
+        with R.open_csv(path) as f:
             for r in csv.DictReader(f):
                 if r["trajectory"] in trajectories and (keep_row is None or keep_row(r)):
                     row = tuple(r[c] for c in ("block_start", "steps", "min", "max", "mean", "nonfinite", "last"))

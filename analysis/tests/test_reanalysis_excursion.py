@@ -108,6 +108,32 @@ def test_read_blocks_rejects_gaps_and_conflicting_reruns(mod, tmp_path):
     assert mod.read_blocks([str(a), str(b)])[(1, "0.0005", "fp32")]["run_id"] == "r1"
 
 
+def test_gzip_compressed_blocks_read_as_the_plain_ones(mod, tmp_path):
+    """Committed loss blocks may be gzip-compressed: csv_paths finds X.csv and X.csv.gz, read_blocks
+    gives the same trajectories from either, and one file present both ways is refused."""
+    import gzip
+    import shutil
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    rng = np.random.default_rng(7)
+    for k in range(3):
+        write_blocks(plain / f"blocks_s_{k}of3.csv", {(f"r{k}", k, "0.0005", t): random_series(rng, 2000)
+                                                     for t in ("fp32", "mx")})
+        with open(plain / f"blocks_s_{k}of3.csv", "rb") as src, gzip.open(packed / f"blocks_s_{k}of3.csv.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    shutil.copy(plain / "blocks_s_2of3.csv", packed / "blocks_s_2of3.csv.gz.not_a_match")
+    a, b = mod.csv_paths(str(plain), "blocks_*"), mod.csv_paths(str(packed), "blocks_*")
+    assert [os.path.basename(p) for p in a] == ["blocks_s_0of3.csv", "blocks_s_1of3.csv", "blocks_s_2of3.csv"]
+    assert [os.path.basename(p) for p in b] == [os.path.basename(p) + ".gz" for p in a]
+    ta, tb = mod.read_blocks(a), mod.read_blocks(b)
+    assert len(ta) == 6 and ta == tb
+    assert mod.blocks_by_run(a) == mod.blocks_by_run(b)
+    shutil.copy(plain / "blocks_s_1of3.csv", packed / "blocks_s_1of3.csv")
+    with pytest.raises(mod.DataError, match="both plain and as .gz"):
+        mod.csv_paths(str(packed), "blocks_*")
+
+
 def test_load_studies_joins_the_two_studies(mod, tmp_path):
     """The code-faithful study's `mx` becomes code_faithful; FP32 must be equal where both studies
     have the seed, and a seed only the code-faithful study has gives its FP32 from there."""

@@ -168,9 +168,8 @@ def test_readme_paper_emulator_table_is_the_scripts(W, capsys):
         assert t in readme, "results/README.md section 13's Question 0 table is not what why_mx.py q0 prints:\n" + t
     assert "**What Question 0 says** (n = 40 seeds" in readme
     # the pairing check: each seed's FP32 trajectory is E1's, block for block (bit-identical losses)
-    import glob
-    pe = W.R.read_blocks(glob.glob(os.path.join(d, "blocks_*.csv")))
-    e1 = W.R.read_blocks(glob.glob(os.path.join(E1, "blocks_*.csv")))
+    pe = W.R.read_blocks(W.R.csv_paths(d, "blocks_*"))
+    e1 = W.R.read_blocks(W.R.csv_paths(E1, "blocks_*"))
     shared = [k for k in pe if k[2] == "fp32" and k in e1]
     assert shared
     for k in shared:

@@ -101,8 +101,8 @@ def test_e1s_committed_csvs_without_the_setting_columns_load_as_before(W):
     """E1's CSVs predate the eps and beta2 columns: read by setting, each trajectory is there once
     with an empty setting and the same blocks, and load() gives the excursions results/README.md
     section 13 reports (test_why_mx.py pins its tables)."""
-    paths = sorted(glob.glob(os.path.join(E1, "blocks_*.csv")))
-    with open(paths[0], newline="") as f:
+    paths = W.R.csv_paths(E1, "blocks_*")
+    with W.R.open_csv(paths[0]) as f:
         assert "eps" not in next(csv.reader(f))
     plain = W.R.read_blocks(paths)
     by_setting = W.R.read_blocks(paths, optimizer=True)
