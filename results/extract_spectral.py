@@ -23,8 +23,11 @@ error the trajectory has accumulated against exact arithmetic from the same init
   diff_dir_cos     |u1 . u1'| |v1 . v1'|, the cosine between D's top singular direction u1 v1^T
                    and that of the same trajectory's previous snapshot (1: the error keeps
                    growing along one direction; empty at the first snapshot or when D = 0).
-Trajectories and steps in sorted order; a run file without snapshots adds no row. Nothing is
-written when no run file has a snapshot of an attention layer.
+A matrix with a non-finite entry (a trajectory that has blown up: its last snapshot holds NaN or
+inf) has its row with empty sigma_max and fro, and so has a difference with a non-finite entry (its
+diff_* cells empty; the next snapshot has no previous direction). Trajectories and steps in sorted
+order; a run file without snapshots adds no row. Nothing is written when no run file has a
+snapshot of an attention layer.
 """
 import math
 import re
@@ -87,11 +90,17 @@ def rows_of(path):
                 mats = fp32[s] if t == "fp32" and s in fp32 else attention_matrices(snaps[t][f"step_{s}"])
                 for (k, name) in sorted(mats, key=lambda km: (km[0], MATRICES.index(km[1]))):
                     w = mats[(k, name)]
+                    finite = bool(np.isfinite(w).all())  # numpy's SVD does not converge on NaN or inf
                     row = {"run_id": rid, "seed": seed, "lr": lr, "trajectory": t, "step": s, "layer": k,
-                           "matrix": name, "sigma_max": top_direction(w)[0], "fro": float(np.linalg.norm(w)),
+                           "matrix": name, "sigma_max": top_direction(w)[0] if finite else None,
+                           "fro": float(np.linalg.norm(w)) if finite else None,
                            "diff_fro": None, "diff_sigma1": None, "diff_rank1": None, "diff_dir_cos": None}
                     if t != "fp32" and s in fp32 and (k, name) in fp32[s]:
                         diff = w - fp32[s][(k, name)]
+                        if not np.isfinite(diff).all():
+                            previous.pop((k, name), None)
+                            out.append(row)
+                            continue
                         fro = float(np.linalg.norm(diff))
                         row["diff_fro"] = fro
                         if fro > 0:

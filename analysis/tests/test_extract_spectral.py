@@ -88,6 +88,28 @@ def test_known_matrices(mod, tmp_path):
     assert all(float(_one(rows, "flash", 30, m)["diff_fro"]) == 0.0 for m in ("W_K", "W_V", "W_O"))
 
 
+def test_non_finite_snapshot_gives_empty_cells_not_a_failure(mod, tmp_path):
+    """A trajectory that blew up has NaN or inf in its last snapshots (a flash-study seed's
+    stabilized arm did, and numpy's SVD stopped the extraction): those rows come with empty cells,
+    the finite ones as before, and the direction after a non-finite difference has no previous one."""
+    _write(tmp_path / "r.h5")
+    with h5py.File(tmp_path / "r.h5", "r+") as f:
+        w = f["snapshots/flash/step_30/layer0.Wqkv"]
+        bad = w[()]
+        bad[0, 0] = np.nan
+        bad[D + 1, 2] = np.inf  # W_K
+        w[...] = bad
+    rows = _rows(mod, tmp_path, tmp_path / "r.h5")
+    assert len(rows) == 2 * 5 * 4
+    for m in ("W_Q", "W_K"):
+        r = _one(rows, "flash", 30, m)
+        assert r["sigma_max"] == r["fro"] == r["diff_fro"] == r["diff_sigma1"] == r["diff_rank1"] == r["diff_dir_cos"] == ""
+    assert float(_one(rows, "flash", 30, "W_V")["sigma_max"]) == pytest.approx(7.0)
+    assert float(_one(rows, "flash", 20, "W_Q")["diff_dir_cos"]) == pytest.approx(1.0)
+    r40 = _one(rows, "flash", 40, "W_Q")
+    assert float(r40["diff_sigma1"]) == pytest.approx(10.0) and r40["diff_dir_cos"] == ""
+
+
 def test_gzip_output(mod, tmp_path):
     _write(tmp_path / "r.h5")
     assert mod.main([str(tmp_path / "s.csv.gz"), str(tmp_path / "r.h5")]) == 0
