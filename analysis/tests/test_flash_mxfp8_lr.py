@@ -95,10 +95,11 @@ def test_known_events_at_both_thresholds(tmp_path):
     assert r.returncode == 2 and "no blocks_*.csv" in r.stderr, r.stderr
 
 
-def test_readme_cpu_tables_are_the_scripts_on_the_committed_csvs():
-    # results/README.md §14 quotes both CPU checks' tables verbatim (the lr check, the roles check)
+def test_readme_tables_are_the_scripts_on_the_committed_csvs():
+    # results/README.md §14 quotes both checks' tables verbatim (the lr check, the roles check), CPU and GPU
     readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
-    for d, n in (("flash_mxfp8_lr_cpu", 8), ("flash_mxfp8_roles_cpu", 33)):
+    for d, n in (("flash_mxfp8_lr_cpu", 8), ("flash_mxfp8_roles_cpu", 33), ("flash_mxfp8_lr_gpu", 16),
+                 ("flash_mxfp8_roles_gpu", 33)):
         r = script(["--dir", os.path.join(ROOT, "results", d)])
         assert r.returncode == 0, r.stderr
         assert f"{n} trajectories" in r.stdout, r.stdout

@@ -201,6 +201,21 @@ def test_no_e3_family_before_all_40_seeds(W, tmp_path, capsys):
     assert "| eps 1e-8, beta2 0.95 | mx_all | 39 |" in out
 
 
+def test_readme_e3_progress_is_the_scripts_on_the_committed_runs(W, capsys):
+    """results/README.md section 13 quotes `why_mx.py e3` on the committed E3 runs verbatim and says
+    how many seeds it counts; the pairing with E1 holds on every committed (seed, trajectory)."""
+    d = os.path.join(ROOT, "results", "why_mx", "e3")
+    assert W.main(["e3", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    n = len({s for s, _ in W.load_e3(d)})
+    assert f"e3: {n} of 40 seeds" in out and "E1's loss blocks bit for bit on all" in out
+    table = out[out.index("| Adam setting"):out.index("\n\nconfirmatory")].strip()
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    sec = readme[readme.index("## 13. "):readme.index("## 14. ")]
+    assert table in sec
+    assert f"**E3 so far: {n} of 40 seeds" in sec
+
+
 def _cox(W, hr, lo, hi):
     return W.P.Cox(hr, lo, hi, "finite", math.log(hr), 0.1, hr, lo, hi, "breslow")
 
