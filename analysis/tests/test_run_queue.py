@@ -110,6 +110,9 @@ def test_a_failed_extraction_leaves_the_item_undone_and_the_next_call_completes_
     # the item's log (its last lines, which run_queue.sh prints for an unfinished item) names the
     # extractor that failed, timed
     assert "extract spectral: exit 1 after" in log, log
+    # and the queue says the training ended and an extractor failed, not that the run resumes
+    assert "not finished: its training ended, but an extractor failed (spectral: exit 1 after" in log, log
+    assert "resumes from its checkpoints" not in log, log
     out2, log2 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh")
     assert "run_queue: 1 of 1 items done" in log2, log2
     assert f"blocks_{TAGS[0]}.csv" in os.listdir(out2)

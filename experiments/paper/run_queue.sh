@@ -79,7 +79,15 @@ worker() {
     if [ -e "runs/queue/$tag" ]; then
       echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it done"
     else
-      echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it not finished (resumes from its checkpoints next time); its log ends:"
+      # an extractor that failed by itself (not killed at the deadline: exit 137) fails the same way
+      # on every retry until it is fixed: say so, rather than "resumes"
+      failed=$(grep -E ": extract [a-z]+: exit [0-9]+ after" "$CLAIMS/$tag/log" | grep -vE ": exit (0|137) after" | head -1)
+      if [ -n "$failed" ]; then
+        echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it not finished: its training ended, but an extractor failed" \
+             "(${failed#*: extract }): the next call extracts again, and fails again until that is fixed; its log ends:"
+      else
+        echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it not finished (resumes from its checkpoints next time); its log ends:"
+      fi
       tail -4 "$CLAIMS/$tag/log" | sed 's/^/    /'
     fi
   done
