@@ -100,7 +100,6 @@ numpy, scipy, statsmodels (results/paired_stats.py), matplotlib for --figure and
 import argparse
 import csv
 import glob
-import gzip
 import importlib.util
 import math
 import os
@@ -414,8 +413,7 @@ def _num(x, digits=3):
 
 def _read_rows(paths):
     for path in paths:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt", newline="") as f:
+        with R.open_csv(path) as f:
             yield from csv.DictReader(f)
 
 

@@ -19,6 +19,7 @@ difference means a different binary or configuration, which needs a person's loo
 every finished item is filed (or was already there), 2 on an error (one line).
 """
 import argparse
+import collections
 import gzip
 import os
 import re
@@ -62,11 +63,7 @@ def _content(path):
 
 def gzip_bytes(data):
     """`data` gzip-compressed without a name or time stamp (gzip -n): the same bytes every time."""
-    import io
-    buf = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as g:
-        g.write(data)
-    return buf.getvalue()
+    return gzip.compress(data, compresslevel=9, mtime=0)
 
 
 def _existing(dest_dir, name):
@@ -158,7 +155,7 @@ def main(argv=None):
                     items.setdefault(exp, []).extend(tags)
             finished = {t for tags in items.values() for t in tags}
             unfinished = sorted(set(unfinished) - finished)  # cut in one call, finished in a later one
-            dup = sorted({d for _, d, _ in writes if [x for _, x, _ in writes].count(d) > 1})
+            dup = sorted(d for d, n in collections.Counter(d for _, d, _ in writes).items() if n > 1)
             if dup:
                 raise IngestError(f"{os.path.relpath(dup[0], ROOT)}: two sources bring it: give one")
             for s_path, d_path, compress in writes:

@@ -99,7 +99,6 @@ class DataError(Exception):
     """Committed data that do not fit together: a one-line message naming the problem."""
 
 
-
 # --------------------------------------------------------------------------- CSV files, plain or gzip
 
 def open_csv(path):
@@ -119,6 +118,7 @@ def csv_paths(directory, pattern):
     if both:
         raise DataError(f"{both[0]} is there both plain and as .gz: keep one")
     return sorted(plain + packed)
+
 
 # --------------------------------------------------------------------------- excursions from blocks
 
