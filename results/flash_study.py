@@ -80,6 +80,11 @@ On the complete study:
          computed with, so it is not before the event) is "not evaluable", counted apart; the same
          criteria at the end of the run for trajectories without an event.
     --per-trajectory adds items 1, 2 and 4 per trajectory and layer.
+  - exploratory, not pre-registered (after the mechanism): loss spikes the sustained endpoints do
+    not count. A trajectory's first spike is the first block (100 steps) starting at step 1,000 or
+    later whose maximum loss exceeds 10 x the minimum of every earlier block, or that holds a
+    non-finite loss; per arm the trajectories with one and their seeds and steps (the first 1,000
+    steps are left out: there the earlier minimum is still the initial loss's).
 --figure writes the Kaplan-Meier curves of the six arms (k = 10 and k = 2) to PNG (default
 results/figures/flash_study_km.png), the command, the data and the commit in its caption.
 --mechanism-figure writes the mechanism's items 1-3 over steps to PNG (default
@@ -129,6 +134,7 @@ MIN_INFORMATIVE = 6   # the fewest informative seeds that can give p < 0.05 (2^(
 T_DELTA = 3.0         # the chain's |t| of the delta bias
 RANK1, DIR_COS = 0.5, 0.9
 CHAIN_SNAPSHOTS = 3
+SPIKE_FACTOR, SPIKE_AFTER = 10.0, 1000   # the exploratory loss spikes: block max > 10 x the earlier minimum
 
 
 @dataclass(frozen=True)
@@ -329,6 +335,44 @@ def markdown_counts(study):
             _, n, k, lo, hi, med = rows[name][a]
             cells += [f"{k}/{n} ({lo:.2f}–{hi:.2f})", "-" if med is None else f"{med:.0f}"]
         out.append(f"| {a} | {rows['primary'][a][1]} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def loss_spikes(directory, run_of, factor=SPIKE_FACTOR, after=SPIKE_AFTER):
+    """{(seed, arm): step of the first spike or None} of the finished runs (`run_of`: {seed: run_id}),
+    from the blocks CSVs' min, max and nonfinite: the first block starting at `after` or later whose
+    max exceeds `factor` x the minimum of every earlier block (an empty max or a non-finite loss in
+    it counts), exploratory (not pre-registered)."""
+    rows = {}
+    finished = set(run_of.values())
+    for path in R.csv_paths(directory, "blocks_*"):
+        with R.open_csv(path) as f:
+            for r in csv.DictReader(f):
+                if r["run_id"] in finished:
+                    rows.setdefault((int(r["seed"]), r["trajectory"]), {})[int(r["block_start"])] = r
+    out = {}
+    for key, blocks in rows.items():
+        low, first = math.inf, None
+        for start in sorted(blocks):
+            r = blocks[start]
+            mx = _float(r["max"])
+            if start >= after and (int(r["nonfinite"] or 0) > 0 or math.isnan(mx) or mx > factor * low):
+                first = start
+                break
+            mn = _float(r["min"])
+            if not math.isnan(mn):
+                low = min(low, mn)
+        out[key] = first
+    return out
+
+
+def markdown_spikes(spikes, seeds):
+    """Per arm: trajectories, those with a spike (loss_spikes) and their seeds with the step."""
+    out = ["| arm | trajectories | with a spike | seed (step of the first spike) |", "|---|---|---|---|"]
+    for a in ARMS:
+        have = [(s, spikes[(s, a)]) for s in seeds if (s, a) in spikes]
+        hit = [(s, t) for s, t in have if t is not None]
+        out.append(f"| {a} | {len(have)} | {len(hit)} | " + (", ".join(f"{s} ({t})" for s, t in hit) or "–") + " |")
     return "\n".join(out)
 
 
@@ -1078,6 +1122,11 @@ def report(a):
         say("\n4. The chain (a layer with ties, |t| > 3 there, its W_Q or W_K with a rising σ_max ratio over the last "
             "three snapshots, the last with rank-one share > 0.5 and direction cosine > 0.9):\n")
         say(markdown_chain(mech, seeds))
+    say(f"\nExploratory, not pre-registered: loss spikes the sustained endpoints do not count (the first block from "
+        f"step {SPIKE_AFTER:,} on whose maximum exceeds {SPIKE_FACTOR:g} x the minimum of every earlier block, or "
+        "that holds a non-finite loss):\n")
+    say(markdown_spikes(loss_spikes(a.dir, study.run_of), seeds))
+    if mech is not None:
         if a.per_trajectory:
             say("\nPer trajectory and layer (items 1, 2, 4):\n")
             say(markdown_per_trajectory(mech, seeds))

@@ -764,16 +764,58 @@ def test_mechanism_figure_of_the_real_tiny_run(F, real):
     assert all(0 <= y <= 1 for y in _line(panels["rank1:flash"], "median W_Q").get_ydata())
 
 
-def test_readme_interim_count_is_the_scripts_on_the_committed_seeds(F):
-    """results/README.md section 14 carries the interim count of the committed seeds verbatim (and
-    says how many): until all 40 have finished, counts only."""
+def _section(text, head):
+    """The markdown table printed after `head` in the report: its lines up to the first blank one."""
+    i = text.index(head)
+    body = text[text.index("\n\n", i) + 2:]
+    return body[:body.index("\n\n")] if "\n\n" in body else body
+
+
+def test_readme_final_report_is_the_scripts_on_the_committed_seeds(F):
+    """results/README.md section 14 quotes the complete study's report on the committed CSVs verbatim:
+    the counts, the primary and the secondary family, the chain (item 4) and the exploratory spikes;
+    and says all 40 seeds count (the interim count is gone)."""
     import argparse
     a = argparse.Namespace(dir=os.path.join(ROOT, "results", "flash_study"),
-                           pilot=os.path.join(ROOT, "results", "flash_pilot"), power_sims=10)
+                           pilot=os.path.join(ROOT, "results", "flash_pilot"), power_sims=10, per_trajectory=False)
     text, study, counted = F.report(a)
-    assert not counted and "INTERIM COUNT" in text
-    n = len(study.seeds())
+    assert counted and "INTERIM COUNT" not in text and len(study.seeds()) == 40
     readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
-    sec = readme[readme.index("## 14. "):]
-    assert f"**The study: {n} of 40 seeds so far**" in sec
+    sec = readme[readme.index("## 14. "):readme.index("## Not done")]
+    assert "**The study: all 40 seeds**" in sec and "so far**" not in sec
     assert F.markdown_counts(study) in sec
+    for head in ("Primary family (k = 10", "Secondary family (k = 2", "4. The chain",
+                 "Exploratory, not pre-registered: loss spikes"):
+        table = _section(text, head)
+        assert table.startswith("| ") and table in sec, head
+    assert " ".join(F.NULL_TEXT.split(". ")[0].split()) in " ".join(sec.split())  # quoted, wrapped
+
+
+def test_loss_spikes_by_hand(F, tmp_path):
+    """The exploratory spikes: the first block from step 1,000 on whose max exceeds 10 x the minimum of
+    every earlier block (a non-finite loss counts); earlier blocks and unfinished runs are not read."""
+    d = tmp_path / "s"
+    d.mkdir()
+    rows = []
+
+    def traj(rid, seed, arm, blocks):
+        for i, (mn, mx, nf) in enumerate(blocks):
+            rows.append([rid, seed, "0.03", arm, 100 * i, 100, mn, mx, mn, nf, mn, "", ""])
+
+    flat = [(1.0, 1.5, 0)] * 20
+    traj("r300", 300, "fp32", flat)
+    traj("r300", 300, "flash", [(5.0, 100.0, 0)] + [(1.0, 1.5, 0)] * 14 + [(1.0, 10.5, 0)] + [(1.0, 1.2, 0)] * 4)
+    traj("r300", 300, "stabilized", [(2.0, 3.0, 0)] * 10 + [(0.5, 4.9, 0)] + [(0.5, 5.1, 0)] + flat[:8])
+    traj("r300", 300, "delta_hp", [(1.0, 1.5, 0)] * 12 + [("", "", 100)] + flat[:7])
+    traj("r300", 300, "mxfp8_flash", [(1.0, 50.0, 0)] * 10 + flat[:10])  # spikes only before step 1,000
+    traj("r999", 301, "fp32", [(1.0, 100.0, 0)] * 20)                    # not finished: not read
+    with open(d / "blocks_flash_study_0of1.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(BLOCKS)
+        w.writerows(rows)
+    spikes = F.loss_spikes(str(d), {300: "r300"})
+    assert spikes == {(300, "fp32"): None, (300, "flash"): 1500, (300, "stabilized"): 1100,
+                      (300, "delta_hp"): 1200, (300, "mxfp8_flash"): None}
+    table = F.markdown_spikes(spikes, [300])
+    assert "| flash | 1 | 1 | 300 (1500) |" in table and "| fp32 | 1 | 0 | – |" in table
+    assert "| mxfp8_exact | 0 | 0 | – |" in table
