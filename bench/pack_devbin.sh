@@ -12,6 +12,13 @@
 #   bash bench/device_parts.sh $OUT DEADLINE gputests bench ...
 # uses them. The device is x86-64 like this machine; glibc and libstdc++ there are newer, which is
 # the direction that works.
+#   bash bench/pack_devbin.sh --compact [BUILD_DIR]
+# packs only the libraries the GPU machine (Ubuntu 24.04) lacks: those named in MXLAB_DEVBIN_LIBS
+# (default: Debian 12's HDF5 1.10 and yaml-cpp 0.7 with HDF5's libsz and libaec; the others it loads
+# are there with the same names), xz-compressed as .devbin/lib.txz (~1.3 MB instead of ~15 MB of
+# lib/: the tracked tree and .devbin must fit the 64 MiB a call carries); each wrapper unpacks it
+# into .devbin/lib on first use (Python's tarfile: no xz needed there), once, also when several
+# start at the same time. A named library the binaries do not load is an error.
 #   bash bench/pack_devbin.sh --ref [BUILD_DIR]
 # packs the *baseline* of a performance comparison instead: only mxlab, stripped and xz-compressed
 # (~8 MB: .devbin and .devref together fit the 64 MiB a call carries), into .devref/ (git-ignored)
@@ -48,6 +55,8 @@ WRAP
   cat .devref/REVISION
   exit 0
 fi
+COMPACT=""
+if [ "${1:-}" = --compact ]; then COMPACT=1; shift; fi
 BUILD=${1:-build}
 for b in mxlab mxlab_gpu_tests; do
   [ -x "$BUILD/$b" ] || { echo "pack_devbin: $BUILD/$b is missing: build it first (ninja/make mxlab mxlab_gpu_tests)" >&2; exit 2; }
@@ -81,6 +90,17 @@ if [ ! -x "\$d/bin/$b" ]; then
     chmod +x "\$d/bin/$b.\$\$" && mv "\$d/bin/$b.\$\$" "\$d/bin/$b" ||
     { echo "devbin: could not unpack \$d/bin/$b.xz" >&2; exit 2; }
 fi
+# --compact: the libraries come as lib.txz, unpacked here once (a wrapper that loses the race to
+# another one started at the same time leaves that one's lib/ as it is)
+if [ ! -d "\$d/lib" ] && [ -f "\$d/lib.txz" ]; then
+  t=\$(mktemp -d "\$d/.lib.XXXXXX") &&
+    python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' "\$d/lib.txz" "\$t" &&
+    { mv -T "\$t/lib" "\$d/lib" 2> /dev/null || [ -d "\$d/lib" ]; } ||
+    { echo "devbin: could not unpack \$d/lib.txz" >&2; rm -rf "\$t"; exit 2; }
+  rm -rf "\$t"
+fi
 $test_binary
 LD_LIBRARY_PATH="\$d/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$d/bin/$b" "\$@"
 WRAP
@@ -96,5 +116,18 @@ done | sort -u | while read -r name path; do
   [[ "$name" =~ $skip ]] && continue
   cp -L "$path" ".devbin/lib/$name"
 done
+if [ -n "$COMPACT" ]; then
+  keep=${MXLAB_DEVBIN_LIBS:-libhdf5_serial.so.103 libsz.so.2 libaec.so.0 libyaml-cpp.so.0.7}
+  for name in $keep; do
+    [ -f ".devbin/lib/$name" ] || { echo "pack_devbin: --compact: the binaries load no $name (MXLAB_DEVBIN_LIBS)" >&2; exit 2; }
+  done
+  for f in .devbin/lib/*; do
+    [ -e "$f" ] || continue
+    case " $keep " in *" $(basename "$f") "*) ;; *) rm "$f" ;; esac
+  done
+  tar cJf .devbin/lib.txz -C .devbin lib
+  rm -r .devbin/lib
+  echo "pack_devbin: --compact: $keep in .devbin/lib.txz"
+fi
 du -sh .devbin | awk '{print "pack_devbin: .devbin is " $1 " (the working tree that travels may be 64 MiB)"}'
 cat .devbin/REVISION

@@ -154,3 +154,51 @@ def test_an_experiment_whose_items_took_longer_than_the_time_left_is_passed_over
     _, log3 = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3"], script="run_queue.sh", deadline="1200",
                                 env_extra={"MXLAB_QUEUE_MIN_LEFT": "0"})
     assert "run_queue: 1 of 1 items done" in log3, log3
+
+
+def _fake_gpu_tests(root, rc):
+    """A stand-in .devbin/mxlab_gpu_tests (only it: run_why_mx.sh keeps training with build/mxlab)."""
+    (root / ".devbin").mkdir(parents=True, exist_ok=True)
+    t = root / ".devbin" / "mxlab_gpu_tests"
+    t.write_text(f"#!/bin/sh\necho run >> {root / 'gpu_test_runs'}\necho \"gpu $CUDA_VISIBLE_DEVICES\"\n"
+                 f"echo '[  PASSED  ] 2 tests.'\nexit {rc}\n")
+    t.chmod(0o755)
+
+
+def test_queue_call_packs_every_item_and_runs_the_gpu_tests_once_per_machine(binary, tmp_path):
+    """experiments/paper/queue_call.sh: the GPU tests on GPU 0 beside the queue, once per machine; the
+    items' files as one q.tgz that results/ingest_queue.py files; --last switches the resume off."""
+    import tarfile
+    _fake_gpu_tests(tmp_path, 0)
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ["--gputests", *ITEMS],
+                                 script="queue_call.sh", gpus=2)
+    assert "run_queue: 3 of 3 items done" in log and "MXLAB_QUEUE_RESUME=1" in log, log
+    assert "[  PASSED  ] 2 tests." in log and "exit 0 after" in log, log
+    assert sorted(os.listdir(out)) == ["gpu_tests.log", "q.tgz", "queue.log"]
+    assert open(os.path.join(out, "gpu_tests.log")).read().startswith("gpu 0\n")
+    with tarfile.open(os.path.join(out, "q.tgz")) as t:
+        names = {n for n in t.getnames() if n.startswith("q/") and n.count("/") == 1}
+    assert names == {f"q/{k}_{t}.csv" for t in TAGS for k in ("summary", "blocks")} | {f"q/logs_{t}.tgz" for t in TAGS}
+    r = subprocess.run(["python3", os.path.join(ROOT, "results", "ingest_queue.py"), os.path.join(out, "q.tgz"),
+                        "--dest", f"queue_tiny={tmp_path / 'filed'}", "--dry-run"], capture_output=True, text=True)
+    assert r.returncode == 0 and "queue_tiny: 3 finished item(s)" in r.stdout, r.stdout + r.stderr
+    # a second call on the same machine: the tests are not run again, the items are done, --last
+    out2, log2 = run_device_script(binary, tmp_path, {}, ["--gputests", "--last", *ITEMS], script="queue_call.sh",
+                                   gpus=2)
+    assert "gpu tests: ran on this machine already" in log2 and "last call" in log2, log2
+    assert "run_queue: 3 of 3 items done" in log2 and "] GPU" not in log2, log2
+    assert (tmp_path / "gpu_test_runs").read_text() == "run\n"
+
+
+def test_queue_call_runs_failed_gpu_tests_again_and_refuses_bad_arguments(binary, tmp_path):
+    _fake_gpu_tests(tmp_path, 1)
+    out, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ["--gputests", ITEMS[0]],
+                                 script="queue_call.sh")
+    assert "exit 1 after" in log and not (tmp_path / "runs" / "queue" / "gputests.done").exists(), log
+    _, log2 = run_device_script(binary, tmp_path, {}, ["--gputests", ITEMS[0]], script="queue_call.sh")
+    assert "ran on this machine already" not in log2 and "exit 1 after" in log2, log2
+    assert (tmp_path / "gpu_test_runs").read_text() == "run\nrun\n"
+    for args, msg in ((["--fast", ITEMS[0]], "unknown option --fast"), (["--last"], "no items")):
+        r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", "queue_call.sh"), str(tmp_path / "o"),
+                            "100", *args], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr

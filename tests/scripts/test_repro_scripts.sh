@@ -200,6 +200,22 @@ if command -v cc > /dev/null && [ -e /usr/include/zlib.h ]; then
     out=$(cd "$pk" && bash bench/device_parts.sh "$pk/o" 60 2>&1)
     echo "$out" | grep -q "baseline: .devref (revision " || { echo "FAIL: device_parts.sh did not take .devref"; echo "$out"; fail=1; }
   fi
+  # --compact: only the named libraries, as lib.txz, unpacked by the first wrapper that runs (two
+  # at once: both run, one lib/ left, no temporary folder); a library the binaries do not load is refused
+  if command -v xz > /dev/null; then
+    (cd "$pk" && MXLAB_DEVBIN_LIBS=libz.so.1 bash bench/pack_devbin.sh --compact > packc.log 2>&1) ||
+      { echo "FAIL: pack_devbin --compact"; cat "$pk/packc.log"; fail=1; }
+    [ -f "$pk/.devbin/lib.txz" ] && [ ! -e "$pk/.devbin/lib" ] || { echo "FAIL: --compact left lib/ or made no lib.txz"; ls -R "$pk/.devbin"; fail=1; }
+    [ "$(tar tJf "$pk/.devbin/lib.txz" | grep -c '^lib/.')" -eq 1 ] && tar tJf "$pk/.devbin/lib.txz" | grep -qx 'lib/libz.so.1' ||
+      { echo "FAIL: --compact packed other than libz"; tar tJf "$pk/.devbin/lib.txz"; fail=1; }
+    ("$pk/.devbin/mxlab" > "$pk/c1.out" & "$pk/.devbin/mxlab_gpu_tests" > "$pk/c2.out" & wait)
+    grep -q "^zlib " "$pk/c1.out" && grep -q "^zlib " "$pk/c2.out" || { echo "FAIL: the compact wrappers do not run"; fail=1; }
+    [ -f "$pk/.devbin/lib/libz.so.1" ] || { echo "FAIL: the compact wrapper did not unpack lib.txz"; fail=1; }
+    ls -a "$pk/.devbin" | grep -q '^\.lib\.' && { echo "FAIL: a temporary lib folder was left"; ls -a "$pk/.devbin"; fail=1; }
+    (cd "$pk" && MXLAB_DEVBIN_LIBS="libz.so.1 libnothere.so.9" bash bench/pack_devbin.sh --compact > packc2.log 2>&1) &&
+      { echo "FAIL: --compact took a library the binaries do not load"; fail=1; }
+    grep -q "load no libnothere.so.9" "$pk/packc2.log" || { echo "FAIL: --compact did not name the missing library"; cat "$pk/packc2.log"; fail=1; }
+  fi
   rm "$pk/build/mxlab_gpu_tests"
   (cd "$pk" && bash bench/pack_devbin.sh > /dev/null 2>&1) && { echo "FAIL: pack_devbin packed without mxlab_gpu_tests"; fail=1; }
 fi
