@@ -8,6 +8,7 @@ and `mxlab summarize --csv` of the same runs.
     python3 results/why_mx.py e3 [--dir results/why_mx/e3] [--e1 results/why_mx/e1]
     python3 results/why_mx.py e4 [--dir results/why_mx/e4] [--e1 results/why_mx/e1]
     python3 results/why_mx.py q0 [--dir results/why_mx/paper_emulator] [--e1 results/why_mx/e1]
+    python3 results/why_mx.py confirm [--dir results/why_mx/confirm]
 
 For every trajectory the excursion (k = 10, B = 100, W = 500) is computed from its loss blocks
 and checked against the binary's `excursion_step` in the summary CSV (the C++ and Python
@@ -47,6 +48,14 @@ falsified if the lower bound > 0.5) and vs fp32 (two-sided), Holm, and the class
 (HR vs fp32 with a 95 % interval containing 1 and upper bound < 1.5), else a candidate fix (HR vs
 mx_all <= 0.25 and an interval vs fp32 containing 1; confirmed on seeds 240-259 at lr 6e-4 before
 it is called one), else none.
+
+`confirm` (the amendment of 2026-11-27: confirming E4's candidate fixes): seeds 240-259 at lr 6e-4,
+the fp32 and mx_all trajectories and every other trajectory of the run set as a recipe to confirm;
+progress, and on all 20 seeds per recipe (a) recipe vs mx_all (HR < 1) and (b) recipe vs fp32
+(two-sided), Holm over all of them (m = 2 x recipes), and the reading: "the fix" when (a) is
+significant with HR < 1 and (b)'s 95 % interval contains 1 with upper bound < 1.5; "confirmed"
+when (a) is and (b)'s interval contains 1 without that bound; else "not confirmed". Loss blocks
+of another lr or of seeds outside 240-259 are an error (exit 2).
 
 `q0` (Question 0, "E1" and its amendment): fp32, paper_emulator and mx_ops from the paper_emulator
 run set, mx_all of the same seeds from E1; progress, and on all 40 seeds the four tests (mx_all vs
@@ -772,21 +781,21 @@ def _seeds_by_arm(events):
     return have
 
 
-def complete(events, tests):
-    """Whether every arm and reference of `tests` has exactly seeds 200-239."""
+def complete(events, tests, seeds=SEEDS):
+    """Whether every arm and reference of `tests` has exactly `seeds` (200-239)."""
     have = _seeds_by_arm(events)
-    return all(have.get(x, set()) == set(SEEDS) for t in tests for x in t[1:3])
+    return all(have.get(x, set()) == set(seeds) for t in tests for x in t[1:3])
 
 
-def run_family(events, tests):
+def run_family(events, tests, seeds=SEEDS):
     """A pre-registered family on complete data: [(label, LogRank, Cox, Holm p)] in the order of
     `tests`, Holm over all len(tests) (permutation log-rank, seed-stratified Cox with Breslow ties,
-    as E1). Every arm and reference must have seeds 200-239, else a StudyError."""
+    as E1). Every arm and reference must have exactly `seeds` (200-239), else a StudyError."""
     have = _seeds_by_arm(events)
     for t in tests:
         for x in t[1:3]:
-            if have.get(x, set()) != set(SEEDS):
-                raise StudyError(f"the confirmatory tests need seeds 200-239 for every arm; {x} has "
+            if have.get(x, set()) != set(seeds):
+                raise StudyError(f"the confirmatory tests need seeds {seeds[0]}-{seeds[-1]} for every arm; {x} has "
                                  f"{len(have.get(x, ()))}")
     res = [(t[0],) + compare(events, t[1], t[2]) for t in tests]
     adj = P.holm_family([(label, lr.p_perm) for label, lr, _ in res])
@@ -845,10 +854,10 @@ def _counts(events, arm):
     return sum(1 for (s, a), (e, _) in events.items() if a == arm and e)
 
 
-def markdown_tests(events, tests, res, readings):
+def markdown_tests(events, tests, res, readings, n_seeds=len(SEEDS)):
     """A family as a markdown table: counts, first events, permutation p, Holm p, HR, verdict."""
     m = len(tests)
-    out = [f"| test | arm vs reference (hypothesis) | excursions arm / ref (of 40) | first event arm/ref | permutation p "
+    out = [f"| test | arm vs reference (hypothesis) | excursions arm / ref (of {n_seeds}) | first event arm/ref | permutation p "
            f"| Holm p (m = {m}) | HR (95 %) | verdict | asymptotic log-rank p |", "|---|---|---|---|---|---|---|---|---|"]
     for t, (label, lr, cox, h), v in zip(tests, res, readings):
         hyp = "two-sided" if t[3] == "two-sided" else f"HR {t[3]}"
@@ -877,6 +886,50 @@ def markdown_fixes(rows):
     for r, vm, vf, c in rows:
         out.append(f"| {r} | {R.hr_cell(vm)} | {R.hr_cell(vf)} | **{c}** |")
     return "\n".join(out)
+
+
+# The confirmation of E4's candidate fixes (the amendment of 2026-11-27): seeds 240-259 at lr 6e-4
+CONFIRM_SEEDS = list(range(240, 260))
+CONFIRM_LR = 6e-4
+
+
+def confirm_tests(recipes):
+    """Per recipe (a) vs mx_all (HR < 1) and (b) vs fp32 (two-sided), in that order: one Holm family."""
+    return tuple(t for r in recipes for t in ((f"{r} vs mx_all", r, MX_ALL, "<1", None),
+                                              (f"{r} vs fp32", r, FP32, "two-sided", None)))
+
+
+def confirm_reading(vs_mx, holm_mx, vs_fp32):
+    """The amendment's reading of a recipe from (a)'s Cox result and Holm p and (b)'s Cox result."""
+    if not (holm_mx < ALPHA and vs_mx.hr < 1):
+        return "not confirmed: stays a candidate"
+    if not vs_fp32.lo <= 1.0 <= vs_fp32.hi:
+        return "not confirmed: its hazard differs from FP32's"
+    if vs_fp32.hi < FIX_HI:
+        return "the fix"
+    return f"confirmed: brings MX's hazard near FP32's, within what {len(CONFIRM_SEEDS)} seeds resolve"
+
+
+def load_confirm(directory):
+    """The confirmation's events (load()), its recipes (every trajectory but fp32 and mx_all, sorted)
+    and a StudyError for blocks of another lr or of seeds outside 240-259, or without fp32, mx_all or
+    a recipe."""
+    events = load(directory)
+    lrs = set()
+    for path in R.csv_paths(directory, "blocks_*"):
+        with R.open_csv(path) as f:
+            lrs |= {float(r["lr"]) for r in csv.DictReader(f)}
+    if lrs != {CONFIRM_LR}:
+        raise StudyError(f"loss blocks at lr {sorted(lrs)}: the confirmation runs at lr {CONFIRM_LR:g} only")
+    stray = sorted({s for s, _ in events} - set(CONFIRM_SEEDS))
+    if stray:
+        raise StudyError(f"seed {stray[0]}: the confirmation's seeds are 240-259")
+    arms = {a for _, a in events}
+    recipes = sorted(arms - {FP32, MX_ALL})
+    if FP32 not in arms or MX_ALL not in arms or not recipes:
+        raise StudyError(f"the confirmation's runs train fp32, mx_all and at least one recipe; these have "
+                         f"{', '.join(sorted(arms))}")
+    return events, recipes
 
 
 def q0_readings(res):
@@ -975,9 +1028,39 @@ def main_q0(argv):
         print("\nconfirmatory tests: not run until all 40 seeds have finished (pre-registration)")
 
 
+@_one_line_errors
+def main_confirm(argv):
+    a = _args(argv, "confirm", "The confirmation of E4's candidate fixes (amendment of 2026-11-27)", "confirm")
+    events, recipes = load_confirm(a.dir)
+    seeds = sorted({s for s, _ in events})
+    print(f"confirm: {len(seeds)} of {len(CONFIRM_SEEDS)} seeds ({', '.join(map(str, seeds))}), lr {CONFIRM_LR:g}; "
+          f"recipes {', '.join(recipes)}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} "
+          "trajectories")
+    print(markdown_progress(progress(events), len(CONFIRM_SEEDS)))
+    tests = confirm_tests(recipes)
+    if not complete(events, tests, CONFIRM_SEEDS):
+        print(f"\nconfirmatory tests: not run until all {len(CONFIRM_SEEDS)} seeds have finished every arm "
+              "(pre-registration)")
+        return
+    res = run_family(events, tests, CONFIRM_SEEDS)
+    print(f"\nThe confirmation (m = {len(tests)}, Holm; within-seed permutation log-rank, seed-stratified Cox, "
+          "Breslow ties):\n")
+    # per test only whether it is significant, and which way: the reading is the recipe's, below
+    readings = [directional_verdict("two-sided", None, cox, h) for _, _, cox, h in res]
+    print(markdown_tests(events, tests, res, readings, len(CONFIRM_SEEDS)))
+    by = {label: (cox, h) for label, _, cox, h in res}
+    out = ["| recipe | HR vs mx_all (95 %) | Holm p | HR vs fp32 (95 %) | reading |", "|---|---|---|---|---|"]
+    for r in recipes:
+        (vm, hm), (vf, _) = by[f"{r} vs mx_all"], by[f"{r} vs fp32"]
+        out.append(f"| {r} | {R.hr_cell(vm)} | {hm:.3g} | {R.hr_cell(vf)} | **{confirm_reading(vm, hm, vf)}** |")
+    print(f"\nReadings (the fix: (a) significant with HR < 1 and (b)'s interval containing 1 with upper bound "
+          f"< {FIX_HI:g}; confirmed: without that bound):\n")
+    print("\n".join(out))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    sub = {"e2": main_e2, "e3": main_e3, "e4": main_e4, "q0": main_q0}
+    sub = {"e2": main_e2, "e3": main_e3, "e4": main_e4, "q0": main_q0, "confirm": main_confirm}
     if argv[:1] and argv[0] in sub:
         return sub[argv[0]](argv[1:])
     return main_e1(argv)

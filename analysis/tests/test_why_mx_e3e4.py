@@ -25,7 +25,7 @@ def W():
     return load_results_script("why_mx")
 
 
-def write_runs(d, tag, runs, settings=True, seed_column=True):
+def write_runs(d, tag, runs, settings=True, seed_column=True, lr="0.0005"):
     """A blocks CSV and a summary CSV in `d` (created): runs [(run_id, seed, eps, beta2,
     {trajectory: excursion block or None})], 200 blocks of 100 steps, the loss 1.0 and from the
     excursion block on 100.0. `settings`: the eps and beta2 columns (and the summary's
@@ -46,7 +46,7 @@ def write_runs(d, tag, runs, settings=True, seed_column=True):
             for t, at in trajs.items():
                 for i in range(BLOCKS):
                     m = 1.0 if at is None or i < at else 100.0
-                    b.writerow([rid, seed, "0.0005", t, 100 * i, 100, m, m, m, 0, m] + opt)
+                    b.writerow([rid, seed, lr, t, 100 * i, 100, m, m, m, 0, m] + opt)
                 s.writerow([rid, t, seed, "complete", -1 if at is None else 100 * at, 19500 if at is None else -1] + opt)
     if not seed_column:
         with open(os.path.join(d, f"summary_{tag}.csv"), newline="") as f:
@@ -467,3 +467,60 @@ def _config(path):
     with h5py.File(path, "r") as f:
         c = f.attrs["config_yaml"]
     return c.decode() if isinstance(c, bytes) else str(c)
+
+
+# The confirmation of E4's candidate fixes (the amendment of 2026-11-27): seeds 240-259, lr 6e-4.
+def confirm_events(traj, s):
+    i = s - 240
+    if traj == "mx_all":
+        return 40 + i % 5                       # every seed, early
+    if traj == "fp32":
+        return 120 + i if i % 4 else None       # 15 of 20, late
+    if traj == "good":                          # FP32's seeds, a block before or after it: after mx_all everywhere
+        return (119 if i % 2 else 121) + i if i % 4 else None
+    return 30 + i % 5 if i < 18 else None       # "bad": before mx_all in 18 seeds
+
+
+def write_confirm(d, arms=("fp32", "mx_all", "good", "bad"), seeds=range(240, 260), lr="0.0006"):
+    write_runs(d, "confirm", [(f"c-{s}", s, "1.0e-08", "0.999", {t: confirm_events(t, s) for t in arms})
+                              for s in seeds], lr=lr)
+
+
+def test_confirm_family_and_readings(W, tmp_path, capsys):
+    d = str(tmp_path / "c")
+    write_confirm(d)
+    assert W.main(["confirm", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    assert "confirm: 20 of 20 seeds" in out and "recipes bad, good" in out and "(m = 4, Holm" in out
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    # good: first in no seed against mx_all (every seed informative: p = 2 / 2^20); against FP32 first
+    # in 10 of its 15 seeds (an interval containing 1, wide): confirmed, not "the fix"
+    assert "good vs mx_all" in out and "| 0/20 |" in rows["good vs mx_all"] and "| 10/5 |" in rows["good vs fp32"]
+    assert "**confirmed: brings MX's hazard near FP32's, within what 20 seeds resolve**" in rows["good"]
+    assert "**not confirmed: stays a candidate**" in rows["bad"]
+    res = W.run_family(W.load(d), W.confirm_tests(["bad", "good"]), W.CONFIRM_SEEDS)
+    assert [r[0] for r in res] == ["bad vs mx_all", "bad vs fp32", "good vs mx_all", "good vs fp32"]
+    assert res[2][1].p_perm == pytest.approx(2 * 0.5 ** 20)
+
+
+def test_confirm_reading_rules(W):
+    r = W.confirm_reading
+    assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 1.0, 0.7, 1.4)) == "the fix"
+    assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 1.1, 0.5, 2.4)).startswith("confirmed: brings MX's hazard near")
+    assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 3.0, 1.2, 7.0)) == "not confirmed: its hazard differs from FP32's"
+    assert r(_cox(W, 0.2, 0.08, 0.5), 0.06, _cox(W, 1.0, 0.7, 1.4)) == "not confirmed: stays a candidate"
+    assert r(_cox(W, 2.0, 1.2, 3.0), 0.001, _cox(W, 1.0, 0.7, 1.4)) == "not confirmed: stays a candidate"
+
+
+def test_confirm_waits_for_all_seeds_and_refuses_other_data(W, tmp_path, capsys):
+    d = str(tmp_path / "part")
+    write_confirm(d, seeds=range(240, 250))
+    assert W.main(["confirm", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    assert "confirm: 10 of 20 seeds" in out and "not run until all 20 seeds" in out and "Holm" not in out
+    for name, kw, msg in (("lr", {"lr": "0.0005"}, "runs at lr 0.0006 only"),
+                          ("seed", {"seeds": range(239, 241)}, "seed 239: the confirmation's seeds are 240-259"),
+                          ("arms", {"arms": ("fp32", "mx_all")}, "at least one recipe")):
+        write_confirm(str(tmp_path / name), **kw)
+        assert W.main(["confirm", "--dir", str(tmp_path / name)]) == 2
+        assert msg in capsys.readouterr().err, name
