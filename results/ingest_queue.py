@@ -36,7 +36,6 @@ DESTINATIONS = {
     "why_mx_e2": "results/why_mx/e2",
     "why_mx_e3": "results/why_mx/e3",
     "why_mx_e4": "results/why_mx/e4",
-    "why_mx_confirm": "results/why_mx/confirm",
     "why_mx_e1_paper_emulator": "results/why_mx/paper_emulator",
     "flash_pilot": "results/flash_pilot",
     "flash_study": "results/flash_study",
