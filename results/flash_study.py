@@ -193,11 +193,7 @@ def load(directory):
     if not _glob(directory, "summary_*.csv") and not R.csv_paths(directory, "blocks_*"):
         return Study({"primary": {}, "secondary": {}}, {}, "", [], 0)
     trajs = W.checked_trajectories(directory)
-    run_of, lrs = {}, set()
-    for path in R.csv_paths(directory, "blocks_*"):
-        with R.open_csv(path) as f:
-            for r in csv.DictReader(f):
-                lrs.add(r["lr"])
+    run_of, lrs = {}, W.block_lrs(directory)
     for (seed, arm), t in trajs.items():
         if seed not in SEEDS:
             raise StudyError(f"seed {seed} ({arm}): not one of the study's seeds 300-339")
@@ -1126,10 +1122,9 @@ def report(a):
         f"step {SPIKE_AFTER:,} on whose maximum exceeds {SPIKE_FACTOR:g} x the minimum of every earlier block, or "
         "that holds a non-finite loss):\n")
     say(markdown_spikes(loss_spikes(a.dir, study.run_of), seeds))
-    if mech is not None:
-        if a.per_trajectory:
-            say("\nPer trajectory and layer (items 1, 2, 4):\n")
-            say(markdown_per_trajectory(mech, seeds))
+    if mech is not None and a.per_trajectory:
+        say("\nPer trajectory and layer (items 1, 2, 4):\n")
+        say(markdown_per_trajectory(mech, seeds))
     return "\n".join(lines), study, True
 
 

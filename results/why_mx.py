@@ -124,6 +124,15 @@ def checked_trajectories(directory):
     return trajs
 
 
+def block_lrs(directory):
+    """The learning rates (the `lr` column, as written) of the loss blocks CSVs in `directory`."""
+    lrs = set()
+    for path in R.csv_paths(directory, "blocks_*"):
+        with R.open_csv(path) as f:
+            lrs |= {r["lr"] for r in csv.DictReader(f)}
+    return lrs
+
+
 def _run_seeds(paths):
     """{run_id: seed} of the loss blocks CSVs `paths`."""
     out = {}
@@ -915,10 +924,7 @@ def load_confirm(directory):
     and a StudyError for blocks of another lr or of seeds outside 240-259, or without fp32, mx_all or
     a recipe."""
     events = load(directory)
-    lrs = set()
-    for path in R.csv_paths(directory, "blocks_*"):
-        with R.open_csv(path) as f:
-            lrs |= {float(r["lr"]) for r in csv.DictReader(f)}
+    lrs = {float(lr) for lr in block_lrs(directory)}
     if lrs != {CONFIRM_LR}:
         raise StudyError(f"loss blocks at lr {sorted(lrs)}: the confirmation runs at lr {CONFIRM_LR:g} only")
     stray = sorted({s for s, _ in events} - set(CONFIRM_SEEDS))
@@ -957,9 +963,9 @@ def markdown_e3_progress(events):
     return "\n".join(out)
 
 
-def _seeds_line(events):
+def _seeds_line(events, expected=SEEDS):
     seeds = sorted({s for s, _ in events})
-    return seeds, f"{len(seeds)} of {len(SEEDS)} seeds ({', '.join(map(str, seeds))})"
+    return seeds, f"{len(seeds)} of {len(expected)} seeds ({', '.join(map(str, seeds))})"
 
 
 @_one_line_errors
@@ -1032,8 +1038,8 @@ def main_q0(argv):
 def main_confirm(argv):
     a = _args(argv, "confirm", "The confirmation of E4's candidate fixes (amendment of 2026-11-27)", "confirm")
     events, recipes = load_confirm(a.dir)
-    seeds = sorted({s for s, _ in events})
-    print(f"confirm: {len(seeds)} of {len(CONFIRM_SEEDS)} seeds ({', '.join(map(str, seeds))}), lr {CONFIRM_LR:g}; "
+    _, seeds = _seeds_line(events, CONFIRM_SEEDS)
+    print(f"confirm: {seeds}, lr {CONFIRM_LR:g}; "
           f"recipes {', '.join(recipes)}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} "
           "trajectories")
     print(markdown_progress(progress(events), len(CONFIRM_SEEDS)))
