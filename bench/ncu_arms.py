@@ -48,8 +48,9 @@ def extra_arm_rows(many, one, arms, steps):
 
 def measured_per_extra_arm(text):
     """The ms per extra arm in `mxlab bench --arms K` output ("per extra arm: (a - b) / (K - 1) = X ms"),
-    None when the text has none."""
-    m = re.search(r"per extra arm: \([0-9.]+ - [0-9.]+\) / \([0-9]+ - 1\) = ([0-9.]+) ms", text)
+    None when the text has none. X may be negative: on a small model the timing noise can exceed an
+    extra arm's cost, and the binary prints what it measured."""
+    m = re.search(r"per extra arm: \([0-9.]+ - [0-9.]+\) / \([0-9]+ - 1\) = (-?[0-9.]+) ms", text)
     return float(m.group(1)) if m else None
 
 
