@@ -26,6 +26,17 @@ class IoError : public Error {
   int err_;
 };
 
+// A file that another process holds open in a way that excludes this use (an HDF5 lock: an
+// h5py session reading a run file that `mxlab run` would resume). Not damage, not bad input:
+// `mxlab` exits with kExitBusy, and the file is left as it is.
+class FileInUse : public Error {
+ public:
+  FileInUse(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+ private:
+  std::string path_;
+};
+
 // "cannot <verb> <path>: no space left on device (free space on that file system, or write
 // somewhere else)": the cause in words and what to do about it, on one line.
 std::string io_message(const std::string& verb, const std::string& path, int err);

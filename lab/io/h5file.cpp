@@ -4,11 +4,14 @@
 // kinds found by opening them.
 #include "lab/io/h5file.h"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -83,8 +86,8 @@ StackText hdf5_error_stack() {
 
 // A failed HDF5 call. Where the file system refused (disk full, read-only, permissions) the
 // error is an IoError that names the file and the cause in words, not HDF5's driver dump.
-[[noreturn]] void fail(const std::string& what, const std::string& file, const std::string& object = "") {
-  const StackText st = hdf5_error_stack();
+[[noreturn]] void fail_with(const StackText& st, const std::string& what, const std::string& file,
+                            const std::string& object = "") {
   // Only the file system's refusals; e.g. a lock held by another process (EAGAIN) keeps HDF5's
   // own text, which lab/runs/run_file.cpp recognises.
   const bool refused = st.err == ENOSPC || st.err == EDQUOT || st.err == EROFS || st.err == EACCES ||
@@ -95,6 +98,10 @@ StackText hdf5_error_stack() {
     throw_io_error(reading ? "read" : (creating ? "create" : "write"), file, st.err);
   }
   throw Error(msg("HDF5: ", what, object.empty() ? "" : " '" + object + "'", " in ", file, ": ", st.text));
+}
+
+[[noreturn]] void fail(const std::string& what, const std::string& file, const std::string& object = "") {
+  fail_with(hdf5_error_stack(), what, file, object);
 }
 
 // A temporary HDF5 handle closed at scope exit (types, spaces, property lists, attributes).
@@ -523,6 +530,35 @@ void H5File::open_image(const std::string& image) {
   if (id_ < 0) fail("cannot open file for reading", path_);
 }
 
+namespace {
+
+std::atomic<int64_t> g_append_lock_wait_ms{std::chrono::milliseconds(kDefaultAppendLockWait).count()};
+
+// A file access property list that takes no file lock (HDF5 >= 1.10.7; older versions lock).
+Handle no_lock_fapl(const std::string& path) {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.ok()) fail("cannot set up reading", path);
+#if H5_VERSION_GE(1, 10, 7)
+  if (H5Pset_file_locking(fapl.get(), false, true) < 0) fail("cannot set up reading without a lock", path);
+#endif
+  return fapl;
+}
+
+}  // namespace
+
+std::chrono::milliseconds append_lock_wait() { return std::chrono::milliseconds(g_append_lock_wait_ms.load()); }
+void set_append_lock_wait(std::chrono::milliseconds wait) { g_append_lock_wait_ms.store(wait.count()); }
+
+bool locked_by_another_open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // An exclusive request conflicts with any lock another open file description holds; a lock
+  // it gets here is released by the close.
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 H5File::H5File(const std::string& path, Mode mode) : path_(path) {
   silence_hdf5_printing();
   switch (mode) {
@@ -560,8 +596,24 @@ H5File::H5File(const std::string& path, Mode mode) : path_(path) {
           break;
         }
       }
-      id_ = H5Fopen(path.c_str(), flags, H5P_DEFAULT);
-      if (id_ < 0) fail(mode == Mode::append ? "cannot open file for appending" : "cannot open file for reading", path);
+      if (mode == Mode::read) {
+        const Handle fapl = no_lock_fapl(path);
+        id_ = H5Fopen(path.c_str(), flags, fapl.get());
+        if (id_ < 0) {
+          // A file this process has open to write (inherited by the check's child) is shared
+          // with that open, whose locking flag a second open must match: HDF5 refuses one that
+          // differs ("file locking flag values don't match"). The same open with locking then
+          // takes no new lock. Any other failure is reported as the lock-free open saw it.
+          const StackText first = hdf5_error_stack();
+          id_ = H5Fopen(path.c_str(), flags, H5P_DEFAULT);
+          if (id_ < 0) {
+            H5Eclear2(H5E_DEFAULT);
+            fail_with(first, "cannot open file for reading", path);
+          }
+        }
+      } else {
+        open_to_append(path);
+      }
       if (mode == Mode::append) {
         // What HDF5 opened must be the regular file named `path`, not one a link put there since.
         struct stat opened {}, named {};
@@ -576,6 +628,34 @@ H5File::H5File(const std::string& path, Mode mode) : path_(path) {
       }
       break;
     }
+  }
+}
+
+void H5File::open_to_append(const std::string& path) {
+  // Another process's lock (an h5py session reading the file) is waited for, then reported as
+  // such: the file is whole, and treating it as damaged would throw a resumable run away.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::chrono::milliseconds wait = append_lock_wait();
+  bool said = false;
+  for (;;) {
+    id_ = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    if (id_ >= 0) return;
+    if (!locked_by_another_open(path)) fail("cannot open file for appending", path);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    if (waited >= wait) {
+      H5Eclear2(H5E_DEFAULT);
+      throw FileInUse(msg(path, " is open in another process, which holds an HDF5 lock on it (an h5py or HDFView "
+                          "session?), still after ", (waited.count() + 500) / 1000,
+                          " s; it was left as it is: close it there and run the same command again"),
+                      path);
+    }
+    if (!said) {
+      std::fprintf(stderr, "mxlab: %s is open in another process (an HDF5 lock); waiting up to %lld s for it\n",
+                   path.c_str(), static_cast<long long>((wait.count() + 999) / 1000));
+      said = true;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

@@ -10,6 +10,7 @@
 // anything is allocated for them. Nothing is written through a symbolic link
 // (lab/io/out_file.h).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -17,6 +18,20 @@
 #include <vector>
 
 namespace mxlab::h5 {
+
+// File locks. HDF5 locks a file it opens (flock(2): shared to read, exclusive to write) and
+// refuses to open a file that another process holds in a conflicting way. mxlab's own readers
+// take no lock (a reader is never a reason for a writer to fail: `mxlab run` shards rebuild
+// index.csv from files other shards are resuming), and its writers are kept apart by the
+// per-run lock (lab/io/locks.h). What remains is another program holding the file open:
+// an h5py or HDFView session. Opening to append then waits for it, up to append_lock_wait(),
+// and throws FileInUse (lab/core/error.h) if it is still held: never a reason to treat the
+// file as damaged.
+constexpr std::chrono::seconds kDefaultAppendLockWait{60};
+std::chrono::milliseconds append_lock_wait();
+void set_append_lock_wait(std::chrono::milliseconds wait);  // tests shorten it
+// Whether another open file of `path` holds an flock(2) lock on it (false when it does not exist).
+bool locked_by_another_open(const std::string& path);
 
 using Hid = int64_t;  // hid_t (int64_t since HDF5 1.10); hdf5.h stays out of this header
 
@@ -76,8 +91,9 @@ class H5File {
     create,  // create, replacing any existing file: a new file under a name of its own (O_EXCL),
              // renamed over `path` (a link there is replaced, never followed)
     append,  // open an existing file read-write (resume) once it was read whole (h5check.h);
-             // error if it does not exist or is damaged, IoError (ELOOP) if it is a symbolic link
-    read,    // open an existing file read-only (its clean image, in memory)
+             // error if it does not exist or is damaged, IoError (ELOOP) if it is a symbolic link,
+             // FileInUse if another process keeps it locked for longer than append_lock_wait()
+    read,    // open an existing file read-only (its clean image, in memory), taking no lock
   };
   H5File(const std::string& path, Mode mode);
   ~H5File();  // closes; errors at this point are swallowed: call close() to see them
@@ -132,6 +148,7 @@ class H5File {
 
  private:
   void open_image(const std::string& image);  // read mode: the file's clean image (h5check.h)
+  void open_to_append(const std::string& path);  // waits out another process's lock (FileInUse)
   std::string path_;
   Hid id_ = -1;
 };

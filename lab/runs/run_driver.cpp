@@ -177,7 +177,7 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
   try {
     if (opt.lock && !lock.try_acquire(opt.out_dir, out.run_id)) {
       out.status = RunStatus::busy;
-      out.error = "locked by " + lock.holder();
+      out.error = "being run by another process (locked by " + lock.holder() + ")";
       return out;
     }
   } catch (const std::exception& e) {
@@ -249,6 +249,11 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
           file = std::make_unique<LockedRunFile>(RunFile::open(out.path));
         } catch (const IoError&) {
           throw;  // a full disk is no reason to start over (and truncate the file): fail, keep it
+        } catch (const FileInUse& e) {
+          // Another program has the file open: the run is left as it is, to resume later.
+          out.status = RunStatus::busy;
+          out.error = e.what();
+          return out;
         } catch (const Error& e) {
           restart_why = msg("it cannot be reopened (", e.what(), ")");
           file.reset();

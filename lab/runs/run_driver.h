@@ -46,11 +46,11 @@ struct RunOptions {
 
 struct RunOutcome {
   // complete | diverged | interrupted | skipped (already complete) | failed | busy (locked by
-  // another live process)
+  // another live process, or its file held open by another program: left as it is)
   RunStatus status = RunStatus::failed;
   std::string run_id, path;
   std::string error;  // failed: the message (also stored in the file's `error` attribute);
-                      // busy: who holds the lock
+                      // busy: why, in words (who holds the lock; the file open elsewhere)
   bool resumed = false;
   int64_t resumed_from = 0;
   int64_t divergence_step = -1;  // earliest over the MX arms (-1: none or unknown)

@@ -85,8 +85,9 @@ void copy_atomically(const std::string& from, const std::string& to) {
   }
 }
 
-// Why `path` is not a readable run file ("" if it is). A file locked by another process is an
-// error, not damage: repairing it would clobber a live run.
+// Why `path` is not a readable run file ("" if it is). Reading takes no lock (h5file.h); where
+// HDF5 still refuses for a lock (a version without H5Pset_file_locking), that is FileInUse, not
+// damage: repairing the file would clobber a live run.
 std::string damage_of(const std::string& path) {
   try {
     const h5::H5File f(path, h5::H5File::Mode::read);  // reads it whole first (lab/io/h5check.h)
@@ -94,7 +95,7 @@ std::string damage_of(const std::string& path) {
   } catch (const Error& e) {
     const std::string why = e.what();
     if (why.find("unable to lock") != std::string::npos)
-      throw Error(msg(path, " is in use by another process (", why, "): wait for it or stop it"));
+      throw FileInUse(msg(path, " is in use by another process (", why, "): wait for it or stop it"), path);
     H5Eclear2(H5E_DEFAULT);
     return why;
   }

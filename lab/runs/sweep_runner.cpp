@@ -231,7 +231,7 @@ SweepResult run_sweep(const std::vector<ExpandedRun>& runs, const SweepOptions& 
     else if (r.status == RunStatus::skipped) detail = "already complete";
     else if (r.status == RunStatus::interrupted) detail = msg("stopped at step ", stopped_at, ", checkpoint saved");
     else if (r.status == RunStatus::failed) detail = "error: " + r.error;
-    else if (r.status == RunStatus::busy) detail = "being run by another process (" + r.error + ")";
+    else if (r.status == RunStatus::busy) detail = r.error;
     if (r.excursion_step >= 0 && is_finished(r.status)) {
       detail += msg(r.status == RunStatus::complete ? ", " : "; ", "excursion at step ", r.excursion_step);
       if (!r.excursion_arm.empty() && r.excursion_arm != "mx") detail += " (arm " + r.excursion_arm + ")";
@@ -442,7 +442,8 @@ std::string format_sweep_report(const SweepResult& result) {
     out += "failed: the message is in the table (and in the file's `error` attribute where it could be written); "
            "fix the cause and run the same command again\n";
   if (counts.count(RunStatus::busy))
-    out += "busy: another process holds these runs' locks (<out>/<run_id>.lock); run again once it is done\n";
+    out += "busy: another process holds these runs' locks (<out>/<run_id>.lock) or has their files open; run again "
+           "once it is done\n";
   return out;
 }
 

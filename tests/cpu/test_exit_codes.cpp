@@ -3,6 +3,8 @@
 // are one line with code 2 (not CLI11's own codes). 74 on a full disk or a read-only directory:
 // tests/cpu/test_disk_full.cpp. 3 (internal error) needs a bug to happen and is not provoked.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -140,6 +142,31 @@ TEST(ExitCodes, BusyIs75AndFailedOutranksIt) {
   write_bytes(s.out + "/" + s.ids[0] + ".lock", "pid=" + std::to_string(::getpid()) + " host=" + host_name() + " time=x\n");
   p = run_mxlab({"run", s.yaml, "--out", s.out});
   EXPECT_EQ(p.exit_code, kExitRunFailed) << p.output;
+}
+
+// A run file that another program keeps open (an h5py session: a shared HDF5 lock) is busy
+// once MXLAB_FILE_LOCK_WAIT seconds have passed: `mxlab branch` exits 75 with one line and the
+// file unchanged; the same command succeeds once the file is closed.
+TEST(ExitCodes, ARunFileOpenElsewhereIs75AndUntouched) {
+  const Experiment s = setup();
+  ASSERT_EQ(run_mxlab({"run", s.yaml, "--out", s.out}).exit_code, kExitOk);
+  const std::string file = s.out + "/" + s.ids[0] + ".h5";
+  const std::string before = slurp(file);
+  const std::vector<std::string> branch = {"branch", file, "--name", "fp32_late", "--at", "10", "--apply", "to_fp32"};
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+  Proc p = run_mxlab(branch, {}, SIGKILL, {"MXLAB_FILE_LOCK_WAIT=0.2"});
+  EXPECT_EQ(p.exit_code, kExitBusy) << p.output;
+  EXPECT_TRUE(contains(p.output, "mxlab: error: " + file + " is open in another process")) << p.output;
+  EXPECT_EQ(count_of(p.output, "mxlab: error: "), 1) << p.output;
+  EXPECT_TRUE(slurp(file) == before) << "the file was changed";
+  p = run_mxlab(branch, {}, SIGKILL, {"MXLAB_FILE_LOCK_WAIT=soon"});
+  EXPECT_EQ(p.exit_code, kExitBadInput) << p.output;
+  EXPECT_TRUE(contains(p.output, "MXLAB_FILE_LOCK_WAIT=soon: give seconds")) << p.output;
+  ::close(fd);
+  p = run_mxlab(branch, {}, SIGKILL, {"MXLAB_FILE_LOCK_WAIT=0.2"});
+  EXPECT_EQ(p.exit_code, kExitOk) << p.output;
 }
 
 TEST(ExitCodes, InterruptedIs130) {

@@ -1,16 +1,22 @@
 // Round trips through lab/io/h5file: every attribute kind, every dataset kind, groups,
 // append across reopen, truncate (resume), flush-then-kill leaves a readable file, errors
-// that name the file and the object, and the atomic .tmp-then-rename writer.
+// that name the file and the object, the atomic .tmp-then-rename writer, and file locks
+// (reading takes none; appending waits out another process's lock, then says FileInUse).
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lab/core/error.h"
@@ -357,4 +363,134 @@ TEST_F(H5FileTest, CheckingAFileLeavesTheFilesThisProcessHasOpenAlone) {
   ASSERT_EQ(loss.size(), 2000u);
   for (int t = 0; t < 2000; ++t) ASSERT_EQ(loss[t], 0.25 * t) << "row " << t;
   std::remove(other.c_str());
+}
+
+namespace {
+
+// What another program that has `path` open through HDF5 holds: an flock(2) lock on its own
+// open file (shared for a reader such as h5py's File(path, "r"), exclusive for a writer).
+// HDF5 in this process conflicts with it exactly as with another process's lock.
+class ForeignLock {
+ public:
+  ForeignLock(const std::string& path, int how) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    EXPECT_GE(fd_, 0) << path;
+    EXPECT_EQ(::flock(fd_, how | LOCK_NB), 0) << path;
+  }
+  ~ForeignLock() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+ private:
+  int fd_;
+};
+
+// Restores the default wait at the end of a test.
+struct LockWait {
+  explicit LockWait(std::chrono::milliseconds w) { set_append_lock_wait(w); }
+  ~LockWait() { set_append_lock_wait(kDefaultAppendLockWait); }
+};
+
+std::string file_bytes(const std::string& p) {
+  std::string b;
+  if (std::FILE* f = std::fopen(p.c_str(), "rb")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.append(buf, n);
+    std::fclose(f);
+  }
+  return b;
+}
+
+}  // namespace
+
+// A writer elsewhere (an exclusive lock) does not keep mxlab from reading: its readers take no
+// lock, so they never make a writer fail either (a shard rebuilding index.csv while another
+// shard resumes a run in the same folder).
+TEST_F(H5FileTest, ReadingTakesNoLock) {
+  {
+    H5File w(path_, H5File::Mode::create);
+    w.set_attr("/", "status", "interrupted");
+  }
+  EXPECT_FALSE(locked_by_another_open(path_));
+  ForeignLock writer(path_, LOCK_EX);
+  EXPECT_TRUE(locked_by_another_open(path_));
+  H5File r(path_, H5File::Mode::read);
+  EXPECT_EQ(r.get_attr_string("/", "status"), "interrupted");
+  writer.release();
+  EXPECT_FALSE(locked_by_another_open(path_));
+  EXPECT_FALSE(locked_by_another_open(path_ + ".absent"));
+  // A file this process has open to write (with HDF5's lock) still reads: the check's child
+  // shares that open, whose locking flag a lock-free open would not match.
+  H5File w(path_, H5File::Mode::append);
+  w.set_attr("/", "status", "running");
+  w.flush();
+  H5File r2(path_, H5File::Mode::read);
+  EXPECT_EQ(r2.get_attr_string("/", "status"), "running");
+}
+
+// Another program's lock is waited for and, when it is released, the file opens to append.
+TEST_F(H5FileTest, AppendWaitsForAnotherProgramsLock) {
+  {
+    H5File w(path_, H5File::Mode::create);
+    w.set_attr("/", "status", "interrupted");
+  }
+  const LockWait wait(std::chrono::seconds(30));
+  auto reader = std::make_unique<ForeignLock>(path_, LOCK_SH);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    reader->release();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    H5File a(path_, H5File::Mode::append);
+    a.set_attr("/", "status", "running");
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  releaser.join();
+  EXPECT_GE(waited, 0.35) << "it opened although the lock was held";
+  H5File r(path_, H5File::Mode::read);
+  EXPECT_EQ(r.get_attr_string("/", "status"), "running");
+}
+
+// A lock still held after the wait is FileInUse, naming the file, and the file is untouched.
+TEST_F(H5FileTest, AppendToAFileStillLockedIsFileInUseAndLeavesItAlone) {
+  {
+    H5File w(path_, H5File::Mode::create);
+    w.set_attr("/", "status", "interrupted");
+  }
+  const std::string before = file_bytes(path_);
+  const LockWait wait(std::chrono::milliseconds(300));
+  for (int how : {LOCK_SH, LOCK_EX}) {
+    ForeignLock other(path_, how);
+    try {
+      H5File a(path_, H5File::Mode::append);
+      ADD_FAILURE() << "opened a file another program holds locked";
+    } catch (const FileInUse& e) {
+      EXPECT_EQ(e.path(), path_);
+      EXPECT_NE(std::string(e.what()).find(path_ + " is open in another process"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("close it there and run the same command again"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(file_bytes(path_), before);
+  }
+  // Any other failure to open is not FileInUse.
+  const std::string junk = path_ + ".junk.h5";
+  {
+    std::FILE* f = std::fopen(junk.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs("not hdf5", f);
+    std::fclose(f);
+  }
+  bool in_use = false, other_error = false;
+  try {
+    H5File a(junk, H5File::Mode::append);
+  } catch (const FileInUse&) {
+    in_use = true;
+  } catch (const Error&) {
+    other_error = true;
+  }
+  EXPECT_FALSE(in_use);
+  EXPECT_TRUE(other_error);
+  std::remove(junk.c_str());
 }

@@ -2,11 +2,13 @@
 // (--shard and Slurm variables), a stopped sweep resumes to the same files as an uninterrupted
 // one, --jobs 2 writes the same files as --jobs 1, a failing run is marked failed while the
 // others complete, the per-run lock keeps two processes apart (and stale locks are taken
-// over), SIGINT stops the built binary cleanly, and summarize lists every run.
+// over), a run file that another program holds open is waited for and never started over,
+// SIGINT stops the built binary cleanly, and summarize lists every run.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -383,6 +385,67 @@ TEST_F(SweepRun, StoppedSweepResumesToTheUninterruptedFiles) {
   for (char c : index) lines += c == '\n';
   EXPECT_EQ(lines, kSweepRuns + 1) << index;
   for (const auto& r : runs) EXPECT_NE(index.find(r.id + ",complete,40,"), std::string::npos) << index;
+}
+
+// An interrupted run whose file another program has open (an h5py session: a shared HDF5 lock;
+// or another shard reading it, before mxlab's readers took no lock) is busy, not damaged: it is
+// left byte for byte as it was, with its checkpoints, and resumes once the file is closed. It
+// used to be started again from step 0 ("it cannot be reopened").
+TEST_F(SweepRun, ARunFileOpenElsewhereIsWaitedForAndNeverStartedOver) {
+  TempDir dir;
+  const std::vector<ExpandedRun> all = sweep_runs();
+  const std::vector<ExpandedRun> runs = {all[3]};
+  std::atomic<bool> stop{false};
+  SweepOptions opt = cpu_options(dir.str());
+  opt.stop = &stop;
+  opt.on_progress = [&](const ExpandedRun&, const RunProgress& p) {
+    if (p.step >= 25) stop.store(true);
+  };
+  const SweepResult first = run_sweep(runs, opt);
+  ASSERT_EQ(to_string(first.runs[0].status), "interrupted") << format_sweep_report(first);
+  stop.store(false);
+  opt.on_progress = nullptr;
+  const std::string path = dir.str() + "/" + runs[0].id + ".h5";
+  const std::string before = read_file(path);
+  auto listing = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir.str())) names.insert(e.path().filename().string());
+    return names;
+  };
+  const std::set<std::string> files_before = listing();
+  ASSERT_TRUE(std::any_of(files_before.begin(), files_before.end(),
+                          [](const std::string& n) { return n.find(".ckpt") != std::string::npos; }));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+
+  // Held throughout a short wait: busy (exit 75), the file and its checkpoint as they were.
+  h5::set_append_lock_wait(std::chrono::milliseconds(300));
+  const SweepResult held = run_sweep(runs, opt);
+  EXPECT_EQ(held.exit_code, kExitBusy) << format_sweep_report(held);
+  EXPECT_EQ(to_string(held.runs[0].status), "busy");
+  EXPECT_NE(held.runs[0].error.find("is open in another process"), std::string::npos) << held.runs[0].error;
+  const std::string report = format_sweep_report(held);
+  EXPECT_NE(report.find("is open in another process"), std::string::npos) << report;
+  EXPECT_EQ(report.find("started again from step 0"), std::string::npos) << report;
+  EXPECT_TRUE(read_file(path) == before) << "the busy run's file was changed";
+  EXPECT_EQ(listing(), files_before) << "files were added or removed beside the busy run (its lock released)";
+
+  // Released while the run waits: it resumes from its checkpoint, to the uninterrupted file.
+  h5::set_append_lock_wait(std::chrono::seconds(30));
+  std::thread releaser([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::close(fd);
+  });
+  const SweepResult resumed = run_sweep(runs, opt);
+  releaser.join();
+  h5::set_append_lock_wait(h5::kDefaultAppendLockWait);
+  EXPECT_EQ(resumed.exit_code, 0) << format_sweep_report(resumed);
+  EXPECT_EQ(to_string(resumed.runs[0].status), "complete");
+  EXPECT_TRUE(resumed.runs[0].resumed);
+  EXPECT_GE(resumed.runs[0].resumed_from, 25);
+  EXPECT_TRUE(resumed.runs[0].note.empty()) << resumed.runs[0].note;
+  expect_same_datasets(path, reference(runs[0].id));
 }
 
 TEST_F(SweepRun, TwoJobsWriteTheSameFilesAsOne) {
