@@ -328,13 +328,20 @@ const char* signal_name(int sig) {
 // Forks the child and waits for its verdict.
 Outcome check_in_child(const std::string& path, uint64_t file_bytes) {
   int fds[2];
-  if (::pipe(fds) != 0) throw Error(msg("cannot check ", path, ": pipe: ", std::strerror(errno)));
+  // The system refusing a pipe or a process says nothing about the file: an IoError, so that no
+  // caller takes it for damage (run_driver.cpp).
+  if (::pipe(fds) != 0) {
+    const int e = errno;
+    throw IoError(msg("cannot check ", path, ": pipe: ", std::strerror(e), " (the system refuses: file descriptor "
+                      "limit?; the file is left as it is)"), path, e);
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    throw Error(msg("cannot check ", path, ": fork: ", std::strerror(e)));
+    throw IoError(msg("cannot check ", path, ": fork: ", std::strerror(e), " (the system refuses new processes: its "
+                      "process or memory limit; the file is left as it is)"), path, e);
   }
   if (pid == 0) {
     ::close(fds[0]);

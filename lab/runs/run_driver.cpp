@@ -116,6 +116,8 @@ std::string record_damage(const std::string& path) {
   // attributes, a trajectory missing: run_records.h).
   const RunRecord r = read_run_record(path);  // takes hdf5_mutex itself
   if (r.readable) return "";
+  // The system refused to read it: that says nothing about the file, which stays as it is.
+  if (r.io_errno != 0) throw IoError(r.error, path, r.io_errno);
   // This process holds the run's lock, so the record may say `running` rather than why.
   if (r.status == RunStatus::unreadable && !r.error.empty()) return r.error;
   return "it is not a whole record of its run (`mxlab summarize` of its folder says why)";
@@ -188,33 +190,41 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
 
   // A finished file of the same configuration is a result: never recompute it.
   std::string finished_damage;  // a finished file of this run that is not a whole record: why
-  if (file_exists(out.path)) {
-    const std::optional<RunStatus> status = parse_run_status(peek(out.path, "status"));
-    const std::string id = peek(out.path, "run_id");
-    if (status && is_finished(*status) && id == out.run_id) {
-      // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
-      finished_damage = record_damage(out.path);
-      if (!finished_damage.empty()) {
-        try {
-          std::lock_guard<std::mutex> g(hdf5_mutex());
-          RunFile::open(out.path);
-        } catch (const std::exception& e) {
-          out.status = RunStatus::failed;
-          out.error = e.what();
+  try {
+    if (file_exists(out.path)) {
+      const std::optional<RunStatus> status = parse_run_status(peek(out.path, "status"));
+      const std::string id = peek(out.path, "run_id");
+      if (status && is_finished(*status) && id == out.run_id) {
+        // What was read may be its snapshot's: a damaged file is put back from it (run_file.h).
+        finished_damage = record_damage(out.path);
+        if (!finished_damage.empty()) {
+          try {
+            std::lock_guard<std::mutex> g(hdf5_mutex());
+            RunFile::open(out.path);
+          } catch (const std::exception& e) {
+            out.status = RunStatus::failed;
+            out.error = e.what();
+            return out;
+          }
+          finished_damage = record_damage(out.path);
+        }
+        // A finished file that is still not a whole record (no snapshot could mend it) is not a
+        // result: the run starts again from step 0 and says so (below).
+        if (finished_damage.empty()) {
+          out.status = RunStatus::skipped;
+          std::pair<int64_t, std::string> excursion;
+          std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
+          std::tie(out.excursion_step, out.excursion_arm) = excursion;
           return out;
         }
-        finished_damage = record_damage(out.path);
-      }
-      // A finished file that is still not a whole record (no snapshot could mend it) is not a
-      // result: the run starts again from step 0 and says so (below).
-      if (finished_damage.empty()) {
-        out.status = RunStatus::skipped;
-        std::pair<int64_t, std::string> excursion;
-        std::tie(out.divergence_step, out.divergence_arm) = recorded_divergence(out.path, &excursion);
-        std::tie(out.excursion_step, out.excursion_arm) = excursion;
-        return out;
       }
     }
+  } catch (const IoError& e) {
+    // The system refused to look at the file (a read, the check's process): the run fails and
+    // its file stays as it is; the same command decides once the system allows it.
+    out.status = RunStatus::failed;
+    out.error = e.what();
+    return out;
   }
 
   std::unique_ptr<LockedRunFile> file;

@@ -92,6 +92,8 @@ std::string damage_of(const std::string& path) {
   try {
     const h5::H5File f(path, h5::H5File::Mode::read);  // reads it whole first (lab/io/h5check.h)
     return "";
+  } catch (const IoError&) {
+    throw;  // the system refused (a read, the check's process): not damage
   } catch (const Error& e) {
     const std::string why = e.what();
     if (why.find("unable to lock") != std::string::npos)
@@ -173,6 +175,8 @@ std::string RunFile::peek_root_str(const std::string& path, const std::string& n
     try {
       h5::H5File f(p, h5::H5File::Mode::read);
       return f.has_attr("/", name) ? f.get_attr_string("/", name) : "";
+    } catch (const IoError&) {
+      throw;  // the system refused: "" would say the file holds no such attribute
     } catch (const Error&) {
     }
   }

@@ -28,6 +28,7 @@ class RunFile : public MetricSink {
   static std::unique_ptr<RunFile> open(const std::string& path);
   // A root string attribute of a file ("" when the file or attribute is missing). When the file
   // cannot be read, the snapshot's value: the run can then resume, and open() repairs the file.
+  // Throws IoError when the system refuses to read either (that says nothing about the file).
   static std::string peek_root_str(const std::string& path, const std::string& name);
   static std::string snapshot_path(const std::string& path) { return path + ".snapshot"; }
   // After a write into `path` failed (disk full, ...), with its RunFile already destroyed: puts

@@ -286,6 +286,7 @@ RunRecord read_run_record(const std::string& path) {
   } catch (const std::exception& e) {
     rec.readable = false;
     rec.groups.clear();
+    if (const auto* io = dynamic_cast<const IoError*>(&e)) rec.io_errno = io->error_number();
     const std::string holder = live_lock_holder(dir_of(path), rec.run_id);
     if (!holder.empty()) {
       rec.status = RunStatus::running;

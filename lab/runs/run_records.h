@@ -59,6 +59,9 @@ struct RunRecord {
   RunStatus status = RunStatus::unreadable;
   std::string error;    // failed: the message; unreadable: why
   bool readable = false;
+  // Unreadable because the system refused (an IoError: the check's process could not be made, a
+  // read failed with EIO or EACCES): its errno. 0 when the file itself is the reason.
+  int io_errno = 0;
   std::string name, start_time, end_time;
   int64_t steps = 0;
   // The canonical resolved configuration (config_yaml parsed and printed again), flattened to

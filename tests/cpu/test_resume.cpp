@@ -277,6 +277,35 @@ TEST_F(Resume, NoValidCheckpointMeansTheRunStartsOver) {
   expect_same_run_files(ref_file_, file);
 }
 
+// When the system refuses to look at a run file (mxlab reads each file in a child process
+// first, and a node at its process limit refuses the fork), that is not damage: the run fails
+// with the reason and its file stays as it is, whether finished or resumable; once the system
+// allows it again, the same command skips or resumes it. Never "started again from step 0".
+TEST_F(Resume, ARunFileThatCannotBeCheckedIsLeftAsItIs) {
+  const std::vector<std::string> fork_fails = {std::string("LD_PRELOAD=") + MXLAB_FORK_SHIM, "MXLAB_FORK_FAILS=1"};
+  const std::string ref_dir = ref_file_.substr(0, ref_file_.rfind('/'));
+  for (const bool finished : {true, false}) {
+    SCOPED_TRACE(finished ? "a finished run" : "an interrupted run");
+    const std::string out = make_temp_dir(finished ? "nofork_done" : "nofork_open");
+    const std::string file = out + "/" + run_id_ + ".h5";
+    if (finished) copy_file(ref_file_, file);
+    else copy_as_unfinished(ref_file_, ref_dir, run_id_, out);
+    const std::string before = slurp(file);
+    const Proc p = run_mxlab(run_args(out), {}, SIGKILL, fork_fails);
+    EXPECT_NE(p.exit_code, 0) << p.output;
+    EXPECT_TRUE(contains(p.output, "fork")) << p.output;
+    EXPECT_FALSE(contains(p.output, "started again from step 0")) << p.output;
+    EXPECT_TRUE(slurp(file) == before) << "the file was changed:\n" << p.output;
+    if (!finished) {
+      EXPECT_TRUE(file_exists(ckpt(out, kSteps - kCheckpointEvery))) << p.output;
+    }
+    const Proc r = run_mxlab(run_args(out));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, finished ? "already complete" : "resumed from step 180")) << r.output;
+    expect_same_run_files(ref_file_, file);
+  }
+}
+
 // A kill inside an HDF5 flush can leave a file that no longer opens, or opens but fails on one
 // group. Here the file is cut in half (what a half-extended file looks like to HDF5).
 TEST_F(Resume, DamagedFileIsRestoredFromItsSnapshot) {
