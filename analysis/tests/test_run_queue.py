@@ -156,6 +156,39 @@ def test_an_experiment_whose_items_took_longer_than_the_time_left_is_passed_over
     assert "run_queue: 1 of 1 items done" in log3, log3
 
 
+def test_a_length_measured_on_earlier_machines_stands_in_until_this_machine_learns_one(binary, tmp_path):
+    # experiments/paper/queue_seconds.txt (EXP SECONDS, # comments): on a machine with no item of
+    # EXP done yet, an item starts only with that + 75 s left; once one is done, what it took here
+    # replaces it
+    slow = TINY.replace("name: queue_tiny", "name: queue_slow")
+    # (a first call that starts nothing sets the scratch tree up)
+    _, log0 = run_device_script(binary, tmp_path, {"queue_tiny": TINY, "queue_slow": slow}, ITEMS[:1],
+                                script="run_queue.sh", env_extra={"MXLAB_QUEUE_MIN_LEFT": "1000"})
+    assert "run_queue: 0 of 1 items done" in log0, log0
+    (tmp_path / "experiments" / "paper" / "queue_seconds.txt").write_text(
+        "# measured elsewhere\nqueue_slow 1000  # too long for this call\nqueue_tiny 5\n")
+    _, log = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3", ITEMS[0]], script="run_queue.sh")
+    assert "run_queue: 1 of 2 items done" in log and "GPU 0: queue_slow=0/3" not in log, log
+    assert "GPU 0: queue_tiny=0/3 done" in log, log
+    # the prior is not reported as learnt here; what the done item took is
+    assert "queue_slow took" not in log and "an item of queue_tiny took up to" in log, log
+    assert not (tmp_path / "runs" / "queue" / "queue_slow.seconds").exists()
+    # with the deadline beyond it + 75 s, it starts
+    _, log2 = run_device_script(binary, tmp_path, {}, ["queue_slow=0/3"], script="run_queue.sh", deadline="1200",
+                                env_extra={"MXLAB_QUEUE_MIN_LEFT": "0"})
+    assert "run_queue: 1 of 1 items done" in log2, log2
+
+
+def test_the_committed_lengths_name_experiments_of_the_queue():
+    path = os.path.join(ROOT, "experiments", "paper", "queue_seconds.txt")
+    lines = [l.split("#")[0].split() for l in open(path)]
+    entries = [l for l in lines if l]
+    assert entries, path
+    for e in entries:
+        assert len(e) == 2 and e[1].isdigit() and 0 < int(e[1]) < 600, e
+        assert os.path.exists(os.path.join(ROOT, "experiments", "paper", e[0] + ".yaml")), e
+
+
 def _fake_gpu_tests(root, rc):
     """A stand-in .devbin/mxlab_gpu_tests (only it: run_why_mx.sh keeps training with build/mxlab)."""
     (root / ".devbin").mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,9 @@
 # are kept per experiment (runs/queue/EXP.seconds, the longest seen), and once an experiment has
 # one, its items start only with at least that + 75 s left (run_why_mx.sh keeps 75 s for what
 # follows the training), so a short item later in the list takes the time a long one could not
-# use. MXLAB_QUEUE_RESUME=1 drops that rule (MIN_LEFT alone): for a call the next call on the same
+# use. Before a machine has learnt an experiment's length, the length measured on earlier machines
+# stands in for it: experiments/paper/queue_seconds.txt, lines "EXP SECONDS" (# starts a comment),
+# so that the first item of a long experiment does not start in a last call's final minutes. MXLAB_QUEUE_RESUME=1 drops that rule (MIN_LEFT alone): for a call the next call on the same
 # warm machine follows, which resumes an item cut here from its checkpoints (list the cut items
 # first there), so no GPU idles through the end of a call; leave it off in a session's last call.
 # MXLAB_QUEUE_KEEP=1 keeps each item's
@@ -53,7 +55,17 @@ else
   mapfile -t GPUS < <(seq 0 $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )))
 fi
 tag_of() { local s=${1#*=}; echo "${1%%=*}_${s/\//of}"; }  # run_why_mx.sh's name of the shard
-seconds_of() { local f="runs/queue/${1%%=*}.seconds"; if [ -s "$f" ]; then cat "$f"; else echo 0; fi; }
+learnt_of() { local f="runs/queue/${1%%=*}.seconds"; if [ -s "$f" ]; then cat "$f"; else echo 0; fi; }
+# what this machine learnt, else what earlier machines measured (queue_seconds.txt), else 0
+seconds_of() {
+  local s p
+  s=$(learnt_of "$1")
+  if [ "$s" -eq 0 ] && [ -f experiments/paper/queue_seconds.txt ]; then
+    p=$(sed 's/#.*//' experiments/paper/queue_seconds.txt | awk -v e="${1%%=*}" '$1 == e && $2 ~ /^[0-9]+$/ {print $2; exit}')
+    [ -z "$p" ] || s=$p
+  fi
+  echo "$s"
+}
 worker() {
   local g=$1 it tag left took t_start
   for it in "${ITEMS[@]}"; do
@@ -71,7 +83,7 @@ worker() {
       touch "runs/queue/$tag"
       took=$(( $(date +%s) - t_start ))
       # the longest seen (workers may race; either value is one an item of it took here)
-      [ "$took" -le "$(seconds_of "$it")" ] || echo "$took" > "runs/queue/${it%%=*}.seconds"
+      [ "$took" -le "$(learnt_of "$it")" ] || echo "$took" > "runs/queue/${it%%=*}.seconds"
     fi
     [ -e "$OUT/.item_$tag/logs.tgz" ] && mv "$OUT/.item_$tag/logs.tgz" "$OUT/logs_$tag.tgz"
     mv "$OUT/.item_$tag"/* "$OUT"/ 2> /dev/null
@@ -99,6 +111,6 @@ for p in "${pids[@]}"; do wait "$p"; done
 n_done=0
 for it in "${ITEMS[@]}"; do [ -e "runs/queue/$(tag_of "$it")" ] && n_done=$(( n_done + 1 )); done
 for exp in $(printf '%s\n' "${ITEMS[@]}" | sed 's/=.*//' | sort -u); do
-  [ "$(seconds_of "$exp=")" -eq 0 ] || echo "run_queue: an item of $exp took up to $(seconds_of "$exp=") s here"
+  [ "$(learnt_of "$exp=")" -eq 0 ] || echo "run_queue: an item of $exp took up to $(learnt_of "$exp=") s here"
 done
 echo "run_queue: $n_done of ${#ITEMS[@]} items done after $(( $(date +%s) - T0 )) s"
