@@ -549,6 +549,17 @@ Handle no_lock_fapl(const std::string& path) {
 std::chrono::milliseconds append_lock_wait() { return std::chrono::milliseconds(g_append_lock_wait_ms.load()); }
 void set_append_lock_wait(std::chrono::milliseconds wait) { g_append_lock_wait_ms.store(wait.count()); }
 
+std::string file_in_use_message(const std::string& path, std::chrono::milliseconds waited) {
+  return msg(path, " is open in another process, which holds an HDF5 lock on it (an h5py or HDFView session?)",
+             waited.count() > 0 ? msg(", still after ", (waited.count() + 500) / 1000, " s") : std::string(),
+             "; it was left as it is: close it there and run the same command again");
+}
+
+void say_waiting_for_lock(const std::string& path, std::chrono::milliseconds wait) {
+  std::fprintf(stderr, "mxlab: %s is open in another process (an HDF5 lock); waiting up to %lld s for it\n",
+               path.c_str(), static_cast<long long>((wait.count() + 999) / 1000));
+}
+
 bool locked_by_another_open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -559,7 +570,7 @@ bool locked_by_another_open(const std::string& path) {
   return held;
 }
 
-H5File::H5File(const std::string& path, Mode mode) : path_(path) {
+H5File::H5File(const std::string& path, Mode mode, std::optional<std::chrono::milliseconds> lock_wait) : path_(path) {
   silence_hdf5_printing();
   switch (mode) {
     case Mode::create: {
@@ -612,7 +623,7 @@ H5File::H5File(const std::string& path, Mode mode) : path_(path) {
           }
         }
       } else {
-        open_to_append(path);
+        open_to_append(path, lock_wait.value_or(append_lock_wait()));
       }
       if (mode == Mode::append) {
         // What HDF5 opened must be the regular file named `path`, not one a link put there since.
@@ -631,11 +642,10 @@ H5File::H5File(const std::string& path, Mode mode) : path_(path) {
   }
 }
 
-void H5File::open_to_append(const std::string& path) {
+void H5File::open_to_append(const std::string& path, std::chrono::milliseconds wait) {
   // Another process's lock (an h5py session reading the file) is waited for, then reported as
   // such: the file is whole, and treating it as damaged would throw a resumable run away.
   const auto t0 = std::chrono::steady_clock::now();
-  const std::chrono::milliseconds wait = append_lock_wait();
   bool said = false;
   for (;;) {
     id_ = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
@@ -644,14 +654,10 @@ void H5File::open_to_append(const std::string& path) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
     if (waited >= wait) {
       H5Eclear2(H5E_DEFAULT);
-      throw FileInUse(msg(path, " is open in another process, which holds an HDF5 lock on it (an h5py or HDFView "
-                          "session?), still after ", (waited.count() + 500) / 1000,
-                          " s; it was left as it is: close it there and run the same command again"),
-                      path);
+      throw FileInUse(file_in_use_message(path, waited), path);
     }
     if (!said) {
-      std::fprintf(stderr, "mxlab: %s is open in another process (an HDF5 lock); waiting up to %lld s for it\n",
-                   path.c_str(), static_cast<long long>((wait.count() + 999) / 1000));
+      say_waiting_for_lock(path, wait);
       said = true;
     }
     H5Eclear2(H5E_DEFAULT);

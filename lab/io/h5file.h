@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ std::chrono::milliseconds append_lock_wait();
 void set_append_lock_wait(std::chrono::milliseconds wait);  // tests shorten it
 // Whether another open file of `path` holds an flock(2) lock on it (false when it does not exist).
 bool locked_by_another_open(const std::string& path);
+// FileInUse's message ("<path> is open in another process ..., still after N s; ..."), and the
+// one line on stderr when a wait begins: for callers that wait themselves (lab/runs/run_driver.cpp).
+std::string file_in_use_message(const std::string& path, std::chrono::milliseconds waited);
+void say_waiting_for_lock(const std::string& path, std::chrono::milliseconds wait);
 
 using Hid = int64_t;  // hid_t (int64_t since HDF5 1.10); hdf5.h stays out of this header
 
@@ -95,7 +100,8 @@ class H5File {
              // FileInUse if another process keeps it locked for longer than append_lock_wait()
     read,    // open an existing file read-only (its clean image, in memory), taking no lock
   };
-  H5File(const std::string& path, Mode mode);
+  // `lock_wait`: how long append waits for another program's lock (default append_lock_wait()).
+  H5File(const std::string& path, Mode mode, std::optional<std::chrono::milliseconds> lock_wait = std::nullopt);
   ~H5File();  // closes; errors at this point are swallowed: call close() to see them
   H5File(H5File&& other) noexcept;
   H5File& operator=(H5File&& other) noexcept;
@@ -148,7 +154,7 @@ class H5File {
 
  private:
   void open_image(const std::string& image);  // read mode: the file's clean image (h5check.h)
-  void open_to_append(const std::string& path);  // waits out another process's lock (FileInUse)
+  void open_to_append(const std::string& path, std::chrono::milliseconds lock_wait);  // FileInUse after it
   std::string path_;
   Hid id_ = -1;
 };

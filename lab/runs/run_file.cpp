@@ -139,7 +139,7 @@ std::unique_ptr<RunFile> RunFile::create(const std::string& path, const Attrs& r
   return rf;
 }
 
-std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
+std::unique_ptr<RunFile> RunFile::open(const std::string& path, std::optional<std::chrono::milliseconds> lock_wait) {
   refuse_symlink(path);
   const std::string damage = damage_of(path);
   if (!damage.empty()) {
@@ -154,7 +154,7 @@ std::unique_ptr<RunFile> RunFile::open(const std::string& path) {
     copy_atomically(snap, path);
   }
   auto impl = std::make_unique<Impl>();
-  impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::append);
+  impl->file = std::make_unique<h5::H5File>(path, h5::H5File::Mode::append, lock_wait);
   std::unique_ptr<RunFile> rf(new RunFile(std::move(impl)));
   copy_atomically(path, snapshot_path(path));  // the state this session starts from
   return rf;

@@ -9,7 +9,9 @@
 // Neither create() nor open() writes through a symbolic link: a run file that is one is refused
 // (IoError, ELOOP; lab/io/out_file.h).
 #pragma once
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lab/train/sink.h"
@@ -25,7 +27,9 @@ class RunFile : public MetricSink {
   // Open an existing run file to append (resume, branches added after the fact). A damaged file
   // is replaced by its snapshot, with a warning on stderr; throws mxlab::Error when neither is
   // readable (or the file is locked by another process).
-  static std::unique_ptr<RunFile> open(const std::string& path);
+  // `lock_wait`: how long to wait for another program's HDF5 lock (default h5::append_lock_wait()).
+  static std::unique_ptr<RunFile> open(const std::string& path,
+                                       std::optional<std::chrono::milliseconds> lock_wait = std::nullopt);
   // A root string attribute of a file ("" when the file or attribute is missing). When the file
   // cannot be read, the snapshot's value: the run can then resume, and open() repairs the file.
   // Throws IoError when the system refuses to read either (that says nothing about the file).

@@ -448,6 +448,42 @@ TEST_F(SweepRun, ARunFileOpenElsewhereIsWaitedForAndNeverStartedOver) {
   expect_same_datasets(path, reference(runs[0].id));
 }
 
+// While one run waits for another program to close its file, the other jobs of the sweep go on:
+// the wait is not spent holding the lock that serialises HDF5 calls.
+TEST_F(SweepRun, OtherJobsGoOnWhileARunWaitsForItsFile) {
+  TempDir dir;
+  const std::vector<ExpandedRun> all = sweep_runs();
+  std::atomic<bool> stop{false};
+  SweepOptions opt = cpu_options(dir.str(), 2);
+  opt.stop = &stop;
+  opt.on_progress = [&](const ExpandedRun&, const RunProgress& p) {
+    if (p.step >= 25) stop.store(true);
+  };
+  ASSERT_EQ(to_string(run_sweep({all[3]}, opt).runs[0].status), "interrupted");
+  stop.store(false);
+  const std::string path = dir.str() + "/" + all[3].id + ".h5";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+  constexpr double kWaitS = 5.0;
+  h5::set_append_lock_wait(std::chrono::milliseconds(static_cast<int64_t>(kWaitS * 1000)));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<double> other_done_s{-1.0};
+  opt.on_progress = [&](const ExpandedRun& r, const RunProgress& p) {
+    if (r.index == all[4].index && p.step >= 30 && other_done_s.load() < 0)
+      other_done_s.store(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  const SweepResult r = run_sweep({all[3], all[4]}, opt);
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  h5::set_append_lock_wait(h5::kDefaultAppendLockWait);
+  ::close(fd);
+  EXPECT_EQ(to_string(r.runs[0].status), "busy") << format_sweep_report(r);
+  EXPECT_EQ(to_string(r.runs[1].status), "complete") << format_sweep_report(r);
+  EXPECT_GE(total_s, kWaitS - 0.5) << "the busy run did not wait";
+  EXPECT_GE(other_done_s.load(), 0.0);
+  EXPECT_LT(other_done_s.load(), kWaitS - 1.5) << "the other job waited for the busy run";
+}
+
 TEST_F(SweepRun, TwoJobsWriteTheSameFilesAsOne) {
   TempDir dir;
   const SweepResult r = run_sweep(sweep_runs(), cpu_options(dir.str(), 2));
