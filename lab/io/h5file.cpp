@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
