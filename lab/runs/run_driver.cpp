@@ -221,8 +221,11 @@ RunOutcome run_one(const RunConfig& cfg_in, const RunOptions& opt) {
         finished_damage = record_damage(out.path);
         if (!finished_damage.empty()) {
           try {
-            std::lock_guard<std::mutex> g(hdf5_mutex());
-            RunFile::open(out.path);
+            open_waiting_for_locks(out.path);
+          } catch (const FileInUse& e) {
+            out.status = RunStatus::busy;
+            out.error = e.what();
+            return out;
           } catch (const std::exception& e) {
             out.status = RunStatus::failed;
             out.error = e.what();
