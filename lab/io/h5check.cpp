@@ -321,6 +321,10 @@ const char* signal_name(int sig) {
     case SIGILL: return "SIGILL";
     case SIGABRT: return "SIGABRT";
     case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGSYS: return "SIGSYS";
     default: return "a signal";
   }
 }
@@ -377,6 +381,15 @@ Outcome check_in_child(const std::string& path, uint64_t file_bytes) {
                             " s (HDF5 loops on its metadata)")};
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
+    // Only a signal the process raises on itself says the library crashed on the file. Any other
+    // came from outside (the out-of-memory killer's SIGKILL, a scheduler's SIGTERM to the whole
+    // job) and says nothing about the file: an I/O refusal, never damage.
+    const bool crash = sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT ||
+                       sig == SIGTRAP || sig == SIGSYS;
+    if (!crash)
+      return {'I', EINTR, path, msg("cannot check ", path, ": its checking process was stopped from outside (",
+                                    signal_name(sig), ": the out-of-memory killer, a scheduler's cancel?); the "
+                                    "file is left as it is")};
     return {'E', 0, "", msg("HDF5: ", path, " is damaged: the HDF5 library crashes (", signal_name(sig),
                             ") reading its metadata")};
   }

@@ -19,7 +19,11 @@
 // child without any sign would go unnoticed there (none was found by tests/cpu's fuzz test). The
 // child runs under a memory limit and a deadline; its crash, runaway allocation or hang becomes
 // an mxlab::Error naming the file, and an error it met is rethrown here as it would have been
-// thrown in this process (IoError for the file system's refusals).
+// thrown in this process (IoError for the file system's refusals). What the system does to the
+// check is an IoError too, never damage: a fork or pipe it refuses, a signal from outside
+// (SIGKILL of the out-of-memory killer, SIGTERM of a scheduler's cancel); only the signals a
+// process raises on itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS) count
+// as the library crashing on the file.
 #pragma once
 #include <memory>
 #include <string>

@@ -278,22 +278,30 @@ TEST_F(Resume, NoValidCheckpointMeansTheRunStartsOver) {
 }
 
 // When the system refuses to look at a run file (mxlab reads each file in a child process
-// first, and a node at its process limit refuses the fork), that is not damage: the run fails
-// with the reason and its file stays as it is, whether finished or resumable; once the system
-// allows it again, the same command skips or resumes it. Never "started again from step 0".
+// first; a node at its process limit refuses the fork, the out-of-memory killer or a
+// scheduler's cancel kills the child), that is not damage: the run fails with the reason and
+// its file stays as it is, whether finished or resumable; once the system allows it again, the
+// same command skips or resumes it. Never "started again from step 0".
 TEST_F(Resume, ARunFileThatCannotBeCheckedIsLeftAsItIs) {
-  const std::vector<std::string> fork_fails = {std::string("LD_PRELOAD=") + MXLAB_FORK_SHIM, "MXLAB_FORK_FAILS=1"};
+  const std::string shim = std::string("LD_PRELOAD=") + MXLAB_FORK_SHIM;
   const std::string ref_dir = ref_file_.substr(0, ref_file_.rfind('/'));
+  const std::vector<std::pair<std::string, std::string>> refusals = {
+      {"MXLAB_FORK_FAILS=1", "fork: Resource temporarily unavailable"},
+      {"MXLAB_FORK_CHILD_SIGNAL=9", "stopped from outside (SIGKILL"},
+      {"MXLAB_FORK_CHILD_SIGNAL=15", "stopped from outside (SIGTERM"}};
+  int k = 0;
+  for (const auto& [refusal, said] : refusals)
   for (const bool finished : {true, false}) {
-    SCOPED_TRACE(finished ? "a finished run" : "an interrupted run");
-    const std::string out = make_temp_dir(finished ? "nofork_done" : "nofork_open");
+    SCOPED_TRACE(refusal + (finished ? ", a finished run" : ", an interrupted run"));
+    const std::string out = make_temp_dir("nocheck" + std::to_string(k++));
     const std::string file = out + "/" + run_id_ + ".h5";
     if (finished) copy_file(ref_file_, file);
     else copy_as_unfinished(ref_file_, ref_dir, run_id_, out);
     const std::string before = slurp(file);
-    const Proc p = run_mxlab(run_args(out), {}, SIGKILL, fork_fails);
+    const Proc p = run_mxlab(run_args(out), {}, SIGKILL, {shim, refusal});
     EXPECT_NE(p.exit_code, 0) << p.output;
-    EXPECT_TRUE(contains(p.output, "fork")) << p.output;
+    EXPECT_TRUE(contains(p.output, said)) << p.output;
+    EXPECT_TRUE(contains(p.output, "the file is left as it is")) << p.output;
     EXPECT_FALSE(contains(p.output, "started again from step 0")) << p.output;
     EXPECT_TRUE(slurp(file) == before) << "the file was changed:\n" << p.output;
     if (!finished) {
