@@ -21,7 +21,8 @@
 # follows the training), so a short item later in the list takes the time a long one could not
 # use. Before a machine has learnt an experiment's length, the length measured on earlier machines
 # stands in for it: experiments/paper/queue_seconds.txt, lines "EXP SECONDS" (# starts a comment),
-# so that the first item of a long experiment does not start in a last call's final minutes. MXLAB_QUEUE_RESUME=1 drops that rule (MIN_LEFT alone): for a call the next call on the same
+# so that the first item of a long experiment does not start in a last call's final minutes.
+# MXLAB_QUEUE_RESUME=1 drops that rule (MIN_LEFT alone): for a call the next call on the same
 # warm machine follows, which resumes an item cut here from its checkpoints (list the cut items
 # first there), so no GPU idles through the end of a call; leave it off in a session's last call.
 # MXLAB_QUEUE_KEEP=1 keeps each item's

@@ -549,15 +549,28 @@ Handle no_lock_fapl(const std::string& path) {
 std::chrono::milliseconds append_lock_wait() { return std::chrono::milliseconds(g_append_lock_wait_ms.load()); }
 void set_append_lock_wait(std::chrono::milliseconds wait) { g_append_lock_wait_ms.store(wait.count()); }
 
-std::string file_in_use_message(const std::string& path, std::chrono::milliseconds waited) {
-  return msg(path, " is open in another process, which holds an HDF5 lock on it (an h5py or HDFView session?)",
-             waited.count() > 0 ? msg(", still after ", (waited.count() + 500) / 1000, " s") : std::string(),
-             "; it was left as it is: close it there and run the same command again");
-}
-
-void say_waiting_for_lock(const std::string& path, std::chrono::milliseconds wait) {
-  std::fprintf(stderr, "mxlab: %s is open in another process (an HDF5 lock); waiting up to %lld s for it\n",
-               path.c_str(), static_cast<long long>((wait.count() + 999) / 1000));
+void retry_while_in_use(const std::string& path, std::chrono::milliseconds wait, const std::function<void()>& attempt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool said = false;
+  for (;;) {
+    try {
+      attempt();
+      return;
+    } catch (const FileInUse&) {
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+      if (waited >= wait)
+        throw FileInUse(msg(path, " is open in another process, which holds an HDF5 lock on it (an h5py or HDFView "
+                            "session?), still after ", (waited.count() + 500) / 1000,
+                            " s; it was left as it is: close it there and run the same command again"),
+                        path);
+      if (!said)
+        std::fprintf(stderr, "mxlab: %s is open in another process (an HDF5 lock); waiting up to %lld s for it\n",
+                     path.c_str(), static_cast<long long>((wait.count() + 999) / 1000));
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 bool locked_by_another_open(const std::string& path) {
@@ -645,24 +658,13 @@ H5File::H5File(const std::string& path, Mode mode, std::optional<std::chrono::mi
 void H5File::open_to_append(const std::string& path, std::chrono::milliseconds wait) {
   // Another process's lock (an h5py session reading the file) is waited for, then reported as
   // such: the file is whole, and treating it as damaged would throw a resumable run away.
-  const auto t0 = std::chrono::steady_clock::now();
-  bool said = false;
-  for (;;) {
+  retry_while_in_use(path, wait, [&] {
     id_ = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     if (id_ >= 0) return;
     if (!locked_by_another_open(path)) fail("cannot open file for appending", path);
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-    if (waited >= wait) {
-      H5Eclear2(H5E_DEFAULT);
-      throw FileInUse(file_in_use_message(path, waited), path);
-    }
-    if (!said) {
-      say_waiting_for_lock(path, wait);
-      said = true;
-    }
     H5Eclear2(H5E_DEFAULT);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+    throw FileInUse(msg(path, " is open in another process, which holds an HDF5 lock on it"), path);
+  });
 }
 
 H5File::~H5File() {

@@ -33,10 +33,11 @@ std::chrono::milliseconds append_lock_wait();
 void set_append_lock_wait(std::chrono::milliseconds wait);  // tests shorten it
 // Whether another open file of `path` holds an flock(2) lock on it (false when it does not exist).
 bool locked_by_another_open(const std::string& path);
-// FileInUse's message ("<path> is open in another process ..., still after N s; ..."), and the
-// one line on stderr when a wait begins: for callers that wait themselves (lab/runs/run_driver.cpp).
-std::string file_in_use_message(const std::string& path, std::chrono::milliseconds waited);
-void say_waiting_for_lock(const std::string& path, std::chrono::milliseconds wait);
+// Calls `attempt` until it returns without throwing FileInUse, for up to `wait`: one line on stderr
+// when the wait begins, and FileInUse ("<path> is open in another process ..., still after N s")
+// when it ends without success. It sleeps between attempts holding nothing: a caller that must
+// hold a lock around HDF5 calls takes it inside `attempt` (lab/runs/run_driver.cpp).
+void retry_while_in_use(const std::string& path, std::chrono::milliseconds wait, const std::function<void()>& attempt);
 
 using Hid = int64_t;  // hid_t (int64_t since HDF5 1.10); hdf5.h stays out of this header
 

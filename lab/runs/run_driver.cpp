@@ -113,22 +113,12 @@ std::string peek(const std::string& path, const std::string& attr) {
 // lock on the file (FileInUse after that). The wait is spent here, not under hdf5_mutex(): the
 // other jobs of `mxlab run --jobs N` go on logging meanwhile.
 std::unique_ptr<LockedRunFile> open_waiting_for_locks(const std::string& path) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::chrono::milliseconds wait = h5::append_lock_wait();
-  bool said = false;
-  for (;;) {
-    try {
-      std::lock_guard<std::mutex> g(hdf5_mutex());
-      return std::make_unique<LockedRunFile>(RunFile::open(path, std::chrono::milliseconds(0)));
-    } catch (const FileInUse&) {
-      const auto waited =
-          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-      if (waited >= wait) throw FileInUse(h5::file_in_use_message(path, waited), path);
-      if (!said) h5::say_waiting_for_lock(path, wait);
-      said = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  std::unique_ptr<LockedRunFile> file;
+  h5::retry_while_in_use(path, h5::append_lock_wait(), [&] {
+    std::lock_guard<std::mutex> g(hdf5_mutex());
+    file = std::make_unique<LockedRunFile>(RunFile::open(path, std::chrono::milliseconds(0)));
+  });
+  return file;
 }
 
 // Why `path` is not a whole record of its run ("" when it is).
