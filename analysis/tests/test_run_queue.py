@@ -235,3 +235,32 @@ def test_queue_call_runs_failed_gpu_tests_again_and_refuses_bad_arguments(binary
         r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "paper", "queue_call.sh"), str(tmp_path / "o"),
                             "100", *args], cwd=tmp_path, capture_output=True, text=True)
         assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_a_length_measured_on_a_shared_gpu_is_kept_apart_from_one_alone(binary, tmp_path):
+    # an item that shared its GPU (MXLAB_GPUS=0,0) took about twice as long: its length is kept as
+    # EXP.shared2.seconds, so a later call that gives each item a GPU of its own is not held back by
+    # it; a call that shares GPUs without a shared measurement expects N x the length alone
+    _, log = run_device_script(binary, tmp_path, {"queue_tiny": TINY}, ITEMS[:2], script="run_queue.sh",
+                               env_extra={"MXLAB_GPUS": "0,0"})
+    assert "run_queue: 2 of 2 items done" in log, log
+    q = tmp_path / "runs" / "queue"
+    took = int((q / "queue_tiny.shared2.seconds").read_text())
+    assert 0 < took < 200 and not (q / "queue_tiny.seconds").exists(), log
+    assert f"an item of queue_tiny took up to {took} s here on a GPU shared by 2 items" in log, log
+    # a shared length far beyond the deadline does not hold back an item alone on its GPU
+    (q / "queue_tiny.shared2.seconds").write_text("5000\n")
+    _, log2 = run_device_script(binary, tmp_path, {}, [ITEMS[2]], script="run_queue.sh", deadline="400",
+                                env_extra={"MXLAB_QUEUE_MIN_LEFT": "0"})
+    assert "run_queue: 1 of 1 items done" in log2, log2
+    # alone it took 500 s (say): two to a GPU need 2 x 500 + 75 s, one alone 575 s
+    (q / "queue_tiny.shared2.seconds").unlink()
+    (q / "queue_tiny.seconds").write_text("500\n")
+    for t in TAGS:
+        (q / t).unlink()
+    _, log3 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh", deadline="900",
+                                env_extra={"MXLAB_GPUS": "0,0", "MXLAB_QUEUE_MIN_LEFT": "0"})
+    assert "run_queue: 0 of 1 items done" in log3 and "GPU 0:" not in log3, log3
+    _, log4 = run_device_script(binary, tmp_path, {}, ITEMS[:1], script="run_queue.sh", deadline="900",
+                                env_extra={"MXLAB_GPUS": "0", "MXLAB_QUEUE_MIN_LEFT": "0"})
+    assert "run_queue: 1 of 1 items done" in log4, log4

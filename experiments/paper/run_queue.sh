@@ -14,10 +14,12 @@
 # uses only those GPUs; otherwise every GPU nvidia-smi lists. A GPU named twice takes two items at
 # a time (MXLAB_GPUS=0,0,1,1: measured on 4 x H200, two E2 seeds on one GPU took 281-284 s where one
 # took 164, 1.16x the throughput; but two paper-emulator seeds on one GPU trained at 0.90x the
-# throughput of one: measure it on the study's own items first; kernels/PERF.md, "Two runs on one
-# GPU"). An item's length is learnt on the machine: each done item's seconds from start to done
-# are kept per experiment (runs/queue/EXP.seconds, the longest seen), and once an experiment has
-# one, its items start only with at least that + 75 s left (run_why_mx.sh keeps 75 s for what
+# throughput of one, and two E3 runs on one H100 took 168-172 s where one took 77-79 s, 0.93x:
+# measure it on the study's own items first; kernels/PERF.md, "Two runs on one GPU"). An item's
+# length is learnt on the machine: each done item's seconds from start to done are kept per
+# experiment (runs/queue/EXP.seconds, the longest seen; EXP.sharedN.seconds for items that shared
+# their GPU with N - 1 others, and until one is learnt, N x the length alone), and once an
+# experiment has one, its items start only with at least that + 75 s left (run_why_mx.sh keeps 75 s for what
 # follows the training), so a short item later in the list takes the time a long one could not
 # use. Before a machine has learnt an experiment's length, the length measured on earlier machines
 # stands in for it: experiments/paper/queue_seconds.txt, lines "EXP SECONDS" (# starts a comment),
@@ -56,25 +58,35 @@ else
   mapfile -t GPUS < <(seq 0 $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )))
 fi
 tag_of() { local s=${1#*=}; echo "${1%%=*}_${s/\//of}"; }  # run_why_mx.sh's name of the shard
-learnt_of() { local f="runs/queue/${1%%=*}.seconds"; if [ -s "$f" ]; then cat "$f"; else echo 0; fi; }
-# what this machine learnt, else what earlier machines measured (queue_seconds.txt), else 0
+# how many workers GPU $1 has (MXLAB_GPUS=0,0,1: GPU 0 has two)
+uses_of() { local x n=0; for x in "${GPUS[@]}"; do [ "$x" = "$1" ] && n=$(( n + 1 )); done; echo "$n"; }
+# the learnt seconds of ITEM's experiment on a GPU with USES workers: runs/queue/EXP.seconds for a
+# GPU of its own, EXP.sharedN.seconds for one of N workers (an item that shares its GPU takes about
+# N times as long, which must not hold back a later call that gives each item a GPU of its own)
+suffix_of() { [ "${1:-1}" -le 1 ] || echo ".shared$1"; }
+learnt_of() { local f="runs/queue/${1%%=*}$(suffix_of "${2:-1}").seconds"; if [ -s "$f" ]; then cat "$f"; else echo 0; fi; }
+# what this machine learnt at USES workers a GPU; else, sharing a GPU, USES x the length alone; else
+# what earlier machines measured alone (queue_seconds.txt); else 0
 seconds_of() {
-  local s p
-  s=$(learnt_of "$1")
-  if [ "$s" -eq 0 ] && [ -f experiments/paper/queue_seconds.txt ]; then
+  local s p n=${2:-1}
+  s=$(learnt_of "$1" "$n")
+  if [ "$s" -eq 0 ] && [ "$n" -gt 1 ]; then
+    s=$(( $(seconds_of "$1" 1) * n ))
+  elif [ "$s" -eq 0 ] && [ -f experiments/paper/queue_seconds.txt ]; then
     p=$(sed 's/#.*//' experiments/paper/queue_seconds.txt | awk -v e="${1%%=*}" '$1 == e && $2 ~ /^[0-9]+$/ {print $2; exit}')
     [ -z "$p" ] || s=$p
   fi
   echo "$s"
 }
 worker() {
-  local g=$1 it tag left took t_start
+  local g=$1 it tag left took t_start uses
+  uses=$(uses_of "$g")
   for it in "${ITEMS[@]}"; do
     tag=$(tag_of "$it")
     [ -e "runs/queue/$tag" ] && continue
     left=$(( DEADLINE - ($(date +%s) - T0) ))
     [ "$left" -ge "$MIN_LEFT" ] || break
-    took=$(seconds_of "$it")
+    took=$(seconds_of "$it" "$uses")
     [ -n "${MXLAB_QUEUE_RESUME:-}" ] || [ "$took" -eq 0 ] || [ "$left" -ge $(( took + 75 )) ] || continue
     mkdir "$CLAIMS/$tag" 2> /dev/null || continue
     echo "[$(( $(date +%s) - T0 )) s] GPU $g: $it"
@@ -84,7 +96,7 @@ worker() {
       touch "runs/queue/$tag"
       took=$(( $(date +%s) - t_start ))
       # the longest seen (workers may race; either value is one an item of it took here)
-      [ "$took" -le "$(learnt_of "$it")" ] || echo "$took" > "runs/queue/${it%%=*}.seconds"
+      [ "$took" -le "$(learnt_of "$it" "$uses")" ] || echo "$took" > "runs/queue/${it%%=*}$(suffix_of "$uses").seconds"
     fi
     [ -e "$OUT/.item_$tag/logs.tgz" ] && mv "$OUT/.item_$tag/logs.tgz" "$OUT/logs_$tag.tgz"
     mv "$OUT/.item_$tag"/* "$OUT"/ 2> /dev/null
@@ -113,5 +125,9 @@ n_done=0
 for it in "${ITEMS[@]}"; do [ -e "runs/queue/$(tag_of "$it")" ] && n_done=$(( n_done + 1 )); done
 for exp in $(printf '%s\n' "${ITEMS[@]}" | sed 's/=.*//' | sort -u); do
   [ "$(learnt_of "$exp=")" -eq 0 ] || echo "run_queue: an item of $exp took up to $(learnt_of "$exp=") s here"
+  for n in $(printf '%s\n' "${GPUS[@]}" | sort | uniq -c | awk '$1 > 1 {print $1}' | sort -u); do
+    [ "$(learnt_of "$exp=" "$n")" -eq 0 ] ||
+      echo "run_queue: an item of $exp took up to $(learnt_of "$exp=" "$n") s here on a GPU shared by $n items"
+  done
 done
 echo "run_queue: $n_done of ${#ITEMS[@]} items done after $(( $(date +%s) - T0 )) s"
