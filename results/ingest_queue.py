@@ -37,6 +37,7 @@ DESTINATIONS = {
     "why_mx_e3": "results/why_mx/e3",
     "why_mx_e4": "results/why_mx/e4",
     "why_mx_e1_paper_emulator": "results/why_mx/paper_emulator",
+    "why_mx_confirm_adam": "results/why_mx/confirm_adam",
     "flash_pilot": "results/flash_pilot",
     "flash_study": "results/flash_study",
     "flash_mxfp8_lr": "results/flash_mxfp8_lr_gpu",

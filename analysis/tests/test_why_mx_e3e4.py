@@ -214,6 +214,8 @@ def test_readme_e3_progress_is_the_scripts_on_the_committed_runs(W, capsys):
     sec = readme[readme.index("## 13. "):readme.index("## 14. ")]
     assert table in sec
     assert f"**E3 so far: {n} of 40 seeds" in sec
+    levels = out[out.index("| Adam setting | trajectory | seeds | loss level"):].strip()
+    assert levels in sec
 
 
 def _cox(W, hr, lo, hi):
@@ -253,9 +255,15 @@ def test_e4s_fix_classification(W):
     assert f(mx(0.2), _cox(W, 1.0, 0.42, 2.4)).startswith("candidate fix")
     assert f(mx(0.25), _cox(W, 1.0, 0.42, 2.4)).startswith("candidate fix")   # HR <= 0.25
     assert f(mx(0.3), _cox(W, 1.0, 0.42, 2.4)) == "no fix"
-    assert f(mx(0.1), _cox(W, 2.5, 1.1, 5.6)) == "no fix"                      # vs FP32 excludes 1
+    assert f(mx(0.1), _cox(W, 2.5, 1.1, 5.6)) == "no fix"                      # vs FP32 above 1
     zero = W.P.Cox(0.0, 0.0, 1.2, "0", -math.inf, math.nan, 0.1, 0.0, 1.3, "breslow")
     assert f(mx(0.1), zero) == "fix"                                           # [0, 1.2] contains 1
+    # the amendment of 2026-11-28: an interval below 1 (fewer excursions than FP32) is not above it
+    below = W.P.Cox(0.0, 0.0, 0.47, "0", -math.inf, math.nan, 0.1, 0.0, 0.5, "breslow")
+    assert f(mx(0.01), below) == "fix"
+    assert f(mx(0.1), _cox(W, 0.3, 0.1, 0.9)) == "fix"
+    assert f(mx(0.1), _cox(W, 0.4, 0.1, 1.6)).startswith("candidate fix")     # below 1 or not, wide
+    assert f(mx(0.1), _cox(W, 3.0, 1.01, 9.0)) == "no fix"                     # lower bound just above 1
     none = W.P.Cox(*([math.nan] * 3), "none", *([math.nan] * 5), "breslow")
     assert f(mx(0.1), none) == "no fix"
 
@@ -507,7 +515,9 @@ def test_confirm_reading_rules(W):
     r = W.confirm_reading
     assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 1.0, 0.7, 1.4)) == "the fix"
     assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 1.1, 0.5, 2.4)).startswith("confirmed: brings MX's hazard near")
-    assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 3.0, 1.2, 7.0)) == "not confirmed: its hazard differs from FP32's"
+    assert r(_cox(W, 0.2, 0.08, 0.5), 0.001, _cox(W, 3.0, 1.2, 7.0)) == "not confirmed: its hazard is above FP32's"
+    # an interval vs FP32 wholly below 1 (the amendment of 2026-11-28): the fix
+    assert r(_cox(W, 0.05, 0.01, 0.2), 0.001, _cox(W, 0.1, 0.02, 0.6)) == "the fix"
     assert r(_cox(W, 0.2, 0.08, 0.5), 0.06, _cox(W, 1.0, 0.7, 1.4)) == "not confirmed: stays a candidate"
     assert r(_cox(W, 2.0, 1.2, 3.0), 0.001, _cox(W, 1.0, 0.7, 1.4)) == "not confirmed: stays a candidate"
 
@@ -524,3 +534,89 @@ def test_confirm_waits_for_all_seeds_and_refuses_other_data(W, tmp_path, capsys)
         write_confirm(str(tmp_path / name), **kw)
         assert W.main(["confirm", "--dir", str(tmp_path / name)]) == 2
         assert msg in capsys.readouterr().err, name
+
+
+def test_e3s_adam_settings_are_classified_as_recipes(W, tmp_path, capsys):
+    """The amendment of 2026-11-28: on all 40 seeds, MX-all at eps 1e-6 and at beta2 0.95 are
+    classified as E4's recipes against the default setting's mx_all and fp32, and e3 prints the
+    loss levels (the median over seeds of the median block minimum of the last 2,000 steps)."""
+    d, e1 = str(tmp_path / "e3"), str(tmp_path / "e1")
+    write_e3(d)
+    write_e1(e1)
+    rows = {r: (vm, vf, c) for r, vm, vf, c in W.e3_fixes(W.load_e3(d))}
+    assert list(rows) == ["mx_all@eps=1e-6", "mx_all@beta2=0.95"]
+    # beta2: mx_all's step-50 event moved to 100 on every seed, after FP32's on none (FP32's are at
+    # 150 or none): later than mx_all everywhere, earlier than FP32 on all 40 seeds -> above FP32
+    assert rows["mx_all@beta2=0.95"][2] == "no fix" and rows["mx_all@beta2=0.95"][1].lo > 1
+    assert W.main(["e3", "--dir", d, "--e1", e1]) == 0
+    out = capsys.readouterr().out
+    assert "MX-all at the other Adam settings as recipes" in out and "| mx_all@beta2=0.95 |" in out
+    levels = out[out.index("Loss levels (descriptive):"):]
+    # write_runs' loss: 1.0, and 100.0 from the excursion block on (all 200 blocks: events before 180)
+    assert "| eps 1e-8, beta2 0.999 (default) | mx_all | 40 | 100 (100–100) |" in levels
+    assert "| eps 1e-8, beta2 0.95 | fp32 | 40 | 1 (1–1) |" in levels
+    # fp32 has its event at block 150 on 10 seeds: their level is 100, the quartiles say so
+    assert "| eps 1e-8, beta2 0.999 (default) | fp32 | 40 | 1 (1–25.8) |" in levels
+
+
+def test_loss_levels_by_hand(W, tmp_path):
+    """loss_levels: the median of the last 20 full blocks' minima; a partial last block is left out,
+    a block without a finite loss counts as +inf, and a trajectory shorter than 2,000 steps is an error."""
+    d = tmp_path / "lv"
+    d.mkdir()
+    cols = ["run_id", "seed", "lr", "trajectory", "block_start", "steps", "min", "max", "mean", "nonfinite", "last",
+            "eps", "beta2"]
+    def write(mins, last_steps=100):
+        with open(d / "blocks_lv.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            for i, m in enumerate(mins):
+                st = last_steps if i == len(mins) - 1 else 100
+                w.writerow(["r", 200, "0.0005", "fp32", 100 * i, st, m, m, m, 0 if m != "" else st, m or "nan",
+                            "1.0e-08", "0.999"])
+    # 30 blocks: the first 10 at 9.0, then 1..20: the median of the last 20 is 10.5
+    write(["9.0"] * 10 + [str(float(v)) for v in range(1, 21)])
+    assert W.loss_levels(str(d)) == {(200, "fp32"): 10.5}
+    # a partial 31st block of 0.0 is not one of the last 20 full blocks
+    write(["9.0"] * 10 + [str(float(v)) for v in range(1, 21)] + ["0.0"], last_steps=50)
+    assert W.loss_levels(str(d)) == {(200, "fp32"): 10.5}
+    # 11 of the last 20 without a finite loss: the median is +inf
+    write(["1.0"] * 9 + [""] * 11)
+    assert W.loss_levels(str(d)) == {(200, "fp32"): math.inf}
+    write(["1.0"] * 19)
+    with pytest.raises(W.StudyError, match="19 full blocks, fewer than the last 2000 steps"):
+        W.loss_levels(str(d))
+
+
+def write_confirm_adam(d, seeds=range(240, 260)):
+    """The confirmation of an Adam setting (experiments/paper/why_mx_confirm_adam.yaml): per seed a
+    default run and a beta2 0.95 run, each training fp32 and mx_all."""
+    def beta2(traj, s):
+        i = s - 240
+        return None if traj == "fp32" or i % 10 else 150   # mx_all: 2 late events of 20; fp32 none
+    runs = []
+    for s in seeds:
+        runs.append((f"d-{s}", s, "1.0e-08", "0.999", {t: confirm_events(t, s) for t in ("fp32", "mx_all")}))
+        runs.append((f"b-{s}", s, "1.0e-08", "0.95", {t: beta2(t, s) for t in ("fp32", "mx_all")}))
+    write_runs(d, "confirm_adam", runs, lr="0.0006")
+
+
+def test_confirm_of_an_adam_setting(W, tmp_path, capsys):
+    """A run set over Adam settings: MX-all at beta2 0.95 is the recipe (named as e3 names it), FP32
+    at beta2 0.95 is shown but not a recipe; the tests pair a seed's trajectories across its two runs."""
+    d = str(tmp_path / "ca")
+    write_confirm_adam(d)
+    events, recipes = W.load_confirm(d)
+    assert recipes == ["mx_all@beta2=0.95"] and (240, "fp32@beta2=0.95") in events
+    assert W.main(["confirm", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    assert "recipes mx_all@beta2=0.95;" in out and "(m = 2, Holm" in out
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    # vs mx_all: mx_all's event (blocks 40-44) comes first on all 20 seeds; vs FP32 (15 events, late):
+    # the recipe's 2 events at block 150 come after FP32's (block 120 + i) on seed 250 and FP32 has
+    # none on seed 240: fewer, so an interval not above 1 -> the fix, if its upper bound is < 1.5
+    assert "| 0/20 |" in rows["mx_all@beta2=0.95 vs mx_all"]
+    assert rows["mx_all@beta2=0.95"].endswith("**the fix** |"), rows["mx_all@beta2=0.95"]
+    # written before the amendment, the reading would have been "its hazard differs from FP32's"
+    res = W.run_family(events, W.confirm_tests(recipes), W.CONFIRM_SEEDS)
+    assert res[1][2].hi < 1
