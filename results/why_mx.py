@@ -132,13 +132,18 @@ def checked_trajectories(directory):
     return trajs
 
 
-def block_lrs(directory):
-    """The learning rates (the `lr` column, as written) of the loss blocks CSVs in `directory`."""
-    lrs = set()
+def block_values(directory, of_row):
+    """The set of of_row(row) over the rows of the loss blocks CSVs in `directory`."""
+    out = set()
     for path in R.csv_paths(directory, "blocks_*"):
         with R.open_csv(path) as f:
-            lrs |= {r["lr"] for r in csv.DictReader(f)}
-    return lrs
+            out |= {of_row(r) for r in csv.DictReader(f)}
+    return out
+
+
+def block_lrs(directory):
+    """The learning rates (the `lr` column, as written) of the loss blocks CSVs in `directory`."""
+    return block_values(directory, lambda r: r["lr"])
 
 
 def _run_seeds(paths):
@@ -708,6 +713,12 @@ def load_e3(directory):
 def load_settings(directory, allowed=None):
     """load_e3's events of a run set whose runs differ in E3's Adam settings; `allowed`: {setting:
     the trajectories its runs train} (E3_TRAJECTORIES), None for any."""
+    return {k: R.excursion(t) for k, t in checked_setting_trajectories(directory, allowed).items()}
+
+
+def checked_setting_trajectories(directory, allowed=None):
+    """{(seed, trajectory@setting): trajectory of reanalysis_excursion.read_blocks} of such a run
+    set, once load_settings' checks pass (as checked_trajectories is to load())."""
     paths = R.csv_paths(directory, "blocks_*")
     if not paths:
         raise StudyError(f"no blocks_*.csv in {directory}")
@@ -718,16 +729,17 @@ def load_settings(directory, allowed=None):
                 here = (int(r["seed"]), setting_label(*R.optimizer_setting(r)))
                 if runs.setdefault(r["run_id"], here) != here:
                     raise StudyError(f"run {r['run_id']}: loss blocks of two seeds or Adam settings")
-    out = {}
+    trajs = {}
     for (seed, _lr, eps, beta2, name), t in R.read_blocks(paths, optimizer=True).items():
         setting = setting_label(eps, beta2)
         if allowed is not None and name not in allowed[setting]:
             raise StudyError(f"seed {seed}: trajectory {name} in a run at Adam setting {setting}, whose runs train "
                              f"{', '.join(allowed[setting])} (experiments/paper/why_mx_e3.yaml)")
         key = (seed, at_setting(name, setting))
-        if key in out:
+        if key in trajs:
             raise StudyError(f"seed {seed} {key[1]}: loss blocks at two learning rates")
-        out[key] = R.excursion(t)
+        trajs[key] = t
+    out = {k: R.excursion(t) for k, t in trajs.items()}
     binary = {}
     for path in sorted(glob.glob(os.path.join(directory, "summary_*.csv"))):
         with R.open_csv(path) as f:
@@ -745,7 +757,7 @@ def load_settings(directory, allowed=None):
                     raise StudyError(f"run {r['run_id']}: seed {r['seed']} in the summary, {seed} in the loss blocks")
                 binary[(seed, at_setting(r["group"], setting))] = _binary_excursion(r)
     _agree(out, binary)
-    return out
+    return trajs
 
 
 def load_q0(directory, e1_directory):
@@ -950,10 +962,7 @@ def load_confirm(directory):
     seeds outside 240-259, or without fp32, mx_all or a recipe. Runs at E3's Adam settings are read
     as e3 reads them (load_settings: mx_all@beta2=0.95); loss blocks of runs at one setting without
     the eps and beta2 columns are read with load()."""
-    settings = set()
-    for path in R.csv_paths(directory, "blocks_*"):
-        with R.open_csv(path) as f:
-            settings |= {R.optimizer_setting(r) for r in csv.DictReader(f)}
+    settings = block_values(directory, R.optimizer_setting)
     events = load(directory) if settings <= {("", "")} else load_settings(directory)
     lrs = {float(lr) for lr in block_lrs(directory)}
     if lrs != {CONFIRM_LR}:
@@ -977,18 +986,24 @@ E3_SETTING_TEXT = {"default": "eps 1e-8, beta2 0.999 (default)", "eps=1e-6": "ep
                    "beta2=0.95": "eps 1e-8, beta2 0.95"}
 
 
-def markdown_e3_progress(events):
-    """The progress table per (Adam setting, trajectory)."""
+def _by_setting(rows):
+    """[(setting, trajectory, *rest)] of rows [(trajectory@setting, *rest)], in the E3 tables' order:
+    by Adam setting (E3_SETTINGS' order, others last), then fp32, mx_all, the rest by name."""
     order = [x[0] for x in E3_SETTINGS]
-    rows = []
-    for a, n, k, lo, hi, med in progress(events):
+    out = []
+    for a, *rest in rows:
         traj, _, setting = a.partition("@")
         setting = setting or "default"
-        rows.append((order.index(setting) if setting in order else len(order), setting, traj, n, k, lo, hi, med))
-    rows.sort(key=lambda x: (x[0], x[2] != FP32, x[2] != MX_ALL, x[2]))
+        out.append((order.index(setting) if setting in order else len(order), setting, traj, *rest))
+    out.sort(key=lambda x: (x[0], x[2] != FP32, x[2] != MX_ALL, x[2]))
+    return [x[1:] for x in out]
+
+
+def markdown_e3_progress(events):
+    """The progress table per (Adam setting, trajectory)."""
     out = [f"| Adam setting | trajectory | seeds (of {len(SEEDS)}) | excursions (Wilson 95 %) | median step |",
            "|---|---|---|---|---|"]
-    for _, setting, traj, n, k, lo, hi, med in rows:
+    for setting, traj, n, k, lo, hi, med in _by_setting(progress(events)):
         m = "-" if med is None else f"{med:.0f}"
         out.append(f"| {E3_SETTING_TEXT.get(setting, setting)} | {traj} | {n} | {k}/{n} ({lo:.2f}–{hi:.2f}) | {m} |")
     return "\n".join(out)
@@ -997,37 +1012,31 @@ def markdown_e3_progress(events):
 LEVEL_STEPS = 2000   # the loss level: the median block minimum over a trajectory's last 2,000 steps
 
 
-def loss_levels(directory, steps=LEVEL_STEPS):
-    """{(seed, trajectory@setting): the median of the block minima over the trajectory's last `steps`
-    steps (its last steps / 100 full blocks; a block without a finite loss counts as +inf)} of a
-    run set over E3's Adam settings: how low a trajectory's loss sits at the end, beside whether it
-    had an excursion (descriptive)."""
+def loss_levels(trajs, steps=LEVEL_STEPS):
+    """{(seed, trajectory): the median of the block minima over the trajectory's last `steps` steps
+    (its last steps / 100 full blocks; a block without a finite loss counts as +inf)} of
+    {(seed, trajectory): trajectory of reanalysis_excursion.read_blocks} (checked_setting_trajectories):
+    how low a trajectory's loss sits at the end, beside whether it had an excursion (descriptive)."""
     n = steps // R.BLOCK
     out = {}
-    for (seed, _lr, eps, beta2, name), t in R.read_blocks(R.csv_paths(directory, "blocks_*"), optimizer=True).items():
+    for (seed, name), t in trajs.items():
         mins = t["mins"][:-1] if t["partial"] else t["mins"]
         if len(mins) < n:
             raise StudyError(f"seed {seed} {name}: {len(mins)} full blocks, fewer than the last {steps} steps")
-        out[(seed, at_setting(name, setting_label(eps, beta2)))] = statistics.median(mins[-n:])
+        out[(seed, name)] = statistics.median(mins[-n:])
     return out
 
 
 def markdown_levels(levels):
     """Per (Adam setting, trajectory) the median over seeds of loss_levels and its quartiles."""
-    order = [x[0] for x in E3_SETTINGS]
     by = {}
     for (_, a), v in levels.items():
         by.setdefault(a, []).append(v)
-    rows = []
-    for a, vs in by.items():
-        traj, _, setting = a.partition("@")
-        setting = setting or "default"
-        q = statistics.quantiles(sorted(vs), n=4, method="inclusive") if len(vs) > 1 else [vs[0]] * 3
-        rows.append((order.index(setting) if setting in order else len(order), setting, traj, len(vs), q))
-    rows.sort(key=lambda x: (x[0], x[2] != FP32, x[2] != MX_ALL, x[2]))
+    rows = [(a, len(vs), statistics.quantiles(sorted(vs), n=4, method="inclusive") if len(vs) > 1 else [vs[0]] * 3)
+            for a, vs in by.items()]
     out = [f"| Adam setting | trajectory | seeds | loss level, last {LEVEL_STEPS:,} steps: median over seeds "
            "(quartiles) |", "|---|---|---|---|"]
-    for _, setting, traj, n, (q1, med, q3) in rows:
+    for setting, traj, n, (q1, med, q3) in _by_setting(rows):
         out.append(f"| {E3_SETTING_TEXT.get(setting, setting)} | {traj} | {n} | {med:.3g} ({q1:.3g}–{q3:.3g}) |")
     return "\n".join(out)
 
@@ -1050,7 +1059,8 @@ def _seeds_line(events, expected=SEEDS):
 @_one_line_errors
 def main_e3(argv):
     a = _args(argv, "e3", "E3", "e3")
-    events = load_e3(a.dir)
+    trajs = checked_setting_trajectories(a.dir, E3_TRAJECTORIES)
+    events = {k: R.excursion(t) for k, t in trajs.items()}
     _, seeds = _seeds_line(events)
     paired = pairing_check_blocks(a.dir, a.e1, keep_row=_default_setting)
     print(f"e3: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
@@ -1072,7 +1082,7 @@ def main_e3(argv):
         print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
               "(pre-registration)")
     try:
-        levels = loss_levels(a.dir)
+        levels = loss_levels(trajs)
     except StudyError as e:  # runs shorter than the window (a test's): the rest of the report stands
         print(f"\nLoss levels: not shown ({e})")
     else:

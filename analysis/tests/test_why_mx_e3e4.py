@@ -576,16 +576,22 @@ def test_loss_levels_by_hand(W, tmp_path):
                             "1.0e-08", "0.999"])
     # 30 blocks: the first 10 at 9.0, then 1..20: the median of the last 20 is 10.5
     write(["9.0"] * 10 + [str(float(v)) for v in range(1, 21)])
-    assert W.loss_levels(str(d)) == {(200, "fp32"): 10.5}
+    assert W.loss_levels(_trajs(W, d)) == {(200, "fp32"): 10.5}
     # a partial 31st block of 0.0 is not one of the last 20 full blocks
     write(["9.0"] * 10 + [str(float(v)) for v in range(1, 21)] + ["0.0"], last_steps=50)
-    assert W.loss_levels(str(d)) == {(200, "fp32"): 10.5}
+    assert W.loss_levels(_trajs(W, d)) == {(200, "fp32"): 10.5}
     # 11 of the last 20 without a finite loss: the median is +inf
     write(["1.0"] * 9 + [""] * 11)
-    assert W.loss_levels(str(d)) == {(200, "fp32"): math.inf}
+    assert W.loss_levels(_trajs(W, d)) == {(200, "fp32"): math.inf}
     write(["1.0"] * 19)
     with pytest.raises(W.StudyError, match="19 full blocks, fewer than the last 2000 steps"):
-        W.loss_levels(str(d))
+        W.loss_levels(_trajs(W, d))
+
+
+def _trajs(W, d):
+    """{(seed, trajectory@setting): trajectory} of the loss blocks in `d`, unchecked (no summaries)."""
+    return {(seed, W.at_setting(name, W.setting_label(eps, beta2))): t for (seed, _lr, eps, beta2, name), t
+            in W.R.read_blocks(W.R.csv_paths(str(d), "blocks_*"), optimizer=True).items()}
 
 
 def write_confirm_adam(d, seeds=range(240, 260)):
