@@ -956,14 +956,17 @@ def confirm_reading(vs_mx, holm_mx, vs_fp32):
     return f"confirmed: brings MX's hazard near FP32's, within what {len(CONFIRM_SEEDS)} seeds resolve"
 
 
-def load_confirm(directory):
-    """The confirmation's events, its recipes (every trajectory but the default setting's fp32 and
-    mx_all and FP32 at other Adam settings, sorted) and a StudyError for blocks of another lr or of
+def confirm_trajectories(directory):
+    """(trajectories, events, recipes) of the confirmation: {(seed, trajectory): reanalysis_excursion
+    trajectory}, their excursions, and its recipes (every trajectory but the default setting's fp32
+    and mx_all and FP32 at other Adam settings, sorted); a StudyError for blocks of another lr or of
     seeds outside 240-259, or without fp32, mx_all or a recipe. Runs at E3's Adam settings are read
-    as e3 reads them (load_settings: mx_all@beta2=0.95); loss blocks of runs at one setting without
-    the eps and beta2 columns are read with load()."""
+    as e3 reads them (checked_setting_trajectories: mx_all@beta2=0.95); loss blocks of runs at one
+    setting without the eps and beta2 columns are read with checked_trajectories."""
     settings = block_values(directory, R.optimizer_setting)
-    events = load(directory) if settings <= {("", "")} else load_settings(directory)
+    trajs = (checked_trajectories(directory) if settings <= {("", "")}
+             else checked_setting_trajectories(directory))
+    events = {k: R.excursion(t) for k, t in trajs.items()}
     lrs = {float(lr) for lr in block_lrs(directory)}
     if lrs != {CONFIRM_LR}:
         raise StudyError(f"loss blocks at lr {sorted(lrs)}: the confirmation runs at lr {CONFIRM_LR:g} only")
@@ -975,7 +978,39 @@ def load_confirm(directory):
     if FP32 not in arms or MX_ALL not in arms or not recipes:
         raise StudyError(f"the confirmation's runs train fp32, mx_all and at least one recipe; these have "
                          f"{', '.join(sorted(arms))}")
+    return trajs, events, recipes
+
+
+def load_confirm(directory):
+    """The confirmation's events and recipes (confirm_trajectories)."""
+    _, events, recipes = confirm_trajectories(directory)
     return events, recipes
+
+
+def confirm_beside(events, recipes):
+    """The amendment of 2026-11-28's comparisons shown beside an Adam setting's confirmation, not
+    tests: per recipe at a setting s, FP32 at s vs the default FP32 (is the setting specific to MX?)
+    and MX-all at s vs FP32 at s, where those trajectories were run: [(arm, ref, LogRank, Cox)]."""
+    arms = {a for _, a in events}
+    out = []
+    for r in recipes:
+        setting = r.partition("@")[2]
+        if not setting:
+            continue
+        fp = at_setting(FP32, setting)
+        for a, ref in ((fp, FP32), (r, fp)):
+            if a in arms and ref in arms:
+                out.append((a, ref) + compare(events, a, ref))
+    return out
+
+
+def markdown_beside(events, rows, n_seeds):
+    out = [f"| arm vs reference | excursions arm / ref (of {n_seeds}) | first event arm/ref | permutation p "
+           "(unadjusted) | HR (95 %) |", "|---|---|---|---|---|"]
+    for a, ref, lr, cox in rows:
+        out.append(f"| {a} vs {ref} | {_counts(events, a)} / {_counts(events, ref)} | {lr.arm_first}/{lr.ref_first} "
+                   f"| {lr.p_perm:.3g} | {R.hr_cell(cox)} |")
+    return "\n".join(out)
 
 
 def q0_readings(res):
@@ -1138,7 +1173,7 @@ def main_q0(argv):
 @_one_line_errors
 def main_confirm(argv):
     a = _args(argv, "confirm", "The confirmation of E4's candidate fixes (amendment of 2026-11-27)", "confirm")
-    events, recipes = load_confirm(a.dir)
+    trajs, events, recipes = confirm_trajectories(a.dir)
     _, seeds = _seeds_line(events, CONFIRM_SEEDS)
     print(f"confirm: {seeds}, lr {CONFIRM_LR:g}; "
           f"recipes {', '.join(recipes)}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} "
@@ -1163,6 +1198,18 @@ def main_confirm(argv):
     print(f"\nReadings (the fix: (a) significant with HR < 1 and (b)'s interval not above 1 with upper bound "
           f"< {FIX_HI:g}; confirmed: without that bound):\n")
     print("\n".join(out))
+    beside = confirm_beside(events, recipes)
+    if beside:
+        print("\nBeside them, not tests (the amendment of 2026-11-28): FP32 at the setting against the default "
+              "FP32 (is the setting specific to MX?) and MX-all against FP32 at the same setting:\n")
+        print(markdown_beside(events, beside, len(CONFIRM_SEEDS)))
+    try:
+        levels = loss_levels(trajs)
+    except StudyError as e:  # runs shorter than the window (a test's): the rest of the report stands
+        print(f"\nLoss levels: not shown ({e})")
+    else:
+        print("\nLoss levels (descriptive):\n")
+        print(markdown_levels(levels))
 
 
 def main(argv=None):
