@@ -201,21 +201,61 @@ def test_no_e3_family_before_all_40_seeds(W, tmp_path, capsys):
     assert "| eps 1e-8, beta2 0.95 | mx_all | 39 |" in out
 
 
-def test_readme_e3_progress_is_the_scripts_on_the_committed_runs(W, capsys):
-    """results/README.md section 13 quotes `why_mx.py e3` on the committed E3 runs verbatim and says
-    how many seeds it counts; the pairing with E1 holds on every committed (seed, trajectory)."""
+def _tables(out):
+    """The markdown tables of a why_mx.py report, each as one block of lines."""
+    chunks = ["\n".join(line for line in c.splitlines() if line.startswith("|")) for c in out.split("\n\n")]
+    return [c for c in chunks if c]
+
+
+def _section13():
+    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    return readme[readme.index("## 13. "):readme.index("## 14. ")]
+
+
+def test_readme_e3_is_the_scripts_on_the_committed_runs(W, capsys):
+    """results/README.md section 13 quotes every table of `why_mx.py e3` on the committed E3 runs
+    verbatim (the progress, and with all 120 runs in, the family, every trajectory, the recipes'
+    classification; the loss levels) and says how many seeds it counts; the pairing with E1 holds
+    on every committed (seed, trajectory)."""
     d = os.path.join(ROOT, "results", "why_mx", "e3")
     assert W.main(["e3", "--dir", d]) == 0
     out = capsys.readouterr().out
     n = len({s for s, _ in W.load_e3(d)})
     assert f"e3: {n} of 40 seeds" in out and "E1's loss blocks bit for bit on all" in out
-    table = out[out.index("| Adam setting"):out.index("\n\nconfirmatory")].strip()
-    readme = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
-    sec = readme[readme.index("## 13. "):readme.index("## 14. ")]
-    assert table in sec
-    assert f"**E3 so far: {n} of 40 seeds" in sec
-    levels = out[out.index("| Adam setting | trajectory | seeds | loss level"):].strip()
-    assert levels in sec
+    sec = _section13()
+    tables = _tables(out)
+    assert len(tables) == (5 if W.complete(W.load_e3(d), W.E3_TESTS) else 2)
+    for t in tables:
+        assert t in sec, t.splitlines()[0]
+    assert f"**E3: {n} of 40 seeds" in sec
+
+
+def test_readme_confirmation_of_beta2_is_the_scripts_on_the_committed_runs(W, capsys):
+    """Section 13 quotes `why_mx.py confirm --dir results/why_mx/confirm_adam` verbatim: its
+    progress, tests, reading, the comparisons beside them and the loss levels."""
+    d = os.path.join(ROOT, "results", "why_mx", "confirm_adam")
+    assert W.main(["confirm", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    n = len({s for s, _ in W.load_confirm(d)[0]})
+    assert f"confirm: {n} of 20 seeds" in out and "recipes mx_all@beta2=0.95;" in out
+    sec = _section13()
+    for t in _tables(out):
+        assert t in sec, t.splitlines()[0]
+    assert f"**The confirmation of β₂ = 0.95: {n} of 20 seeds" in sec
+
+
+def test_readme_e4_progress_is_the_scripts_on_the_committed_runs(W, capsys):
+    """Section 13 quotes `why_mx.py e4` on the committed E4 runs verbatim and says how many seeds
+    it counts; E4's FP32 and MX-all equal E1's loss blocks on every committed (seed, trajectory)."""
+    d = os.path.join(ROOT, "results", "why_mx", "e4")
+    assert W.main(["e4", "--dir", d]) == 0
+    out = capsys.readouterr().out
+    n = len({s for s, _ in W.load(d)})
+    assert f"e4: {n} of 40 seeds" in out and f"bit for bit on all {2 * n} (seed, trajectory)" in out
+    sec = _section13()
+    for t in _tables(out):
+        assert t in sec, t.splitlines()[0]
+    assert f"**E4 so far: {n} of 40 seeds" in sec
 
 
 def _cox(W, hr, lo, hi):
@@ -626,3 +666,61 @@ def test_confirm_of_an_adam_setting(W, tmp_path, capsys):
     # written before the amendment, the reading would have been "its hazard differs from FP32's"
     res = W.run_family(events, W.confirm_tests(recipes), W.CONFIRM_SEEDS)
     assert res[1][2].hi < 1
+    # beside the tests, not tests: FP32 at beta2 0.95 (no event) vs the default FP32 (15 events), and
+    # MX-all vs FP32 at beta2 0.95 (2 events vs none, so both informative seeds have MX-all first)
+    beside = out[out.index("Beside them, not tests"):out.index("Loss levels")]
+    assert "| fp32@beta2=0.95 vs fp32 | 0 / 15 | 0/15 |" in beside
+    assert "| mx_all@beta2=0.95 vs fp32@beta2=0.95 | 2 / 0 | 2/0 | 0.5 | inf [" in beside
+    assert [(a, ref) for a, ref, _, _ in W.confirm_beside(events, recipes)] == [
+        ("fp32@beta2=0.95", "fp32"), ("mx_all@beta2=0.95", "fp32@beta2=0.95")]
+    # the runs (200 blocks) are long enough for the loss levels; write_runs' loss is 1.0 before an
+    # excursion block and 100.0 from it on: the default mx_all's events all come before step 18,000
+    levels = out[out.index("Loss levels (descriptive):"):]
+    assert "| eps 1e-8, beta2 0.999 (default) | mx_all | 20 | 100 (100–100) |" in levels
+    assert "| eps 1e-8, beta2 0.95 | fp32 | 20 | 1 (1–1) |" in levels
+
+
+def test_confirm_of_an_mx_recipe_shows_nothing_beside(W, tmp_path, capsys):
+    """E4's recipes run at the default Adam setting: no setting, so no comparison beside the tests."""
+    d = str(tmp_path / "c")
+    write_confirm(d)
+    events, recipes = W.load_confirm(d)
+    assert W.confirm_beside(events, recipes) == []
+    assert W.main(["confirm", "--dir", d]) == 0
+    assert "Beside them" not in capsys.readouterr().out
+
+
+def test_answers_rows_on_adam_and_bias_are_the_scripts(W):
+    """The answers table of results/README.md (row 14) and README's "What the lab found" quote E3's
+    family and the confirmation of beta2 0.95 as the scripts compute them on the committed runs."""
+    ev = W.load_e3(os.path.join(ROOT, "results", "why_mx", "e3"))
+    res = W.run_family(ev, W.E3_TESTS)
+    assert W.e3_readings(res) == ["falsified", "supported", "undecided", "supported", "supported", "not significant"]
+    by = {label: (lr, cox, h) for label, lr, cox, h in res}
+    hr = {label: W.R.hr_cell(cox) for label, (_, cox, _) in by.items()}
+    cev, recipes = W.load_confirm(os.path.join(ROOT, "results", "why_mx", "confirm_adam"))
+    cres = W.run_family(cev, W.confirm_tests(recipes), W.CONFIRM_SEEDS)
+    (_, _, vm, hm), (_, _, vf, hf) = cres
+    assert recipes == ["mx_all@beta2=0.95"] and W.confirm_reading(vm, hm, vf) == "the fix"
+    n = {a: W._counts(ev, a) for a in ("fp32", "mx_all", "noise_mx", "mx_sr_grad", "mx_all@eps=1e-6",
+                                        "mx_all@beta2=0.95", "fp32@beta2=0.95")}
+    cn = {a: W._counts(cev, a) for a in ("fp32", "mx_all", "mx_all@beta2=0.95", "fp32@beta2=0.95")}
+    assert n == {"fp32": 5, "mx_all": 35, "noise_mx": 1, "mx_sr_grad": 34, "mx_all@eps=1e-6": 11,
+                 "mx_all@beta2=0.95": 0, "fp32@beta2=0.95": 0}
+    assert cn == {"fp32": 15, "mx_all": 19, "mx_all@beta2=0.95": 0, "fp32@beta2=0.95": 0}
+    results = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    row = next(line for line in results.splitlines() if line.startswith("| 14 |"))
+    top = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    averts = next(line for line in top.splitlines() if line.startswith("| What averts MX's excursions?"))
+    bias = next(line for line in top.splitlines() if line.startswith("| Is it MX's error size or its bias?"))
+    p = lambda x: f"{x:.1e}".replace("e-0", "e-")  # noqa: E731  (5.38e-09 -> 5.4e-9)
+    for text in (row, bias):
+        assert f"HR {hr['Variance suffices']}" in text
+        assert f"HR {hr['Bias matters']}, Holm p = {p(by['Bias matters'][2])}" in text
+        assert f"HR {hr['SR of gradients']}, Holm p = {by['SR of gradients'][2]:.2f}" in text
+    assert f"HR {hr['Adam eps 1e-6 (MX)']}, Holm p = {by['Adam eps 1e-6 (MX)'][2]:.2g}" in row
+    b = by["Adam beta2 0.95 (MX)"]
+    for text in (row, averts):
+        assert f"upper bound {b[1].hi:.2g}, Holm p = {p(b[2])}" in text
+        assert f"Holm p = {p(hm)}" in text and f"Holm p = {p(hf)}" in text
+    assert f"upper bound {vm.hi:.2g}, Holm p = {p(hm)}" in row and f"upper bound {vf.hi:.2g}, Holm p = {p(hf)}" in row
