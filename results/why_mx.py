@@ -1076,6 +1076,17 @@ def markdown_levels(levels):
     return "\n".join(out)
 
 
+def print_levels(trajs):
+    """Print the loss levels' table of a report (e3, confirm), or why it is not shown."""
+    try:
+        levels = loss_levels(trajs)
+    except StudyError as e:  # runs shorter than the window (a test's): the rest of the report stands
+        print(f"\nLoss levels: not shown ({e})")
+    else:
+        print("\nLoss levels (descriptive):\n")
+        print(markdown_levels(levels))
+
+
 def e3_fixes(events):
     """[(setting's MX-all, Cox vs the default mx_all, Cox vs the default fp32, classification)] of
     E3_RECIPES (the amendment of 2026-11-28; fix_class)."""
@@ -1116,13 +1127,7 @@ def main_e3(argv):
     else:
         print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
               "(pre-registration)")
-    try:
-        levels = loss_levels(trajs)
-    except StudyError as e:  # runs shorter than the window (a test's): the rest of the report stands
-        print(f"\nLoss levels: not shown ({e})")
-    else:
-        print("\nLoss levels (descriptive):\n")
-        print(markdown_levels(levels))
+    print_levels(trajs)
 
 
 @_one_line_errors
@@ -1203,13 +1208,7 @@ def main_confirm(argv):
         print("\nBeside them, not tests (the amendment of 2026-11-28): FP32 at the setting against the default "
               "FP32 (is the setting specific to MX?) and MX-all against FP32 at the same setting:\n")
         print(markdown_beside(events, beside, len(CONFIRM_SEEDS)))
-    try:
-        levels = loss_levels(trajs)
-    except StudyError as e:  # runs shorter than the window (a test's): the rest of the report stands
-        print(f"\nLoss levels: not shown ({e})")
-    else:
-        print("\nLoss levels (descriptive):\n")
-        print(markdown_levels(levels))
+    print_levels(trajs)
 
 
 def main(argv=None):
