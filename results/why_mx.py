@@ -332,6 +332,21 @@ def km_curve(times_events, horizon=19500):
     return xs, ys, n
 
 
+def _km_step(ax, events, arm, label, **style):
+    """One Kaplan-Meier curve (km_curve) of `arm`'s trajectories in `events` on the axes `ax`."""
+    xs, ys, _ = km_curve([ev for (s, a), ev in events.items() if a == arm])
+    ax.step(xs, ys, where="post", label=label, **style)
+
+
+def _km_axes(ax, title):
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step (excursion onset)")
+    ax.set_xlim(0, 20000)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+
+
 def figure(events, path):
     """Kaplan-Meier curves of E1's arms (left: the tensor roles, right: the GEMMs), FP32 and MX-all
     on both, written to `path` (PNG)."""
@@ -347,24 +362,56 @@ def figure(events, path):
     colours = plt.get_cmap("tab10").colors
     for ax, (title, arms) in zip(axes, panels):
         for arm, style in ((FP32, dict(color="black", lw=2.2)), (MX_ALL, dict(color="grey", lw=2.2))):
-            xs, ys, _ = km_curve([ev for (s, a), ev in events.items() if a == arm])
-            ax.step(xs, ys, where="post", label=arm, **style)
+            _km_step(ax, events, arm, arm, **style)
         for i, arm in enumerate(arms):
-            xs, ys, _ = km_curve([ev for (s, a), ev in events.items() if a == arm])
-            ax.step(xs, ys, where="post", label=arm, color=colours[i % 4 if title == "tensor roles" else i % 3],
-                    ls="--" if arm.startswith("keep_bf16") else "-", lw=1.3)
-        ax.set_title(f"{title}: dashed = that part kept in bf16, solid = only that part MX", fontsize=9)
-        ax.set_xlabel("step (excursion onset)")
-        ax.set_xlim(0, 20000)
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+            _km_step(ax, events, arm, arm, color=colours[i % 4 if title == "tensor roles" else i % 3],
+                     ls="--" if arm.startswith("keep_bf16") else "-", lw=1.3)
+        _km_axes(ax, f"{title}: dashed = that part kept in bf16, solid = only that part MX")
     axes[0].set_ylabel("fraction of seeds without an excursion")
     fig.suptitle(f"E1, {n} seeds (200-239), lr 5e-4, 20,000 steps; excursion k = 10, B = 100, W = 500 "
                  "(Kaplan-Meier)", fontsize=10)
     fig.text(0.01, 0.005, "python3 results/why_mx.py --figure " + os.path.basename(path) +
              "; data: results/why_mx/e1/ (experiments/paper/why_mx_e1.yaml)", fontsize=7, color="grey")
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# The Adam figure's curves: (trajectory@setting, colour, line style); FP32 black, MX-all grey,
+# solid at the default setting, dashed at eps 1e-6, dotted at beta2 0.95.
+ADAM_CURVES = ((FP32, "black", "-"), (MX_ALL, "grey", "-"), ("noise_mx", "tab:blue", "-"),
+               ("mx_sr_grad", "tab:orange", "-"), ("fp32@eps=1e-6", "black", "--"),
+               ("mx_all@eps=1e-6", "tab:red", "--"), ("fp32@beta2=0.95", "black", ":"),
+               ("mx_all@beta2=0.95", "tab:green", ":"))
+
+
+def figure_adam(e3_events, confirm_events, path):
+    """Kaplan-Meier curves of E3 (left: 40 seeds, lr 5e-4) and, when `confirm_events` is given, of
+    the confirmation of beta2 0.95 (right: seeds 240-259, lr 6e-4), written to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("E3, seeds 200-239, lr 5e-4", e3_events)]
+    if confirm_events is not None:
+        panels.append(("confirmation, seeds 240-259, lr 6e-4", confirm_events))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.3), sharey=True, squeeze=False)
+    for ax, (title, events) in zip(axes[0], panels):
+        arms = {a for _, a in events}
+        for arm, colour, ls in ADAM_CURVES:
+            if arm in arms:
+                n = len({s for s, a in events if a == arm})
+                _km_step(ax, events, arm, f"{arm} ({_counts(events, arm)}/{n})", color=colour, ls=ls,
+                         lw=2.0 if arm in (FP32, MX_ALL) else 1.4)
+        _km_axes(ax, title)
+    axes[0][0].set_ylabel("fraction of seeds without an excursion")
+    fig.suptitle("Bias, variance or Adam: excursion k = 10, B = 100, W = 500 (Kaplan-Meier; legend: excursions/seeds)\n"
+                 "solid: default Adam (eps 1e-8, beta2 0.999); dashed: eps 1e-6; dotted: beta2 0.95", fontsize=10)
+    fig.text(0.01, 0.005, "python3 results/why_mx.py e3 --figure " + os.path.basename(path) +
+             " --confirm results/why_mx/confirm_adam\ndata: results/why_mx/e3/ and confirm_adam/ "
+             "(experiments/paper/why_mx_e3.yaml, why_mx_confirm_adam.yaml)", fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -620,13 +667,24 @@ def _one_line_errors(main_fn):
     return run
 
 
-def _args(argv, name, what, default_dir, dir_help=None, e1_help="E1's directory, for the pairing check"):
-    """The command line of a subcommand: --dir (default results/why_mx/<default_dir>) and --e1."""
+def _args(argv, name, what, default_dir, dir_help=None, e1_help="E1's directory, for the pairing check",
+          more=None):
+    """The command line of a subcommand: --dir (default results/why_mx/<default_dir>) and --e1;
+    `more(parser)` adds a subcommand's own options."""
     ap = argparse.ArgumentParser(prog=f"why_mx.py {name}", description=f"{what} of results/prereg/why_mx.md")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "why_mx")
     ap.add_argument("--dir", default=os.path.join(here, default_dir), help=dir_help)
     ap.add_argument("--e1", default=os.path.join(here, "e1"), help=e1_help)
+    if more:
+        more(ap)
     return ap.parse_args(argv)
+
+
+def _e3_options(ap):
+    ap.add_argument("--figure", metavar="PNG", help="also write the Kaplan-Meier figure of E3's trajectories "
+                    "(and of the confirmation's, with --confirm)")
+    ap.add_argument("--confirm", metavar="DIR", help="with --figure: the confirmation's run set "
+                    "(results/why_mx/confirm_adam) for the figure's second panel")
 
 
 @_one_line_errors
@@ -1104,7 +1162,9 @@ def _seeds_line(events, expected=SEEDS):
 
 @_one_line_errors
 def main_e3(argv):
-    a = _args(argv, "e3", "E3", "e3")
+    a = _args(argv, "e3", "E3", "e3", more=_e3_options)
+    if a.confirm and not a.figure:
+        raise StudyError("--confirm names the figure's second panel: give --figure PNG too")
     trajs = checked_setting_trajectories(a.dir, E3_TRAJECTORIES)
     events = {k: R.excursion(t) for k, t in trajs.items()}
     _, seeds = _seeds_line(events)
@@ -1128,6 +1188,9 @@ def main_e3(argv):
         print("\nconfirmatory tests: not run until all 40 seeds have finished every setting and arm "
               "(pre-registration)")
     print_levels(trajs)
+    if a.figure:
+        figure_adam(events, load_confirm(a.confirm)[0] if a.confirm else None, a.figure)
+        print(f"\nwrote {a.figure}")
 
 
 @_one_line_errors

@@ -725,3 +725,22 @@ def test_answers_rows_on_adam_and_bias_are_the_scripts(W):
         assert f"upper bound {b[1].hi:.2g}, Holm p = {p(b[2])}" in text
         assert f"Holm p = {p(hm)}" in text and f"Holm p = {p(hf)}" in text
     assert f"upper bound {vm.hi:.2g}, Holm p = {p(hm)}" in row and f"upper bound {vf.hi:.2g}, Holm p = {p(hf)}" in row
+
+
+def test_e3_figure_with_the_confirmation(W, tmp_path, capsys):
+    """e3 --figure writes the Kaplan-Meier PNG (a second panel with --confirm); --confirm alone is
+    refused with one line."""
+    d, e1, c = str(tmp_path / "e3"), str(tmp_path / "e1"), str(tmp_path / "ca")
+    write_e3(d)
+    write_e1(e1)
+    write_confirm_adam(c)
+    png = tmp_path / "km.png"
+    assert W.main(["e3", "--dir", d, "--e1", e1, "--figure", str(png), "--confirm", c]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one = tmp_path / "one.png"
+    assert W.main(["e3", "--dir", d, "--e1", e1, "--figure", str(one)]) == 0
+    assert one.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and one.stat().st_size < png.stat().st_size
+    capsys.readouterr()
+    assert W.main(["e3", "--dir", d, "--e1", e1, "--confirm", c]) == 2
+    assert "give --figure PNG too" in capsys.readouterr().err
