@@ -706,6 +706,8 @@ def test_answers_rows_on_adam_and_bias_are_the_scripts(W):
     n = {a: W._counts(ev, a) for a in ("fp32", "mx_all", "noise_mx", "mx_sr_grad", "mx_all@eps=1e-6",
                                         "mx_all@beta2=0.95", "fp32@beta2=0.95")}
     cn = {a: W._counts(cev, a) for a in ("fp32", "mx_all", "mx_all@beta2=0.95", "fp32@beta2=0.95")}
+    # section 13's reading of the figure: MX-all at eps 1e-6 has its excursions early, none after 6,000
+    assert max(t for (_, a), (e, t) in ev.items() if a == "mx_all@eps=1e-6" and e) < 6000
     assert n == {"fp32": 5, "mx_all": 35, "noise_mx": 1, "mx_sr_grad": 34, "mx_all@eps=1e-6": 11,
                  "mx_all@beta2=0.95": 0, "fp32@beta2=0.95": 0}
     assert cn == {"fp32": 15, "mx_all": 19, "mx_all@beta2=0.95": 0, "fp32@beta2=0.95": 0}
