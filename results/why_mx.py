@@ -1021,11 +1021,11 @@ def confirm_trajectories(directory):
     seeds outside 240-259, or without fp32, mx_all or a recipe. Runs at E3's Adam settings are read
     as e3 reads them (checked_setting_trajectories: mx_all@beta2=0.95); loss blocks of runs at one
     setting without the eps and beta2 columns are read with checked_trajectories."""
-    settings = block_values(directory, R.optimizer_setting)
-    trajs = (checked_trajectories(directory) if settings <= {("", "")}
+    rows = block_values(directory, lambda r: (R.optimizer_setting(r), float(r["lr"])))
+    trajs = (checked_trajectories(directory) if {s for s, _ in rows} <= {("", "")}
              else checked_setting_trajectories(directory))
     events = {k: R.excursion(t) for k, t in trajs.items()}
-    lrs = {float(lr) for lr in block_lrs(directory)}
+    lrs = {lr for _, lr in rows}
     if lrs != {CONFIRM_LR}:
         raise StudyError(f"loss blocks at lr {sorted(lrs)}: the confirmation runs at lr {CONFIRM_LR:g} only")
     stray = sorted({s for s, _ in events} - set(CONFIRM_SEEDS))

@@ -220,11 +220,12 @@ def test_readme_e3_is_the_scripts_on_the_committed_runs(W, capsys):
     d = os.path.join(ROOT, "results", "why_mx", "e3")
     assert W.main(["e3", "--dir", d]) == 0
     out = capsys.readouterr().out
-    n = len({s for s, _ in W.load_e3(d)})
+    events = W.load_e3(d)
+    n = len({s for s, _ in events})
     assert f"e3: {n} of 40 seeds" in out and "E1's loss blocks bit for bit on all" in out
     sec = _section13()
     tables = _tables(out)
-    assert len(tables) == (5 if W.complete(W.load_e3(d), W.E3_TESTS) else 2)
+    assert len(tables) == (5 if W.complete(events, W.E3_TESTS) else 2)
     for t in tables:
         assert t in sec, t.splitlines()[0]
     assert f"**E3: {n} of 40 seeds" in sec
@@ -250,12 +251,13 @@ def test_readme_e4_progress_is_the_scripts_on_the_committed_runs(W, capsys):
     d = os.path.join(ROOT, "results", "why_mx", "e4")
     assert W.main(["e4", "--dir", d]) == 0
     out = capsys.readouterr().out
-    n = len({s for s, _ in W.load(d)})
+    events = W.load(d)
+    n = len({s for s, _ in events})
     assert f"e4: {n} of 40 seeds" in out and f"bit for bit on all {2 * n} (seed, trajectory)" in out
     sec = _section13()
     for t in _tables(out):
         assert t in sec, t.splitlines()[0]
-    done = W.complete(W.load(d), W.E4_TESTS)
+    done = W.complete(events, W.E4_TESTS)
     assert (f"**E4: {n} of 40 seeds" if done else f"**E4 so far: {n} of 40 seeds") in sec
 
 
