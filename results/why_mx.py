@@ -6,6 +6,7 @@ and `mxlab summarize --csv` of the same runs.
     python3 results/why_mx.py [--dir results/why_mx/e1] [--markdown]
     python3 results/why_mx.py e2 [--dir results/why_mx/e2]
     python3 results/why_mx.py e3 [--dir results/why_mx/e3] [--e1 results/why_mx/e1]
+                                 [--figure PNG [--confirm results/why_mx/confirm_adam]]
     python3 results/why_mx.py e4 [--dir results/why_mx/e4] [--e1 results/why_mx/e1]
     python3 results/why_mx.py q0 [--dir results/why_mx/paper_emulator] [--e1 results/why_mx/e1]
     python3 results/why_mx.py confirm [--dir results/why_mx/confirm]
@@ -43,7 +44,8 @@ significant effect smaller than the one needed) is reported as "mixed". Every tr
 the default mx_all and fp32 is given descriptively, and so is each trajectory's loss level (the
 median over the seeds of the median block minimum over its last 2,000 steps). The amendment of
 2026-11-28 classifies MX-all at each other Adam setting as E4 classifies a recipe (below), against
-the default setting's mx_all and fp32.
+the default setting's mx_all and fp32. --figure writes the Kaplan-Meier curves of E3's
+trajectories, with --confirm a second panel of the confirmation's.
 
 `e4` ("E4 - fixes from the literature"): progress; on all 40 seeds the family of m = 6 (rot_e1
 runs: E1's N-GEMM(fprop) was significant): rot_all, rand_rot_sr and rot_e1 each vs mx_all (HR < 1,
@@ -62,8 +64,9 @@ another setting is shown, not a recipe); progress, and on all 20 seeds per recip
 mx_all (HR < 1) and (b) recipe vs fp32 (two-sided), Holm over all of them (m = 2 x recipes), and
 the reading: "the fix" when (a) is significant with HR < 1 and (b)'s 95 % interval is not above 1
 with upper bound < 1.5; "confirmed" when (a) is and (b)'s interval is not above 1 without that
-bound; else "not confirmed". Loss blocks of another lr or of seeds outside 240-259 are an error
-(exit 2).
+bound; else "not confirmed". For a run set over Adam settings it also shows, not as tests, FP32
+at the setting vs the default FP32 and MX-all vs FP32 at the setting; and the loss levels as e3
+gives them. Loss blocks of another lr or of seeds outside 240-259 are an error (exit 2).
 
 `q0` (Question 0, "E1" and its amendment): fp32, paper_emulator and mx_ops from the paper_emulator
 run set, mx_all of the same seeds from E1; progress, and on all 40 seeds the four tests (mx_all vs
