@@ -7,7 +7,7 @@ and `mxlab summarize --csv` of the same runs.
     python3 results/why_mx.py e2 [--dir results/why_mx/e2]
     python3 results/why_mx.py e3 [--dir results/why_mx/e3] [--e1 results/why_mx/e1]
                                  [--figure PNG [--confirm results/why_mx/confirm_adam]]
-    python3 results/why_mx.py e4 [--dir results/why_mx/e4] [--e1 results/why_mx/e1]
+    python3 results/why_mx.py e4 [--dir results/why_mx/e4] [--e1 results/why_mx/e1] [--figure PNG]
     python3 results/why_mx.py q0 [--dir results/why_mx/paper_emulator] [--e1 results/why_mx/e1]
     python3 results/why_mx.py confirm [--dir results/why_mx/confirm]
 
@@ -54,7 +54,11 @@ falsified if the lower bound > 0.5) and vs fp32 (two-sided), Holm, and the class
 a candidate fix (HR vs mx_all <= 0.25 and an interval vs fp32 not above 1); either is confirmed on
 seeds 240-259 at lr 6e-4 before it is called one; else none. "Not above 1" (the amendment of
 2026-11-28) reads the pre-registration's "containing 1" as the "no less stable than FP32" it stands
-for: a recipe that also removes FP32's own excursions is not excluded for being better.
+for: a recipe that also removes FP32's own excursions is not excluded for being better. With no
+fix and no candidate the report says the confirmation is not run. Beside the tests, descriptive:
+every arm against mx_all and fp32, the recipes against each other (E4_BETWEEN: deterministic
+against randomised rotations with stochastic rounding, all GEMMs against E1's) and each arm's loss
+level as e3 gives it. --figure writes the Kaplan-Meier curves of E4's arms.
 
 `confirm` (the amendments of 2026-11-27 and 2026-11-28: confirming E4's candidate fixes and E3's
 Adam settings): seeds 240-259 at lr 6e-4, the default setting's fp32 and mx_all trajectories and
@@ -388,35 +392,59 @@ ADAM_CURVES = ((FP32, "black", "-"), (MX_ALL, "grey", "-"), ("noise_mx", "tab:bl
                ("mx_all@beta2=0.95", "tab:green", ":"))
 
 
-def figure_adam(e3_events, confirm_events, path):
-    """Kaplan-Meier curves of E3 (left: 40 seeds, lr 5e-4) and, when `confirm_events` is given, of
-    the confirmation of beta2 0.95 (right: seeds 240-259, lr 6e-4), written to `path` (PNG)."""
+def figure_km(panels, curves, suptitle, footer, path):
+    """Kaplan-Meier curves, one panel per (title, events) of `panels`, each with the curves
+    [(trajectory, colour, line style)] of `curves` that its events have (FP32 and MX-all drawn
+    heavier; legend: excursions/seeds), written to `path` (PNG) with `footer` (how it was made)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("E3, seeds 200-239, lr 5e-4", e3_events)]
-    if confirm_events is not None:
-        panels.append(("confirmation, seeds 240-259, lr 6e-4", confirm_events))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.3), sharey=True, squeeze=False)
     for ax, (title, events) in zip(axes[0], panels):
         arms = {a for _, a in events}
-        for arm, colour, ls in ADAM_CURVES:
+        for arm, colour, ls in curves:
             if arm in arms:
                 n = len({s for s, a in events if a == arm})
                 _km_step(ax, events, arm, f"{arm} ({_counts(events, arm)}/{n})", color=colour, ls=ls,
                          lw=2.0 if arm in (FP32, MX_ALL) else 1.4)
         _km_axes(ax, title)
     axes[0][0].set_ylabel("fraction of seeds without an excursion")
-    fig.suptitle("Bias, variance or Adam: excursion k = 10, B = 100, W = 500 (Kaplan-Meier; legend: excursions/seeds)\n"
-                 "solid: default Adam (eps 1e-8, beta2 0.999); dashed: eps 1e-6; dotted: beta2 0.95", fontsize=10)
-    fig.text(0.01, 0.005, "python3 results/why_mx.py e3 --figure " + os.path.basename(path) +
-             " --confirm results/why_mx/confirm_adam\ndata: results/why_mx/e3/ and confirm_adam/ "
-             "(experiments/paper/why_mx_e3.yaml, why_mx_confirm_adam.yaml)", fontsize=7, color="grey")
+    fig.suptitle(suptitle, fontsize=10)
+    fig.text(0.01, 0.005, footer, fontsize=7, color="grey")
     fig.tight_layout(rect=(0, 0.05, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def figure_adam(e3_events, confirm_events, path):
+    """Kaplan-Meier curves of E3 (left: 40 seeds, lr 5e-4) and, when `confirm_events` is given, of
+    the confirmation of beta2 0.95 (right: seeds 240-259, lr 6e-4), written to `path` (PNG)."""
+    panels = [("E3, seeds 200-239, lr 5e-4", e3_events)]
+    if confirm_events is not None:
+        panels.append(("confirmation, seeds 240-259, lr 6e-4", confirm_events))
+    figure_km(panels, ADAM_CURVES,
+              "Bias, variance or Adam: excursion k = 10, B = 100, W = 500 (Kaplan-Meier; legend: excursions/seeds)\n"
+              "solid: default Adam (eps 1e-8, beta2 0.999); dashed: eps 1e-6; dotted: beta2 0.95",
+              "python3 results/why_mx.py e3 --figure " + os.path.basename(path) +
+              " --confirm results/why_mx/confirm_adam\ndata: results/why_mx/e3/ and confirm_adam/ "
+              "(experiments/paper/why_mx_e3.yaml, why_mx_confirm_adam.yaml)", path)
+
+
+# The rotations figure's curves: FP32 black, MX-all grey, the deterministic rotations solid, the
+# randomised one with stochastic rounding dashed.
+E4_CURVES = ((FP32, "black", "-"), (MX_ALL, "grey", "-"), ("rot_all", "tab:green", "-"),
+             ("rot_e1", "tab:blue", "-"), ("rand_rot_sr", "tab:red", "--"))
+
+
+def figure_e4(events, path):
+    """Kaplan-Meier curves of E4's arms (seeds 200-239, lr 5e-4), written to `path` (PNG)."""
+    figure_km([("E4, seeds 200-239, lr 5e-4", events)], E4_CURVES,
+              "Block Hadamard rotations: excursion k = 10, B = 100, W = 500\n(Kaplan-Meier; legend: "
+              "excursions/seeds; rot_e1 rotates Fprop only)",
+              "python3 results/why_mx.py e4 --figure " + os.path.basename(path) +
+              "\ndata: results/why_mx/e4/ (experiments/paper/why_mx_e4.yaml)", path)
 
 
 def markdown_progress(rows, n_expected):
@@ -736,6 +764,10 @@ E4_TESTS = tuple(t for r in E4_RECIPES for t in ((f"{r} vs mx_all", r, MX_ALL, "
                                                   (f"{r} vs fp32", r, FP32, "two-sided", None)))
 FIX_HI = 1.5          # a fix: HR vs FP32 with a 95 % interval not above 1 (lower bound <= 1), upper bound < 1.5
 CANDIDATE_HR = 0.25   # a candidate fix: HR vs mx_all <= 0.25 and an interval vs FP32 not above 1
+# Between E4's recipes, descriptive (not tests, not in the family): deterministic rotations against
+# the randomised ones with stochastic rounding (the literature's claim that the former restore
+# stability where the latter do not), and rotating every GEMM against rotating E1's GEMM only.
+E4_BETWEEN = (("rot_all", "rand_rot_sr"), ("rot_e1", "rand_rot_sr"), ("rot_all", "rot_e1"))
 # The amendment of 2026-11-28: E3's Adam settings on MX-all are classified as E4's recipes are,
 # against the default setting's mx_all and fp32 (the status quo), and confirmed as they are.
 E3_RECIPES = ("mx_all@eps=1e-6", "mx_all@beta2=0.95")
@@ -988,6 +1020,17 @@ def e4_fixes(res):
             for r in E4_RECIPES]
 
 
+def markdown_between(events, pairs):
+    """Arm against arm, paired by seed (compare), as a markdown table: descriptive, unadjusted."""
+    out = ["| arm vs reference | excursions arm / ref | first event arm/ref | p (unadjusted) | HR (95 %) |",
+           "|---|---|---|---|---|"]
+    for a, ref in pairs:
+        lr, cox = compare(events, a, ref)
+        out.append(f"| {a} vs {ref} | {_counts(events, a)} / {_counts(events, ref)} | {lr.arm_first}/{lr.ref_first} | "
+                   f"{lr.p_perm:.3g} | {R.hr_cell(cox)} |")
+    return "\n".join(out)
+
+
 def markdown_fixes(rows):
     out = ["| recipe | HR vs mx_all (95 %) | HR vs fp32 (95 %) | classification |", "|---|---|---|---|"]
     for r, vm, vf, c in rows:
@@ -1198,8 +1241,10 @@ def main_e3(argv):
 
 @_one_line_errors
 def main_e4(argv):
-    a = _args(argv, "e4", "E4", "e4")
-    events = load(a.dir)
+    a = _args(argv, "e4", "E4", "e4", more=lambda ap: ap.add_argument(
+        "--figure", metavar="PNG", help="also write the Kaplan-Meier figure of E4's arms"))
+    trajs = checked_trajectories(a.dir)
+    events = {k: R.excursion(t) for k, t in trajs.items()}
     _, seeds = _seeds_line(events)
     paired = pairing_check_blocks(a.dir, a.e1)
     print(f"e4: {seeds}; excursion k=10, B=100, W=500; C++ and Python agree on all {len(events)} trajectories; "
@@ -1214,9 +1259,20 @@ def main_e4(argv):
               f"interval is not above 1 with upper bound < {FIX_HI:g}; a candidate fix, HR vs mx_all <= "
               f"{CANDIDATE_HR:g} with an interval vs fp32 not above 1; either is confirmed on seeds 240-259 at lr "
               "6e-4 before it is called one):\n")
-        print(markdown_fixes(e4_fixes(res)))
+        fixes = e4_fixes(res)
+        print(markdown_fixes(fixes))
+        if all(c == "no fix" for _, _, _, c in fixes):
+            print("\nNo recipe is a fix or a candidate fix: nothing of E4 is confirmed, and its confirmation "
+                  "(seeds 240-259 at lr 6e-4) is not run (the amendment of 2026-11-27).")
         print("\nEvery arm against mx_all and against fp32 (descriptive, not tests):\n")
         print(markdown_every_arm(every_arm(events)))
+        print("\nBetween the recipes (descriptive, not tests: deterministic against randomised rotations with "
+              "stochastic rounding, all GEMMs against E1's):\n")
+        print(markdown_between(events, E4_BETWEEN))
+        print_levels(trajs)
+    if a.figure:
+        figure_e4(events, a.figure)
+        print(f"\nwrote {a.figure}")
     else:
         print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
 

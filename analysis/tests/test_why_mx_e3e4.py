@@ -350,6 +350,27 @@ def test_e4_family_holm_verdicts_and_fixes(W, tmp_path, capsys):
     assert W.main(["e4", "--dir", d, "--e1", e1]) == 0
     out = capsys.readouterr().out
     assert "| Holm p (m = 6) |" in out and "| rot_all | 0 (0, " in out and "**candidate fix" in out
+    assert "nothing of E4 is confirmed" not in out
+    # between the recipes (descriptive): rand_rot_sr's excursion (block 50) comes first in every seed
+    assert [(a, ref) for a, ref in W.E4_BETWEEN] == [("rot_all", "rand_rot_sr"), ("rot_e1", "rand_rot_sr"),
+                                                     ("rot_all", "rot_e1")]
+    assert "| rot_all vs rand_rot_sr | 10 / 40 | 0/40 | " in out and "| rot_all vs rot_e1 | 10 / " in out
+    # loss levels over the last 2,000 steps: 100 after an excursion, 1 without
+    assert "| eps 1e-8, beta2 0.999 (default) | rand_rot_sr | 40 | 100 (100–100) |" in out
+    assert "| eps 1e-8, beta2 0.999 (default) | rot_all | 40 | 1 (1–25.8) |" in out  # quartiles interpolated: 10 of 40 at 100
+
+
+def test_e4_without_a_fix_says_nothing_is_confirmed(W, tmp_path, capsys):
+    """Every recipe as unstable as mx_all: no fix, no candidate, and the report says the
+    confirmation is not run (the amendment of 2026-11-27)."""
+    d, e1 = str(tmp_path / "e4"), str(tmp_path / "e1")
+    write_runs(d, "e4", [(f"e4-{s}", s, "1.0e-08", "0.999",
+                          {"fp32": fp32_of(s), "mx_all": mx_all_of(s), "rot_all": mx_all_of(s),
+                           "rand_rot_sr": mx_all_of(s), "rot_e1": mx_all_of(s)}) for s in range(200, 240)])
+    write_e1(e1)
+    assert {c for _, _, _, c in W.e4_fixes(W.run_family(W.load(d), W.E4_TESTS))} == {"no fix"}
+    assert W.main(["e4", "--dir", d, "--e1", e1]) == 0
+    assert "No recipe is a fix or a candidate fix: nothing of E4 is confirmed" in capsys.readouterr().out
 
 
 def test_no_e4_family_without_rot_e1_or_all_seeds(W, tmp_path, capsys):
@@ -748,3 +769,18 @@ def test_e3_figure_with_the_confirmation(W, tmp_path, capsys):
     capsys.readouterr()
     assert W.main(["e3", "--dir", d, "--e1", e1, "--confirm", c]) == 2
     assert "give --figure PNG too" in capsys.readouterr().err
+
+
+def test_e4_figure_draws_every_arm(W, tmp_path, capsys, monkeypatch):
+    """e4 --figure writes the Kaplan-Meier PNG with one curve per arm, labelled with its counts."""
+    d, e1 = str(tmp_path / "e4"), str(tmp_path / "e1")
+    write_e4(d)
+    write_e1(e1)
+    drawn, draw = [], W._km_step
+    monkeypatch.setattr(W, "_km_step", lambda ax, events, arm, label, **k: (drawn.append(label),
+                                                                           draw(ax, events, arm, label, **k)))
+    png = tmp_path / "e4.png"
+    assert W.main(["e4", "--dir", d, "--e1", e1, "--figure", str(png)]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == ["fp32 (10/40)", "mx_all (40/40)", "rot_all (10/40)", "rot_e1 (10/40)", "rand_rot_sr (40/40)"]
