@@ -784,3 +784,33 @@ def test_e4_figure_draws_every_arm(W, tmp_path, capsys, monkeypatch):
     assert f"wrote {png}" in capsys.readouterr().out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert drawn == ["fp32 (10/40)", "mx_all (40/40)", "rot_all (10/40)", "rot_e1 (10/40)", "rand_rot_sr (40/40)"]
+
+
+def test_answers_rows_on_rotations_are_the_scripts(W):
+    """The answers table of results/README.md (row 15) and README's "What the lab found" quote E4's
+    family as the script computes it on the committed runs."""
+    ev = W.load(os.path.join(ROOT, "results", "why_mx", "e4"))
+    res = W.run_family(ev, W.E4_TESTS)
+    assert W.e4_readings(res) == ["supported", "significant (HR > 1)"] * 3
+    assert {c for _, _, _, c in W.e4_fixes(res)} == {"no fix"}
+    by = {label: (W.R.hr_cell(cox), h) for label, _, cox, h in res}
+    n = {a: W._counts(ev, a) for a in ("fp32", "mx_all", "rot_all", "rot_e1", "rand_rot_sr")}
+    assert n == {"fp32": 5, "mx_all": 35, "rot_all": 19, "rot_e1": 23, "rand_rot_sr": 29}
+    lr, cox = W.compare(ev, "rot_all", "rand_rot_sr")
+    results = open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8").read()
+    row = next(line for line in results.splitlines() if line.startswith("| 15 |"))
+    top = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    rot = next(line for line in top.splitlines() if line.startswith("| Do Hadamard rotations"))
+    p = lambda x: f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}".replace("e-0", "e-")  # noqa: E731
+    for r in ("rot_all", "rot_e1", "rand_rot_sr"):
+        hr, h = by[f"{r} vs mx_all"]
+        assert f"{n[r]}/40 (HR {hr}, Holm p = {p(h)})" in row
+        assert by[f"{r} vs fp32"][0] in row
+    hrf, hf = by["rot_all vs fp32"]
+    assert f"HR {hrf} for every GEMM rotated, Holm p = {p(hf)}" in rot
+    hr, h = by["rot_all vs mx_all"]
+    assert f"19/40 (HR {hr}, Holm p = {p(h)})" in rot
+    assert f"Holm p = {p(by['rot_all vs fp32'][1])}, {p(by['rot_e1 vs fp32'][1])}, {p(by['rand_rot_sr vs fp32'][1])}" in row
+    for text in (row, rot):
+        assert f"HR {W.R.hr_cell(cox)}" in text
+    assert f"unadjusted p = {lr.p_perm:.3f}" in row
