@@ -1270,11 +1270,11 @@ def main_e4(argv):
               "stochastic rounding, all GEMMs against E1's):\n")
         print(markdown_between(events, E4_BETWEEN))
         print_levels(trajs)
+    else:
+        print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
     if a.figure:
         figure_e4(events, a.figure)
         print(f"\nwrote {a.figure}")
-    else:
-        print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
 
 
 @_one_line_errors

@@ -350,7 +350,7 @@ def test_e4_family_holm_verdicts_and_fixes(W, tmp_path, capsys):
     assert W.main(["e4", "--dir", d, "--e1", e1]) == 0
     out = capsys.readouterr().out
     assert "| Holm p (m = 6) |" in out and "| rot_all | 0 (0, " in out and "**candidate fix" in out
-    assert "nothing of E4 is confirmed" not in out
+    assert "nothing of E4 is confirmed" not in out and "not run until" not in out
     # between the recipes (descriptive): rand_rot_sr's excursion (block 50) comes first in every seed
     assert [(a, ref) for a, ref in W.E4_BETWEEN] == [("rot_all", "rand_rot_sr"), ("rot_e1", "rand_rot_sr"),
                                                      ("rot_all", "rot_e1")]
@@ -384,9 +384,10 @@ def test_no_e4_family_without_rot_e1_or_all_seeds(W, tmp_path, capsys):
     d = str(tmp_path / "few")
     write_e4(d, seeds=range(200, 239))
     assert not W.complete(W.load(d), W.E4_TESTS)
-    assert W.main(["e4", "--dir", d, "--e1", e1]) == 0
-    out = capsys.readouterr().out
-    assert "not run" in out and "Holm" not in out
+    for figure in ([], ["--figure", str(tmp_path / "few.png")]):
+        assert W.main(["e4", "--dir", d, "--e1", e1] + figure) == 0
+        out = capsys.readouterr().out
+        assert "not run until all 40 seeds" in out and "Holm" not in out
 
 
 def test_a_shard_of_one_seed_has_no_seed_column(W, tmp_path):
@@ -781,7 +782,8 @@ def test_e4_figure_draws_every_arm(W, tmp_path, capsys, monkeypatch):
                                                                            draw(ax, events, arm, label, **k)))
     png = tmp_path / "e4.png"
     assert W.main(["e4", "--dir", d, "--e1", e1, "--figure", str(png)]) == 0
-    assert f"wrote {png}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"wrote {png}" in out and "| Holm p (m = 6) |" in out and "not run until" not in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert drawn == ["fp32 (10/40)", "mx_all (40/40)", "rot_all (10/40)", "rot_e1 (10/40)", "rand_rot_sr (40/40)"]
 
