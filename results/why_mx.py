@@ -1020,17 +1020,6 @@ def e4_fixes(res):
             for r in E4_RECIPES]
 
 
-def markdown_between(events, pairs):
-    """Arm against arm, paired by seed (compare), as a markdown table: descriptive, unadjusted."""
-    out = ["| arm vs reference | excursions arm / ref | first event arm/ref | p (unadjusted) | HR (95 %) |",
-           "|---|---|---|---|---|"]
-    for a, ref in pairs:
-        lr, cox = compare(events, a, ref)
-        out.append(f"| {a} vs {ref} | {_counts(events, a)} / {_counts(events, ref)} | {lr.arm_first}/{lr.ref_first} | "
-                   f"{lr.p_perm:.3g} | {R.hr_cell(cox)} |")
-    return "\n".join(out)
-
-
 def markdown_fixes(rows):
     out = ["| recipe | HR vs mx_all (95 %) | HR vs fp32 (95 %) | classification |", "|---|---|---|---|"]
     for r, vm, vf, c in rows:
@@ -1109,6 +1098,8 @@ def confirm_beside(events, recipes):
 
 
 def markdown_beside(events, rows, n_seeds):
+    """Rows [(arm, ref, LogRank, Cox)] shown beside a family, not tests (the confirmation's
+    comparisons at an Adam setting, E4_BETWEEN), as a markdown table: unadjusted p."""
     out = [f"| arm vs reference | excursions arm / ref (of {n_seeds}) | first event arm/ref | permutation p "
            "(unadjusted) | HR (95 %) |", "|---|---|---|---|---|"]
     for a, ref, lr, cox in rows:
@@ -1268,7 +1259,7 @@ def main_e4(argv):
         print(markdown_every_arm(every_arm(events)))
         print("\nBetween the recipes (descriptive, not tests: deterministic against randomised rotations with "
               "stochastic rounding, all GEMMs against E1's):\n")
-        print(markdown_between(events, E4_BETWEEN))
+        print(markdown_beside(events, [(x, ref) + compare(events, x, ref) for x, ref in E4_BETWEEN], len(SEEDS)))
         print_levels(trajs)
     else:
         print("\nconfirmatory tests: not run until all 40 seeds have finished every arm (pre-registration)")
